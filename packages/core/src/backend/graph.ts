@@ -1,0 +1,334 @@
+/**
+ * A compute graph: tensors plus an ordered list of ops, built in TypeScript and handed to a backend
+ * in one call as compact typed arrays ({@link Graph.encode}).
+ *
+ * Every intermediate tensor is contiguous F32 (ids are I32). Shapes follow ggml (ne[0] innermost).
+ * `T` below is the number of tokens (columns) in the batch.
+ *
+ * Op contracts (all outputs F32 unless stated; "any" = any {@link DType} the backend claims):
+ * - `get_rows(W[K,R] any, ids i32[T])` → [K,T]: column t = row ids[t] of W, dequantized.
+ * - `mul_mat(W[K,N] any, x[K,T])` → [N,T]: y[n,t] = Σ_k W[k,n]·x[k,t]. Backends may round x the way
+ *   llama.cpp does for the weight type (F16 for F16/BF16 weights, Q8_0 blocks for Q4/Q5/Q8 weights, Q8_K for K-quants).
+ * - `rms_norm(x[n,T]; eps)` → x / sqrt(mean(x²) + eps) per column (Zhang & Sennrich 2019).
+ * - `norm(x[n,T]; eps)` → (x − mean) / sqrt(var + eps) per column (layer norm without affine).
+ * - `rope(x[d·H,T], pos i32[T]; n_dims, mode, freq_base, freq_scale, head_dim)` → same shape, each head of
+ *   head_dim values rotated independently. mode 0 = "normal"
+ *   (adjacent pairs (2i, 2i+1) rotate), mode 2 = NeoX (pairs (i, i+n_dims/2)); θ_i = pos·freq_scale·freq_base^(−2i/n_dims)
+ *   (Su et al. 2021, RoFormer). Dimensions ≥ n_dims pass through.
+ * - `softmax(x[n,R]; scale)` → softmax(scale·x) per column.
+ * - `attention(q[d·H,T], k_cache[d·H_kv, C], v_cache[d·H_kv, C]; n_past, n_head_kv, scale)` → [d·H, T]:
+ *   query t (absolute position n_past+t) attends cache positions 0..n_past+t (causal), head h reads KV head
+ *   h / (H / H_kv) (GQA). Caches are F32 or F16 handles.
+ * - `add(a[n,T], b[n,T|1])`, `mul(a, b)`: elementwise, b broadcast over columns when b.ne[1] == 1.
+ * - `scale(a; s)`, `silu(a)`, `relu(a)`, `gelu(a)` (tanh approximation, as ggml).
+ * - `cpy(src[n,T], dst handle [n,R]; row_offset)`: writes src into rows row_offset..row_offset+T−1 of dst,
+ *   converting to dst's dtype (F32/F16/BF16). The node's output is dst itself.
+ * - `slice(src[N,T]; offset, length)` → [length,T]: rows offset..offset+length−1 of each column.
+ * - `mul_mat_sparse(W[K,M] any, x[K,T], logits[n_out,T]?, rows i32[M']?; threshold, n_out)` → [n_out,T]:
+ *   output neuron i is computed (= W-row·x) when i is in `rows` (all neurons when absent) and
+ *   logits[i,t] ≥ threshold (always when absent); every other output element is exactly 0. When
+ *   rows is given and W.ne[1] == rows.length, W is compact: W row j holds neuron rows[j].
+ * - `axpy_sparse(Wt[E,M] any, a[n_out,T], logits[n_out,T]?, rows i32[M']?; threshold, n_out)` → [E,T]:
+ *   y[:,t] = Σ over active neurons i of a[i,t]·Wt-row(i) (the down projection stored neuron-major,
+ *   `blk.N.ffn_down_t.weight`); overwrites its output with this partial sum. Same activity rule and
+ *   compact-W rule as mul_mat_sparse.
+ * Sparse ops report, per node, how many weight rows they actually read ({@link ComputeResult.rowsRead}),
+ * counting a row once per token column it was read for.
+ */
+import type { DType, OpName, TensorHandle } from "./types.js";
+
+export const OP_CODES: Readonly<Record<OpName, number>> = {
+  get_rows: 1,
+  mul_mat: 2,
+  rms_norm: 3,
+  norm: 4,
+  rope: 5,
+  softmax: 6,
+  attention: 7,
+  add: 8,
+  mul: 9,
+  scale: 10,
+  silu: 11,
+  relu: 12,
+  gelu: 13,
+  cpy: 14,
+  slice: 15,
+  mul_mat_sparse: 16,
+  axpy_sparse: 17,
+};
+
+export const DTYPE_CODES: Readonly<Record<DType, number>> = {
+  f32: 0,
+  f16: 1,
+  q4_0: 2,
+  q4_1: 3,
+  q5_0: 6,
+  q5_1: 7,
+  q8_0: 8,
+  q4_K: 12,
+  q5_K: 13,
+  q6_K: 14,
+  i32: 26,
+  bf16: 30,
+};
+
+/** Tensor kinds in the encoding. */
+export const TENSOR_KIND = { intermediate: 0, input: 1, handle: 2 } as const;
+/** Int32 words per tensor in {@link EncodedGraph.tensors}: kind, dtype code, ne0..ne3, ref, output index. */
+export const TENSOR_STRIDE = 8;
+/** Int32 words per node in {@link EncodedGraph.nodes}: op code, dst, src0..src4 (−1 = none), param offset, param count, reserved. */
+export const NODE_STRIDE = 10;
+export const MAX_SRC = 5;
+
+export const ROPE_NORMAL = 0;
+export const ROPE_NEOX = 2;
+
+/** A graph tensor: an index into {@link Graph.tensors}. */
+export type TensorId = number;
+
+export interface GraphTensor {
+  dtype: DType;
+  ne: [number, number, number, number];
+  kind: "intermediate" | "input" | "handle";
+  handle?: TensorHandle;
+  data?: ArrayBufferView;
+  output?: Float32Array;
+}
+
+export interface GraphNode {
+  op: OpName;
+  dst: TensorId;
+  src: TensorId[];
+  params: number[];
+}
+
+/** The wire form handed to native code. `ref` of a tensor is the handle id (handles) or input index (inputs). */
+export interface EncodedGraph {
+  tensors: Int32Array;
+  nodes: Int32Array;
+  params: Float64Array;
+  inputs: ArrayBufferView[];
+  outputs: Float32Array[];
+}
+
+function shape4(ne: readonly number[]): [number, number, number, number] {
+  if (ne.length < 1 || ne.length > 4) throw new RangeError(`tensor rank ${ne.length} not in 1..4`);
+  for (const n of ne) {
+    if (!Number.isInteger(n) || n < 1) throw new RangeError(`bad dimension ${n} in [${ne.join(", ")}]`);
+  }
+  return [ne[0]!, ne[1] ?? 1, ne[2] ?? 1, ne[3] ?? 1];
+}
+
+const nel = (ne: readonly number[]) => ne.reduce((a, b) => a * b, 1);
+
+/** Builds a graph op by op; each method returns the id of its output tensor. Shapes are checked here. */
+export class Graph {
+  readonly tensors: GraphTensor[] = [];
+  readonly nodes: GraphNode[] = [];
+
+  /** A host array copied in at compute time (F32 or I32). */
+  input(dtype: "f32" | "i32", ne: readonly number[], data: Float32Array | Int32Array): TensorId {
+    const s = shape4(ne);
+    if (data.length !== nel(s)) throw new RangeError(`input data has ${data.length} elements, shape needs ${nel(s)}`);
+    this.tensors.push({ dtype, ne: s, kind: "input", data });
+    return this.tensors.length - 1;
+  }
+
+  /** A backend tensor (weights, KV cache). */
+  handle(h: TensorHandle): TensorId {
+    this.tensors.push({ dtype: h.dtype, ne: shape4(h.ne), kind: "handle", handle: h });
+    return this.tensors.length - 1;
+  }
+
+  /** Marks `t` (an F32 tensor) as an output: after compute its values are in `dest` (length = element count). */
+  output(t: TensorId, dest?: Float32Array): Float32Array {
+    const tt = this.tensors[t]!;
+    const n = nel(tt.ne);
+    const out = dest ?? new Float32Array(n);
+    if (out.length !== n) throw new RangeError(`output array has ${out.length} elements, tensor has ${n}`);
+    tt.output = out;
+    return out;
+  }
+
+  shape(t: TensorId): [number, number, number, number] {
+    return this.tensors[t]!.ne;
+  }
+
+  private node(op: OpName, ne: readonly number[], src: TensorId[], params: number[] = [], dtype: DType = "f32"): TensorId {
+    this.tensors.push({ dtype, ne: shape4(ne), kind: "intermediate" });
+    const dst = this.tensors.length - 1;
+    this.nodes.push({ op, dst, src, params });
+    return dst;
+  }
+
+  private check(cond: boolean, msg: string): void {
+    if (!cond) throw new RangeError(msg);
+  }
+
+  getRows(w: TensorId, ids: TensorId): TensorId {
+    const [k] = this.shape(w);
+    const [t] = this.shape(ids);
+    this.check(this.tensors[ids]!.dtype === "i32", "get_rows: ids must be i32");
+    return this.node("get_rows", [k, t], [w, ids]);
+  }
+
+  mulMat(w: TensorId, x: TensorId): TensorId {
+    const [k, n] = this.shape(w);
+    const [kx, t] = this.shape(x);
+    this.check(k === kx, `mul_mat: W row length ${k} != x length ${kx}`);
+    return this.node("mul_mat", [n, t], [w, x]);
+  }
+
+  rmsNorm(x: TensorId, eps: number): TensorId {
+    return this.node("rms_norm", this.shape(x), [x], [eps]);
+  }
+
+  norm(x: TensorId, eps: number): TensorId {
+    return this.node("norm", this.shape(x), [x], [eps]);
+  }
+
+  /** x is [head_dim·n_head, T]; each head rotated independently. */
+  rope(
+    x: TensorId,
+    pos: TensorId,
+    p: { headDim: number; nDims: number; mode: number; freqBase: number; freqScale: number },
+  ): TensorId {
+    const [n, t] = this.shape(x);
+    this.check(n % p.headDim === 0, `rope: ${n} not a multiple of head_dim ${p.headDim}`);
+    this.check(this.shape(pos)[0] === t, "rope: positions must have one entry per token");
+    this.check(p.nDims <= p.headDim && p.nDims % 2 === 0, `rope: n_dims ${p.nDims} must be even and ≤ head_dim`);
+    return this.node("rope", [n, t], [x, pos], [p.nDims, p.mode, p.freqBase, p.freqScale, p.headDim]);
+  }
+
+  softmax(x: TensorId, scale = 1): TensorId {
+    return this.node("softmax", this.shape(x), [x], [scale]);
+  }
+
+  /** q is [head_dim·n_head, T]. */
+  attention(
+    q: TensorId,
+    kCache: TensorId,
+    vCache: TensorId,
+    p: { headDim: number; nHead: number; nHeadKv: number; nPast: number; scale: number },
+  ): TensorId {
+    const [qd, t] = this.shape(q);
+    this.check(qd === p.headDim * p.nHead, `attention: q row ${qd} != head_dim·n_head`);
+    const [kd, ctx] = this.shape(kCache);
+    this.check(kd === p.headDim * p.nHeadKv, `attention: k cache row ${kd} != head_dim·n_head_kv`);
+    this.check(p.nHead % p.nHeadKv === 0, "attention: n_head must be a multiple of n_head_kv");
+    this.check(p.nPast + t <= ctx, `attention: ${p.nPast + t} positions exceed the cache size ${ctx}`);
+    return this.node(
+      "attention",
+      [p.headDim * p.nHead, t],
+      [q, kCache, vCache],
+      [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead],
+    );
+  }
+
+  add(a: TensorId, b: TensorId): TensorId {
+    this.checkBroadcast("add", a, b);
+    return this.node("add", this.shape(a), [a, b]);
+  }
+
+  mul(a: TensorId, b: TensorId): TensorId {
+    this.checkBroadcast("mul", a, b);
+    return this.node("mul", this.shape(a), [a, b]);
+  }
+
+  private checkBroadcast(op: string, a: TensorId, b: TensorId): void {
+    const sa = this.shape(a);
+    const sb = this.shape(b);
+    const na = nel(sa);
+    const nb = nel(sb);
+    this.check(nb === na || nb === sa[0], `${op}: shapes [${sa}] and [${sb}] do not broadcast`);
+  }
+
+  scale(a: TensorId, s: number): TensorId {
+    return this.node("scale", this.shape(a), [a], [s]);
+  }
+
+  silu(a: TensorId): TensorId {
+    return this.node("silu", this.shape(a), [a]);
+  }
+
+  relu(a: TensorId): TensorId {
+    return this.node("relu", this.shape(a), [a]);
+  }
+
+  gelu(a: TensorId): TensorId {
+    return this.node("gelu", this.shape(a), [a]);
+  }
+
+  /** Writes src into rows rowOffset.. of the handle tensor dst; returns dst. */
+  cpy(src: TensorId, dst: TensorId, rowOffset: number): TensorId {
+    const [n, t] = this.shape(src);
+    const [nd, rows] = this.shape(dst);
+    this.check(this.tensors[dst]!.kind === "handle", "cpy: destination must be a backend tensor");
+    this.check(n === nd, `cpy: row length ${n} != destination row length ${nd}`);
+    this.check(rowOffset + t <= rows, `cpy: rows ${rowOffset}..${rowOffset + t} exceed ${rows}`);
+    this.nodes.push({ op: "cpy", dst, src: [src], params: [rowOffset] });
+    return dst;
+  }
+
+  slice(src: TensorId, offset: number, length: number): TensorId {
+    const [n, t] = this.shape(src);
+    this.check(offset + length <= n, `slice: ${offset}+${length} exceeds ${n}`);
+    return this.node("slice", [length, t], [src], [offset, length]);
+  }
+
+  mulMatSparse(
+    w: TensorId,
+    x: TensorId,
+    opts: { logits?: TensorId; rows?: TensorId; threshold?: number; nOut?: number },
+  ): TensorId {
+    const [k, m] = this.shape(w);
+    const [kx, t] = this.shape(x);
+    this.check(k === kx, `mul_mat_sparse: W row length ${k} != x length ${kx}`);
+    const nOut = opts.nOut ?? m;
+    return this.node(
+      "mul_mat_sparse",
+      [nOut, t],
+      [w, x, opts.logits ?? -1, opts.rows ?? -1],
+      [opts.threshold ?? 0, nOut],
+    );
+  }
+
+  axpySparse(
+    wt: TensorId,
+    a: TensorId,
+    opts: { logits?: TensorId; rows?: TensorId; threshold?: number; nOut?: number },
+  ): TensorId {
+    const [e, m] = this.shape(wt);
+    const [na, t] = this.shape(a);
+    const nOut = opts.nOut ?? m;
+    this.check(na === nOut, `axpy_sparse: activations length ${na} != n_out ${nOut}`);
+    return this.node("axpy_sparse", [e, t], [wt, a, opts.logits ?? -1, opts.rows ?? -1], [opts.threshold ?? 0, nOut]);
+  }
+
+  /** The compact wire form (see {@link EncodedGraph}). */
+  encode(): EncodedGraph {
+    const tensors = new Int32Array(this.tensors.length * TENSOR_STRIDE);
+    const inputs: ArrayBufferView[] = [];
+    const outputs: Float32Array[] = [];
+    this.tensors.forEach((t, i) => {
+      const o = i * TENSOR_STRIDE;
+      tensors[o] = TENSOR_KIND[t.kind];
+      tensors[o + 1] = DTYPE_CODES[t.dtype];
+      tensors.set(t.ne, o + 2);
+      tensors[o + 6] = t.kind === "handle" ? t.handle!.id : t.kind === "input" ? inputs.push(t.data!) - 1 : -1;
+      tensors[o + 7] = t.output ? outputs.push(t.output) - 1 : -1;
+    });
+    const nodes = new Int32Array(this.nodes.length * NODE_STRIDE);
+    const params: number[] = [];
+    this.nodes.forEach((n, i) => {
+      const o = i * NODE_STRIDE;
+      nodes[o] = OP_CODES[n.op];
+      nodes[o + 1] = n.dst;
+      for (let s = 0; s < MAX_SRC; s++) nodes[o + 2 + s] = n.src[s] ?? -1;
+      nodes[o + 7] = params.length;
+      nodes[o + 8] = n.params.length;
+      params.push(...n.params);
+    });
+    return { tensors, nodes, params: Float64Array.from(params), inputs, outputs };
+  }
+}

@@ -1,0 +1,2 @@
+export * from "./graph.js";
+export * from "./types.js";

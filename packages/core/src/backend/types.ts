@@ -1,0 +1,219 @@
+/**
+ * The backend interface (specification version {@link BACKEND_API_VERSION}).
+ *
+ * A backend package exports a {@link BackendDescriptor}; the registry probes it (cheap, side-effect
+ * free) and loads it on demand. A loaded {@link Backend} owns tensors (weights mapped or uploaded,
+ * persistent buffers such as the KV cache) and computes whole {@link Graph}s in one call.
+ *
+ * Shapes follow ggml: `ne[0]` is the innermost, contiguous dimension. A matrix whose rows are
+ * neurons (`blk.N.ffn_up.weight`, ne = [n_embd, n_ff]) has `ne[0] = n_embd` (row length) and
+ * `ne[1] = n_ff` (row count).
+ */
+import type { Graph } from "./graph.js";
+
+/** Version of this interface. A backend built for another major version is refused by the registry. */
+export const BACKEND_API_VERSION = 1;
+
+/** Element types a backend may hold. Quantized names follow ggml (`q4_K` is ggml's Q4_K). */
+export type DType =
+  | "f32"
+  | "f16"
+  | "bf16"
+  | "q8_0"
+  | "q4_0"
+  | "q4_1"
+  | "q5_0"
+  | "q5_1"
+  | "q4_K"
+  | "q5_K"
+  | "q6_K"
+  | "i32";
+
+export const DTYPES: readonly DType[] = [
+  "f32",
+  "f16",
+  "bf16",
+  "q8_0",
+  "q4_0",
+  "q4_1",
+  "q5_0",
+  "q5_1",
+  "q4_K",
+  "q5_K",
+  "q6_K",
+  "i32",
+];
+
+/** Block size (elements) and bytes per block of each dtype (ggml's layouts). */
+export const DTYPE_LAYOUT: Readonly<Record<DType, { blockSize: number; typeSize: number }>> = {
+  f32: { blockSize: 1, typeSize: 4 },
+  f16: { blockSize: 1, typeSize: 2 },
+  bf16: { blockSize: 1, typeSize: 2 },
+  q8_0: { blockSize: 32, typeSize: 34 },
+  q4_0: { blockSize: 32, typeSize: 18 },
+  q4_1: { blockSize: 32, typeSize: 20 },
+  q5_0: { blockSize: 32, typeSize: 22 },
+  q5_1: { blockSize: 32, typeSize: 24 },
+  q4_K: { blockSize: 256, typeSize: 144 },
+  q5_K: { blockSize: 256, typeSize: 176 },
+  q6_K: { blockSize: 256, typeSize: 210 },
+  i32: { blockSize: 1, typeSize: 4 },
+};
+
+/**
+ * Bytes of a contiguous tensor.
+ * @param ne shape, ne[0] first; ne[0] must be a multiple of the dtype's block size.
+ * @throws RangeError when ne[0] is not a multiple of the block size.
+ */
+export function dtypeBytes(dtype: DType, ne: readonly number[]): number {
+  const { blockSize, typeSize } = DTYPE_LAYOUT[dtype];
+  const ne0 = ne[0] ?? 1;
+  if (ne0 % blockSize !== 0) {
+    throw new RangeError(`${dtype}: row length ${ne0} is not a multiple of the block size ${blockSize}`);
+  }
+  let rows = 1;
+  for (let i = 1; i < ne.length; i++) rows *= ne[i]!;
+  return (ne0 / blockSize) * typeSize * rows;
+}
+
+/** One compute device of a backend. Memory in bytes. */
+export interface DeviceInfo {
+  kind: "cpu" | "gpu";
+  name: string;
+  /** Free memory in bytes (for a CPU device: available system memory). */
+  freeMemory: number;
+  /** Total memory in bytes. */
+  totalMemory: number;
+}
+
+/** What `probe()` found. `reason` says why a backend is unusable, or what it chose (e.g. "avx2+fma+f16c"). */
+export interface ProbeResult {
+  usable: boolean;
+  /** Higher is preferred by `"auto"` selection (CPU backends ~10, GPU backends ~100). */
+  score: number;
+  reason: string;
+  devices: DeviceInfo[];
+}
+
+/** Options for {@link BackendDescriptor.load}. Every field is optional. */
+export interface BackendLoadOptions {
+  /** Worker threads for CPU work. Default: the backend's choice (physical cores for the CPU backend). */
+  threads?: number;
+  /** Bytes this backend may allocate for tensors; allocation beyond it throws {@link BackendError} 'OUT_OF_MEMORY'. Default: unlimited. */
+  memoryBudget?: number;
+  /** CPU backend: force the portable scalar kernels even when SIMD is available (for tests). Default false. */
+  forceScalar?: boolean;
+}
+
+/** What a backend package exports. */
+export interface BackendDescriptor {
+  /** Unique name, e.g. "cpu", "cuda". */
+  readonly name: string;
+  /** The interface version it implements; must equal {@link BACKEND_API_VERSION}. */
+  readonly apiVersion: number;
+  /** Cheap, side-effect-free check: is the toolchain/driver/CPU feature there, which devices. Never throws. */
+  probe(): ProbeResult | Promise<ProbeResult>;
+  /** Imports the native code and creates a backend instance. */
+  load(options?: BackendLoadOptions): Promise<Backend>;
+}
+
+/** A tensor owned by a backend (weights, KV cache, any persistent buffer). */
+export interface TensorHandle {
+  readonly backend: string;
+  readonly dtype: DType;
+  /** Shape, ne[0] first, 1–4 dims. */
+  readonly ne: readonly number[];
+  readonly byteLength: number;
+  /** Backend-private identifier. */
+  readonly id: number;
+}
+
+/** Where a tensor lies in a file (a GGUF tensor's data). Offsets in bytes from the file start. */
+export interface FileTensorSource {
+  path: string;
+  fileOffset: number;
+  byteLength: number;
+}
+
+/** Op names of the interface. See {@link Graph} for each op's contract. */
+export type OpName =
+  | "get_rows"
+  | "mul_mat"
+  | "rms_norm"
+  | "norm"
+  | "rope"
+  | "softmax"
+  | "attention"
+  | "add"
+  | "mul"
+  | "scale"
+  | "silu"
+  | "relu"
+  | "gelu"
+  | "cpy"
+  | "slice"
+  | "mul_mat_sparse"
+  | "axpy_sparse";
+
+/** Result of computing a graph. */
+export interface ComputeResult {
+  /** Per graph node: rows of the weight matrix actually read (sparse ops; dense ops report 0). */
+  rowsRead: Float64Array;
+  /** Wall time of the compute call in milliseconds, measured by the backend. */
+  elapsedMs: number;
+}
+
+/** A loaded backend. */
+export interface Backend {
+  readonly name: string;
+  readonly devices: DeviceInfo[];
+  /** Threads the backend computes with (1 for a device backend's host side). */
+  readonly threads: number;
+  /**
+   * Whether `op` is implemented for the given dtypes: the weight/source dtype first (e.g. ["q4_0"] for
+   * a mul_mat with Q4_0 weights). Placement and the conformance kit ask this.
+   */
+  supportsOp(op: OpName, dtypes: readonly DType[]): boolean;
+  /** Bytes currently allocated by this backend's tensors (mapped weights count 0 on a CPU backend). */
+  allocatedBytes(): number;
+  /**
+   * A tensor filled from `data` (or zero when absent).
+   * @throws BackendError 'OUT_OF_MEMORY' beyond the memory budget, 'BAD_TENSOR' when `data` has the wrong length.
+   */
+  createTensor(dtype: DType, ne: readonly number[], data?: ArrayBufferView): TensorHandle;
+  /** A tensor whose bytes stay in the file: mmapped zero-copy on the CPU, uploaded on a device. */
+  mapTensor(dtype: DType, ne: readonly number[], source: FileTensorSource): TensorHandle;
+  /** Copies a tensor's bytes out (for tests and tools). */
+  readTensor(t: TensorHandle): Uint8Array;
+  /** Overwrites bytes of a tensor starting at byte `offset`. */
+  writeTensor(t: TensorHandle, data: ArrayBufferView, offset?: number): void;
+  /** Frees a tensor. Using it afterwards throws. */
+  freeTensor(t: TensorHandle): void;
+  /** Computes a graph synchronously in one call; outputs land in the arrays the graph named. */
+  compute(graph: Graph): ComputeResult;
+  /** Computes a graph off the JS thread so that another backend can work at the same time. */
+  computeAsync(graph: Graph): Promise<ComputeResult>;
+  /** Frees everything. The backend is unusable afterwards. */
+  dispose(): void;
+}
+
+export type BackendErrorCode =
+  | "UNAVAILABLE"
+  | "OUT_OF_MEMORY"
+  | "UNSUPPORTED_OP"
+  | "BAD_TENSOR"
+  | "BAD_GRAPH"
+  | "IO"
+  | "DISPOSED"
+  | "API_VERSION";
+
+/** Every error a backend or the registry throws on purpose. */
+export class BackendError extends Error {
+  constructor(
+    readonly code: BackendErrorCode,
+    message: string,
+  ) {
+    super(message);
+    this.name = "BackendError";
+  }
+}
