@@ -1,2 +1,3 @@
 export * from "./graph.js";
 export * from "./types.js";
+export * from "./registry.js";

@@ -1,0 +1,145 @@
+/**
+ * The backend registry: packages register descriptors; apps select one by `"auto"`, by an ordered
+ * list of names, or by the `POWERINFER_BACKEND` environment variable (a comma-separated list, which
+ * overrides the caller's choice). Nothing here imports a concrete backend.
+ */
+import {
+  BACKEND_API_VERSION,
+  type Backend,
+  type BackendDescriptor,
+  BackendError,
+  type BackendLoadOptions,
+  type ProbeResult,
+} from "./types.js";
+
+/** What {@link BackendRegistry.list} reports per registered backend. */
+export interface BackendStatus {
+  name: string;
+  priority: number;
+  probe: ProbeResult;
+}
+
+/** How to pick a backend. */
+export interface BackendSelection {
+  /** "auto" (default): the usable backend with the highest score, then priority; or names in order of preference. */
+  prefer?: "auto" | readonly string[];
+  /** Names never to pick. */
+  exclude?: readonly string[];
+  /** Receives one line per candidate skipped, with its reason. */
+  log?: (line: string) => void;
+  /** Environment to read `POWERINFER_BACKEND` from. Default: process.env. */
+  env?: Record<string, string | undefined>;
+}
+
+export interface SelectedBackend {
+  descriptor: BackendDescriptor;
+  probe: ProbeResult;
+  /** One line per candidate skipped, e.g. "cuda: unavailable: no NVIDIA driver". */
+  skipped: string[];
+}
+
+async function safeProbe(d: BackendDescriptor): Promise<ProbeResult> {
+  if (d.apiVersion !== BACKEND_API_VERSION) {
+    return {
+      usable: false,
+      score: 0,
+      reason: `unavailable: implements backend API v${d.apiVersion}, core expects v${BACKEND_API_VERSION}`,
+      devices: [],
+    };
+  }
+  try {
+    return await d.probe();
+  } catch (e) {
+    return { usable: false, score: 0, reason: `unavailable: probe failed: ${(e as Error).message}`, devices: [] };
+  }
+}
+
+export class BackendRegistry {
+  private readonly entries = new Map<string, { descriptor: BackendDescriptor; priority: number }>();
+
+  /**
+   * Adds a backend. A later registration under the same name replaces the earlier one.
+   * @param priority breaks ties between equal probe scores (higher wins). Default 0.
+   */
+  register(descriptor: BackendDescriptor, priority = 0): void {
+    this.entries.set(descriptor.name, { descriptor, priority });
+  }
+
+  unregister(name: string): boolean {
+    return this.entries.delete(name);
+  }
+
+  names(): string[] {
+    return [...this.entries.keys()];
+  }
+
+  get(name: string): BackendDescriptor | undefined {
+    return this.entries.get(name)?.descriptor;
+  }
+
+  /** Probes every registered backend (never throws), best first. */
+  async list(): Promise<BackendStatus[]> {
+    const out: BackendStatus[] = [];
+    for (const [name, e] of this.entries) out.push({ name, priority: e.priority, probe: await safeProbe(e.descriptor) });
+    return out.sort(
+      (a, b) =>
+        Number(b.probe.usable) - Number(a.probe.usable) || b.probe.score - a.probe.score || b.priority - a.priority,
+    );
+  }
+
+  /**
+   * Picks a backend.
+   * @throws BackendError 'UNAVAILABLE' when no candidate is usable; the message lists every reason.
+   */
+  async select(sel: BackendSelection = {}): Promise<SelectedBackend> {
+    const env = sel.env ?? process.env;
+    const envPref = env["POWERINFER_BACKEND"]?.trim();
+    const prefer =
+      envPref && envPref !== "auto" ? envPref.split(",").map((s) => s.trim()) : envPref ? "auto" : (sel.prefer ?? "auto");
+    const exclude = new Set(sel.exclude ?? []);
+    const skipped: string[] = [];
+    const skip = (line: string) => {
+      skipped.push(line);
+      sel.log?.(line);
+    };
+    let candidates: BackendStatus[];
+    if (prefer === "auto") {
+      candidates = await this.list();
+    } else {
+      candidates = [];
+      for (const name of prefer) {
+        const e = this.entries.get(name);
+        if (!e) {
+          skip(`${name}: not registered (registered: ${this.names().join(", ") || "none"})`);
+          continue;
+        }
+        candidates.push({ name, priority: e.priority, probe: await safeProbe(e.descriptor) });
+      }
+    }
+    for (const c of candidates) {
+      if (exclude.has(c.name)) {
+        skip(`${c.name}: excluded`);
+        continue;
+      }
+      if (!c.probe.usable) {
+        const r = c.probe.reason.startsWith("unavailable") ? c.probe.reason : `unavailable: ${c.probe.reason}`;
+        skip(`${c.name}: ${r}`);
+        continue;
+      }
+      return { descriptor: this.entries.get(c.name)!.descriptor, probe: c.probe, skipped };
+    }
+    throw new BackendError("UNAVAILABLE", `no usable backend${skipped.length ? `: ${skipped.join("; ")}` : ""}`);
+  }
+
+  /** {@link select} then `load`. */
+  async load(
+    sel: BackendSelection = {},
+    options?: BackendLoadOptions,
+  ): Promise<{ backend: Backend } & SelectedBackend> {
+    const s = await this.select(sel);
+    return { ...s, backend: await s.descriptor.load(options) };
+  }
+}
+
+/** The process-wide registry the apps register their backends in. */
+export const registry = new BackendRegistry();
