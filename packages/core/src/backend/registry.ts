@@ -116,6 +116,8 @@ export class BackendRegistry {
         candidates.push({ name, priority: e.priority, probe: await safeProbe(e.descriptor) });
       }
     }
+    // Every unusable or excluded candidate is logged, also those ranked below the pick.
+    let pick: BackendStatus | undefined;
     for (const c of candidates) {
       if (exclude.has(c.name)) {
         skip(`${c.name}: excluded`);
@@ -126,8 +128,9 @@ export class BackendRegistry {
         skip(`${c.name}: ${r}`);
         continue;
       }
-      return { descriptor: this.entries.get(c.name)!.descriptor, probe: c.probe, skipped };
+      pick ??= c;
     }
+    if (pick) return { descriptor: this.entries.get(pick.name)!.descriptor, probe: pick.probe, skipped };
     throw new BackendError("UNAVAILABLE", `no usable backend${skipped.length ? `: ${skipped.join("; ")}` : ""}`);
   }
 
