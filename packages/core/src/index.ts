@@ -1,1 +1,2 @@
 export * from "./backend/index.js";
+export * from "./tokenizer/index.js";
