@@ -1,0 +1,29 @@
+/** Wires the backend packages into core's registry (core knows no concrete backend). */
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { type Backend, type BackendLoadOptions, registry } from "@powerinfer/core";
+
+let registered = false;
+
+/** Registers every backend package this CLI ships. Idempotent. */
+export function registerBackends(): typeof registry {
+  if (!registered) {
+    registry.register(cpuBackend, 0);
+    registered = true;
+  }
+  return registry;
+}
+
+/**
+ * Loads the backend the user asked for: "auto" or a comma-separated list of names; `POWERINFER_BACKEND` overrides.
+ * Skipped candidates are reported through `log`.
+ */
+export async function loadBackend(
+  choice: string,
+  options: BackendLoadOptions,
+  log: (line: string) => void,
+): Promise<Backend> {
+  const reg = registerBackends();
+  const prefer = choice === "auto" ? "auto" : choice.split(",").map((s) => s.trim());
+  const { backend } = await reg.load({ prefer, log }, options);
+  return backend;
+}

@@ -1,0 +1,41 @@
+/** `powerinfer perplexity`: perplexity over a text file (llama.cpp's protocol, or --all-tokens). */
+import { perplexity } from "@powerinfer/core";
+import type { Command } from "commander";
+import { action } from "../errors.js";
+import { type ModelCliOptions, loadModelFromCli, modelOptions, readTextFile } from "./common.js";
+
+export function register(program: Command): void {
+  modelOptions(program.command("perplexity").description("perplexity of the model over a text file"))
+    .requiredOption("-f, --file <file>", "text file")
+    .option(
+      "--all-tokens",
+      "BOS-prefixed chunks of n_ctx−1 tokens, every token scored once (protocol of shared/models/README-relu.md)",
+    )
+    .option("--json", "print the result as JSON")
+    .action(
+      action(async (o: ModelCliOptions & { file: string; allTokens?: boolean; json?: boolean }) => {
+        const text = readTextFile(o.file);
+        const { backend, model } = await loadModelFromCli(o, !!o.json);
+        const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+        const tok = model.tokenizer;
+        const protocol = o.allTokens ? "all-tokens" : "llama.cpp";
+        const ids = tok.tokenize(text, { addSpecial: protocol === "llama.cpp" });
+        const r = perplexity(session, ids, {
+          protocol,
+          bosId: tok.bosId,
+          addBos: tok.addBos,
+          onChunk: (d, n, p) => {
+            if (!o.json) process.stderr.write(`\r[${d}/${n}] ${p.toFixed(4)}`);
+          },
+        });
+        if (o.json) process.stdout.write(`${JSON.stringify({ protocol, n_ctx: session.nCtx, ...r })}\n`);
+        else
+          process.stdout.write(
+            `\nperplexity (${protocol}, n_ctx ${session.nCtx}): ${r.perplexity.toFixed(4)} over ${r.tokensScored} tokens in ${r.chunks} chunks (mean NLL ${r.meanNll.toFixed(5)})\n`,
+          );
+        session.dispose();
+        model.dispose();
+        backend.dispose();
+      }),
+    );
+}

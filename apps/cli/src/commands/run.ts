@@ -1,0 +1,93 @@
+/** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
+import { type Command, InvalidArgumentError } from "commander";
+import { action } from "../errors.js";
+import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+
+interface RunOptions extends ModelCliOptions {
+  prompt?: string;
+  file?: string;
+  nPredict: number;
+  temp: number;
+  topK: number;
+  topP: number;
+  minP: number;
+  repeatPenalty: number;
+  repeatLastN: number;
+  presencePenalty: number;
+  frequencyPenalty: number;
+  seed?: number;
+  ignoreEos?: boolean;
+  displayPrompt: boolean;
+  stop?: string[];
+}
+
+function perf(label: string, ms: number, n: number): string {
+  const per = n > 0 ? ms / n : 0;
+  const tps = ms > 0 ? (n * 1000) / ms : 0;
+  return `${label.padStart(18)} = ${ms.toFixed(2).padStart(10)} ms / ${String(n).padStart(5)} tokens (${per.toFixed(2).padStart(8)} ms per token, ${tps.toFixed(2).padStart(9)} tokens per second)`;
+}
+
+export function register(program: Command): void {
+  modelOptions(program.command("run").description("generate text from a prompt"))
+    .option("-p, --prompt <text>", "prompt text")
+    .option("-f, --file <file>", "read the prompt from a file")
+    .option("-n, --n-predict <n>", "tokens to generate (-1 = until end of text or context full)", int("n-predict"), -1)
+    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
+    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k"), 40)
+    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p"), 0.95)
+    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p"), 0.05)
+    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty"), 1)
+    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
+    .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
+    .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
+    .option("-s, --seed <n>", "RNG seed (default: random)", int("seed"))
+    .option("--ignore-eos", "keep generating after end of text")
+    .option("--stop <text...>", "stop strings")
+    .option("--no-display-prompt", "do not print the prompt before the generated text")
+    .action(
+      action(async (o: RunOptions) => {
+        if (o.prompt === undefined && o.file === undefined)
+          throw new InvalidArgumentError("give a prompt with -p or -f");
+        const prompt = o.prompt ?? readTextFile(o.file!);
+        const { backend, model } = await loadModelFromCli(o);
+        const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+        for (const w of [...model.config.warnings, ...session.warnings]) process.stderr.write(`warning: ${w}\n`);
+        if (o.displayPrompt) process.stdout.write(prompt);
+        const ac = new AbortController();
+        const onSigint = () => ac.abort();
+        process.once("SIGINT", onSigint);
+        try {
+          for await (const t of session.generate(prompt, {
+            maxTokens: o.nPredict,
+            temperature: o.temp,
+            topK: o.topK,
+            topP: o.topP,
+            minP: o.minP,
+            repeatPenalty: o.repeatPenalty,
+            penaltyLastN: o.repeatLastN,
+            presencePenalty: o.presencePenalty,
+            frequencyPenalty: o.frequencyPenalty,
+            seed: o.seed,
+            ignoreEos: o.ignoreEos,
+            stop: o.stop,
+            signal: ac.signal,
+          })) {
+            process.stdout.write(t.text);
+          }
+        } finally {
+          process.off("SIGINT", onSigint);
+        }
+        process.stdout.write("\n");
+        const tm = session.timings;
+        if (tm.stopReason === "context")
+          process.stderr.write(`\ncontext full (n_ctx ${session.nCtx}): generation stopped\n`);
+        process.stderr.write(
+          `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
+            `backend: ${backend.name}, ${backend.threads} threads\n`,
+        );
+        session.dispose();
+        model.dispose();
+        backend.dispose();
+      }),
+    );
+}

@@ -1,0 +1,15 @@
+/** The `powerinfer` command tree: each command lives in commands/<name>.ts as a thin layer over the packages. */
+import { Command } from "commander";
+import { register as backends } from "./commands/backends.js";
+import { register as chat } from "./commands/chat.js";
+import { register as perplexity } from "./commands/perplexity.js";
+import { register as run } from "./commands/run.js";
+
+export function createProgram(): Command {
+  const program = new Command("powerinfer")
+    .description("local LLM inference exploiting activation sparsity")
+    .version("0.1.0")
+    .showHelpAfterError("(run with --help for usage)");
+  for (const reg of [run, chat, perplexity, backends]) reg(program);
+  return program;
+}

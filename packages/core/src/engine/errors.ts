@@ -1,0 +1,21 @@
+export type EngineErrorCode =
+  | "CONTEXT_FULL"
+  | "PROMPT_TOO_LONG"
+  | "UNSUPPORTED_ARCH"
+  | "UNSUPPORTED_TYPE"
+  | "MISSING_TENSOR"
+  | "BAD_SHAPE"
+  | "BAD_INPUT"
+  | "ABORTED"
+  | "DISPOSED";
+
+/** Every error the engine throws on purpose; `message` is one line naming the problem. */
+export class EngineError extends Error {
+  constructor(
+    readonly code: EngineErrorCode,
+    message: string,
+  ) {
+    super(message);
+    this.name = "EngineError";
+  }
+}

@@ -1,0 +1,6 @@
+export * from "./engine.js";
+export * from "./errors.js";
+export * from "./kv-cache.js";
+export * from "./perplexity.js";
+export * from "./sampler.js";
+export * from "./chat.js";

@@ -1,0 +1,2 @@
+export * from "./llama.js";
+export * from "./weights.js";
