@@ -1,1 +1,80 @@
-export {};
+/**
+ * `@powerinfer/backend-cpu-avx2`: the native CPU backend (AVX2+FMA+F16C kernels with a portable scalar
+ * fallback chosen at run time), implementing core's backend interface.
+ *
+ * ```ts
+ * import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+ * registry.register(cpuBackend);
+ * const backend = await cpuBackend.load({ threads: 2 });
+ * ```
+ *
+ * Importing this module never throws; when the addon is missing or cannot load, `probe()` reports
+ * `usable: false` with reason "unavailable: <why>" and `load()` throws BackendError 'UNAVAILABLE'.
+ */
+import {
+  BACKEND_API_VERSION,
+  type BackendDescriptor,
+  BackendError,
+  type BackendLoadOptions,
+  type DeviceInfo,
+  type ProbeResult,
+} from "@powerinfer/core";
+import { CpuBackend, toBackendError } from "./backend.js";
+import { loadAddon } from "./native.js";
+import { cpuModelName, physicalCores, systemMemory } from "./system.js";
+
+export { CpuBackend } from "./backend.js";
+export { addonPath, loadAddon, type NativeCpuInfo } from "./native.js";
+export { cpuModelName, physicalCores, systemMemory } from "./system.js";
+
+function cpuDevice(): DeviceInfo {
+  const mem = systemMemory();
+  return { kind: "cpu", name: cpuModelName(), freeMemory: mem.free, totalMemory: mem.total };
+}
+
+/**
+ * The CPU backend descriptor (name "cpu", score 10 when usable).
+ *
+ * `load(options)`:
+ * - `threads`: worker threads including the caller; default {@link physicalCores}().
+ * - `memoryBudget`: bytes `createTensor` may allocate (mapped weights and the compute arena do not
+ *   count); default unlimited.
+ * - `forceScalar`: use the portable kernels even on an AVX2 CPU; default false.
+ * @throws BackendError 'UNAVAILABLE' when the addon is missing or options are invalid.
+ */
+export const cpuBackend: BackendDescriptor = {
+  name: "cpu",
+  apiVersion: BACKEND_API_VERSION,
+
+  probe(): ProbeResult {
+    try {
+      const { addon, error } = loadAddon();
+      if (!addon) return { usable: false, score: 0, reason: `unavailable: ${error}`, devices: [cpuDevice()] };
+      const info = addon.cpuInfo();
+      return { usable: true, score: 10, reason: info.reason, devices: [cpuDevice()] };
+    } catch (e) {
+      return { usable: false, score: 0, reason: `unavailable: ${(e as Error).message}`, devices: [] };
+    }
+  },
+
+  async load(options: BackendLoadOptions = {}): Promise<CpuBackend> {
+    const { addon, error } = loadAddon();
+    if (!addon) throw new BackendError("UNAVAILABLE", `cpu: unavailable: ${error}`);
+    const threads = options.threads ?? physicalCores();
+    if (!Number.isInteger(threads) || threads < 1 || threads > 512) {
+      throw new BackendError("UNAVAILABLE", `cpu: threads must be an integer in 1..512, got ${threads}`);
+    }
+    const memoryBudget = options.memoryBudget ?? -1; // −1: unlimited
+    if (options.memoryBudget !== undefined && !(options.memoryBudget >= 0)) {
+      throw new BackendError("UNAVAILABLE", `cpu: memoryBudget must be a number ≥ 0, got ${options.memoryBudget}`);
+    }
+    try {
+      const native = new addon.Backend({ threads, memoryBudget, forceScalar: options.forceScalar ?? false });
+      return new CpuBackend(native, [cpuDevice()]);
+    } catch (e) {
+      throw toBackendError(e, "UNAVAILABLE");
+    }
+  },
+};
+
+export default cpuBackend;

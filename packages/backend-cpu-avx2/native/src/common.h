@@ -1,0 +1,235 @@
+// Shared definitions of the CPU backend: dtype codes (ggml numbering), block layouts, scalar
+// F16/BF16 conversions. Everything here is `static inline` or a type: this header is included by
+// translation units compiled with different instruction-set flags (scalar and AVX2), and a non-static
+// inline function could be emitted with AVX2 instructions and then picked by the linker for the
+// scalar path (an illegal instruction on an old CPU).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+namespace pi {
+
+/// Element type codes, ggml numbering (the wire encoding uses them). Q8_1 and Q8_K are internal
+/// activation formats, never tensor dtypes.
+enum DType : int {
+  DT_F32 = 0,
+  DT_F16 = 1,
+  DT_Q4_0 = 2,
+  DT_Q4_1 = 3,
+  DT_Q5_0 = 6,
+  DT_Q5_1 = 7,
+  DT_Q8_0 = 8,
+  DT_Q8_1 = 9,
+  DT_Q4_K = 12,
+  DT_Q5_K = 13,
+  DT_Q6_K = 14,
+  DT_Q8_K = 15,
+  DT_I32 = 26,
+  DT_BF16 = 30,
+};
+
+constexpr int QK = 32;    // block size of the legacy quants
+constexpr int QK_K = 256; // super-block size of the K-quants
+
+struct BlockQ4_0 {
+  uint16_t d;
+  uint8_t qs[QK / 2];
+};
+struct BlockQ4_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qs[QK / 2];
+};
+struct BlockQ5_0 {
+  uint16_t d;
+  uint8_t qh[4];
+  uint8_t qs[QK / 2];
+};
+struct BlockQ5_1 {
+  uint16_t d;
+  uint16_t m;
+  uint8_t qh[4];
+  uint8_t qs[QK / 2];
+};
+struct BlockQ8_0 {
+  uint16_t d;
+  int8_t qs[QK];
+};
+/// Activation block for Q4_1/Q5_1 dot products: s = d · Σ qs.
+struct BlockQ8_1 {
+  uint16_t d;
+  uint16_t s;
+  int8_t qs[QK];
+};
+struct BlockQ4_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qs[QK_K / 2];
+};
+struct BlockQ5_K {
+  uint16_t d;
+  uint16_t dmin;
+  uint8_t scales[12];
+  uint8_t qh[QK_K / 8];
+  uint8_t qs[QK_K / 2];
+};
+struct BlockQ6_K {
+  uint8_t ql[QK_K / 2];
+  uint8_t qh[QK_K / 4];
+  int8_t scales[QK_K / 16];
+  uint16_t d;
+};
+/// Activation block for K-quant dot products: d is F32, bsums are sums of 16 consecutive qs.
+struct BlockQ8_K {
+  float d;
+  int8_t qs[QK_K];
+  int16_t bsums[QK_K / 16];
+};
+
+static_assert(sizeof(BlockQ4_0) == 18, "q4_0 layout");
+static_assert(sizeof(BlockQ4_1) == 20, "q4_1 layout");
+static_assert(sizeof(BlockQ5_0) == 22, "q5_0 layout");
+static_assert(sizeof(BlockQ5_1) == 24, "q5_1 layout");
+static_assert(sizeof(BlockQ8_0) == 34, "q8_0 layout");
+static_assert(sizeof(BlockQ8_1) == 36, "q8_1 layout");
+static_assert(sizeof(BlockQ4_K) == 144, "q4_K layout");
+static_assert(sizeof(BlockQ5_K) == 176, "q5_K layout");
+static_assert(sizeof(BlockQ6_K) == 210, "q6_K layout");
+static_assert(sizeof(BlockQ8_K) == 292, "q8_K layout");
+
+/// Block size (elements) and bytes per block; {0,0} for an unknown code.
+struct Layout {
+  int block;
+  int bytes;
+};
+
+static inline Layout dtype_layout(int dt) {
+  switch (dt) {
+    case DT_F32: return {1, 4};
+    case DT_F16: return {1, 2};
+    case DT_BF16: return {1, 2};
+    case DT_I32: return {1, 4};
+    case DT_Q4_0: return {QK, 18};
+    case DT_Q4_1: return {QK, 20};
+    case DT_Q5_0: return {QK, 22};
+    case DT_Q5_1: return {QK, 24};
+    case DT_Q8_0: return {QK, 34};
+    case DT_Q8_1: return {QK, 36};
+    case DT_Q4_K: return {QK_K, 144};
+    case DT_Q5_K: return {QK_K, 176};
+    case DT_Q6_K: return {QK_K, 210};
+    case DT_Q8_K: return {QK_K, 292};
+    default: return {0, 0};
+  }
+}
+
+/// Whether `dt` is a weight dtype the kernels handle (get_rows, mul_mat, sparse ops).
+static inline bool is_weight_dtype(int dt) {
+  switch (dt) {
+    case DT_F32:
+    case DT_F16:
+    case DT_BF16:
+    case DT_Q4_0:
+    case DT_Q4_1:
+    case DT_Q5_0:
+    case DT_Q5_1:
+    case DT_Q8_0:
+    case DT_Q4_K:
+    case DT_Q5_K:
+    case DT_Q6_K: return true;
+    default: return false;
+  }
+}
+
+static inline const char* dtype_name(int dt) {
+  switch (dt) {
+    case DT_F32: return "f32";
+    case DT_F16: return "f16";
+    case DT_BF16: return "bf16";
+    case DT_I32: return "i32";
+    case DT_Q4_0: return "q4_0";
+    case DT_Q4_1: return "q4_1";
+    case DT_Q5_0: return "q5_0";
+    case DT_Q5_1: return "q5_1";
+    case DT_Q8_0: return "q8_0";
+    case DT_Q4_K: return "q4_K";
+    case DT_Q5_K: return "q5_K";
+    case DT_Q6_K: return "q6_K";
+    default: return "?";
+  }
+}
+
+/// Bytes of one row of `n` elements of dtype `dt` (n must be a multiple of the block size).
+static inline size_t row_bytes(int dt, int64_t n) {
+  Layout l = dtype_layout(dt);
+  return static_cast<size_t>(n / l.block) * static_cast<size_t>(l.bytes);
+}
+
+static inline uint32_t f32_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+static inline float bits_f32(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+/// IEEE half → float, exact (subnormals, inf and NaN included).
+static inline float f16_to_f32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t em = h & 0x7fffu;
+  if (em >= 0x7c00u) return bits_f32(sign | 0x7f800000u | ((em & 0x3ffu) << 13));
+  if (em >= 0x0400u) return bits_f32(sign | ((em << 13) + 0x38000000u));
+  const float v = static_cast<float>(em) * (1.0f / 16777216.0f);  // subnormal: em · 2^-24
+  return bits_f32(sign | f32_bits(v));
+}
+
+/// float → IEEE half, round to nearest even (what F16C's vcvtps2ph with imm 0 does).
+static inline uint16_t f32_to_f16(float f) {
+  uint32_t x = f32_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u : 0u));
+  if (ax >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // ≥ 65520 rounds to inf
+  if (ax < 0x38800000u) {
+    // Below the smallest normal half: let the FPU round |f| + 0.5 at a 2^-24 ulp.
+    const float v = bits_f32(ax) + 0.5f;
+    return static_cast<uint16_t>(sign | (f32_bits(v) - 0x3f000000u));
+  }
+  const uint32_t odd = (ax >> 13) & 1u;
+  ax += 0xc8000fffu + odd;  // rebias exponent by −112 and round to nearest even
+  return static_cast<uint16_t>(sign | (ax >> 13));
+}
+
+static inline float bf16_to_f32(uint16_t b) { return bits_f32(static_cast<uint32_t>(b) << 16); }
+
+/// float → bfloat16, round to nearest even; NaN stays a (quiet) NaN.
+static inline uint16_t f32_to_bf16(float f) {
+  const uint32_t u = f32_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+static inline uint16_t load_u16(const void* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+/// 6-bit scale and min of sub-block j (0..7) of a Q4_K/Q5_K super-block.
+static inline void k4_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
+  if (j < 4) {
+    *sc = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *sc = static_cast<uint8_t>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+    *m = static_cast<uint8_t>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+  }
+}
+
+}  // namespace pi

@@ -1,0 +1,97 @@
+// Kernel tables: one per instruction set (portable scalar, AVX2+FMA+F16C), chosen at run time.
+//
+// A weight row of K elements is dotted with an activation row converted to the format llama.cpp
+// uses for that weight type (see XFormat), so quantized results match llama.cpp's.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "common.h"
+
+namespace pi {
+
+/// Activation formats for dot products.
+enum XFormat : int {
+  XF_F32 = 0,   // F32 weights
+  XF_F16 = 1,   // F16 weights: x rounded to F16
+  XF_BF16 = 2,  // BF16 weights: x rounded to BF16
+  XF_Q8_0 = 3,  // Q4_0, Q5_0, Q8_0 weights
+  XF_Q8_1 = 4,  // Q4_1, Q5_1 weights
+  XF_Q8_K = 5,  // Q4_K, Q5_K, Q6_K weights
+  XF_COUNT = 6,
+};
+
+static inline int x_format(int wdt) {
+  switch (wdt) {
+    case DT_F16: return XF_F16;
+    case DT_BF16: return XF_BF16;
+    case DT_Q4_0:
+    case DT_Q5_0:
+    case DT_Q8_0: return XF_Q8_0;
+    case DT_Q4_1:
+    case DT_Q5_1: return XF_Q8_1;
+    case DT_Q4_K:
+    case DT_Q5_K:
+    case DT_Q6_K: return XF_Q8_K;
+    default: return XF_F32;
+  }
+}
+
+/// Elements per block of an activation format.
+static inline int x_block(int fmt) { return fmt == XF_Q8_K ? QK_K : (fmt >= XF_Q8_0 ? QK : 1); }
+
+/// Bytes of an activation row of k elements in format `fmt` (k a multiple of x_block(fmt)).
+static inline size_t x_row_bytes(int fmt, int64_t k) {
+  switch (fmt) {
+    case XF_F16:
+    case XF_BF16: return static_cast<size_t>(k) * 2;
+    case XF_Q8_0: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_0);
+    case XF_Q8_1: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_1);
+    case XF_Q8_K: return static_cast<size_t>(k / QK_K) * sizeof(BlockQ8_K);
+    default: return static_cast<size_t>(k) * 4;
+  }
+}
+
+/// Dot product of one weight row (k elements, weight dtype) with one converted activation row.
+using DotFn = float (*)(int64_t k, const void* w, const void* x);
+/// Dequantizes k elements (a whole number of blocks) to F32.
+using DequantFn = void (*)(const void* w, float* y, int64_t k);
+/// y[0..k) += a · dequant(w[0..k)).
+using AxpyFn = void (*)(int64_t k, float a, const void* w, float* y);
+/// Converts k F32 activations to an activation format.
+using ConvertFn = void (*)(const float* x, void* dst, int64_t k);
+
+constexpr int DT_TABLE = 32;
+
+struct KernelTable {
+  const char* name;
+  DotFn dot[DT_TABLE];          // indexed by weight dtype code
+  DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
+  AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
+  ConvertFn convert[XF_COUNT];  // indexed by XFormat
+  float (*dot_f32)(int64_t n, const float* a, const float* b);
+  void (*axpy_f32)(int64_t n, float a, const float* x, float* y);
+  /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.
+  double (*sum_f32)(const float* x, int64_t n);
+};
+
+/// The portable table (always available).
+const KernelTable& kernels_scalar();
+/// The AVX2+FMA+F16C table; only call it after checking the CPU supports those.
+const KernelTable& kernels_avx2();
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool f16c = false;
+  bool avx512f = false;
+};
+
+CpuFeatures cpu_features();
+
+/// Picks a table: AVX2 when the CPU has AVX2, FMA and F16C and `force_scalar` is false.
+/// `reason` receives e.g. "avx2+fma+f16c" or "scalar (CPU lacks AVX2)".
+const KernelTable& select_kernels(bool force_scalar, const char** reason);
+
+}  // namespace pi

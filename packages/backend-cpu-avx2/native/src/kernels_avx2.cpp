@@ -1,0 +1,453 @@
+// AVX2 + FMA + F16C kernels. This translation unit alone is compiled with -mavx2 -mfma -mf16c; it is
+// only entered after cpu_features() confirmed the CPU (and OS) support them. It uses no templates or
+// inline functions from the standard library (an out-of-line copy compiled here could be picked by the
+// linker for a scalar caller); every helper has internal linkage.
+#include <immintrin.h>
+
+#include "kernels.h"
+
+namespace pi {
+namespace {
+
+inline float hsum_ps(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline int hsum_epi32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/// Σ over byte pairs of signed x · signed y, as 8 int32 lanes (x may be −128; y must not be).
+inline __m256i dot_i8_i32(__m256i x, __m256i y) {
+  const __m256i ax = _mm256_sign_epi8(x, x);
+  const __m256i sy = _mm256_sign_epi8(y, x);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+}
+
+/// Σ over byte pairs of unsigned x · signed y (x ≤ 63), as 8 int32 lanes.
+inline __m256i dot_u8_i32(__m256i ux, __m256i y) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(ux, y), _mm256_set1_epi16(1));
+}
+
+/// 16 packed nibble bytes → 32 bytes: low nibbles in bytes 0..15, high nibbles in 16..31.
+inline __m256i unpack_nibbles(const uint8_t* qs) {
+  const __m128i t = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i b = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+  return _mm256_and_si256(b, _mm256_set1_epi8(0x0F));
+}
+
+/// Bit j of x → byte j = 0xFF when set, 0 otherwise (j = 0..31).
+inline __m256i bits_to_bytes(uint32_t x) {
+  const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                                          0x0303030303030303LL);
+  const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(x)), shuf);
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ULL));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// ---- F32 / F16 / BF16 -----------------------------------------------------------------------
+
+float dot_f32v(int64_t n, const float* a, const float* b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+float dot_f32(int64_t k, const void* w, const void* x) {
+  return dot_f32v(k, static_cast<const float*>(w), static_cast<const float*>(x));
+}
+
+inline __m256 load_f16(const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+float dot_f16(int64_t k, const void* w, const void* x) {
+  const uint16_t* a = static_cast<const uint16_t*>(w);
+  const uint16_t* b = static_cast<const uint16_t*>(x);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= k; i += 32) {
+    s0 = _mm256_fmadd_ps(load_f16(a + i), load_f16(b + i), s0);
+    s1 = _mm256_fmadd_ps(load_f16(a + i + 8), load_f16(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(load_f16(a + i + 16), load_f16(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(load_f16(a + i + 24), load_f16(b + i + 24), s3);
+  }
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_f16(a + i), load_f16(b + i), s0);
+  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < k; i++) s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
+  return s;
+}
+
+inline __m256 load_bf16(const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+float dot_bf16(int64_t k, const void* w, const void* x) {
+  const uint16_t* a = static_cast<const uint16_t*>(w);
+  const uint16_t* b = static_cast<const uint16_t*>(x);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    s0 = _mm256_fmadd_ps(load_bf16(a + i), load_bf16(b + i), s0);
+    s1 = _mm256_fmadd_ps(load_bf16(a + i + 8), load_bf16(b + i + 8), s1);
+  }
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_bf16(a + i), load_bf16(b + i), s0);
+  float s = hsum_ps(_mm256_add_ps(s0, s1));
+  for (; i < k; i++) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+  return s;
+}
+
+// ---- legacy quants (x in Q8_0 / Q8_1) -------------------------------------------------------
+
+float dot_q4_0(int64_t k, const void* w, const void* x) {
+  const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const int64_t nb = k / QK;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  const __m256i off = _mm256_set1_epi8(8);
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i q0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), off);
+    const __m256i q1 = _mm256_sub_epi8(unpack_nibbles(a[i + 1].qs), off);
+    const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
+    const __m256i p1 = dot_i8_i32(q1, loadu256(b[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i + 1].d) * f16_to_f32(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
+                           acc1);
+  }
+  for (; i < nb; i++) {
+    const __m256i q0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), off);
+    const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+  }
+  return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+float dot_q4_1(int64_t k, const void* w, const void* x) {
+  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  float summ = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i p = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    summ += f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+  }
+  return hsum_ps(acc) + summ;
+}
+
+float dot_q5_0(int64_t k, const void* w, const void* x) {
+  const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(a[i].qs), hb), h16);
+    const __m256i p = dot_i8_i32(q, loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_ps(acc);
+}
+
+float dot_q5_1(int64_t k, const void* w, const void* x) {
+  const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  float summ = 0.0f;
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(a[i].qs), hb);
+    const __m256i p = dot_u8_i32(q, loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    summ += f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+  }
+  return hsum_ps(acc) + summ;
+}
+
+float dot_q8_0(int64_t k, const void* w, const void* x) {
+  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const int64_t nb = k / QK;
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
+    const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), loadu256(b[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i + 1].d) * f16_to_f32(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
+                           acc1);
+  }
+  for (; i < nb; i++) {
+    const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+  }
+  return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+// ---- K-quants (x in Q8_K). Integer sums are exact, and each super-block's float combination is
+// the same expression as the scalar kernel's, so both paths give identical results. -------------
+
+float dot_q4_K(int64_t k, const void* w, const void* x) {
+  const BlockQ4_K* a = static_cast<const BlockQ4_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    __m256i acc = _mm256_setzero_si256();
+    int summ = 0;
+    for (int j = 0; j < 4; j++) {
+      uint8_t sc1, m1, sc2, m2;
+      k4_scale_min(2 * j, a[i].scales, &sc1, &m1);
+      k4_scale_min(2 * j + 1, a[i].scales, &sc2, &m2);
+      const __m256i q = loadu256(a[i].qs + 32 * j);
+      const __m256i lo = _mm256_and_si256(q, m4);
+      const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(b[i].qs + 64 * j)), _mm256_set1_epi16(sc1));
+      const __m256i p1 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(b[i].qs + 64 * j + 32)), _mm256_set1_epi16(sc2));
+      acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+      summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
+    }
+    const int sumi = hsum_epi32(acc);
+    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+  }
+  return s;
+}
+
+float dot_q5_K(int64_t k, const void* w, const void* x) {
+  const BlockQ5_K* a = static_cast<const BlockQ5_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    __m256i acc = _mm256_setzero_si256();
+    int summ = 0;
+    const __m256i qh = loadu256(a[i].qh);
+    for (int j = 0; j < 4; j++) {
+      uint8_t sc1, m1, sc2, m2;
+      k4_scale_min(2 * j, a[i].scales, &sc1, &m1);
+      k4_scale_min(2 * j + 1, a[i].scales, &sc2, &m2);
+      const __m256i b1 = _mm256_set1_epi8(static_cast<char>(1 << (2 * j)));
+      const __m256i b2 = _mm256_set1_epi8(static_cast<char>(2 << (2 * j)));
+      const __m256i hb1 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1), h16);
+      const __m256i hb2 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, b2), b2), h16);
+      const __m256i q = loadu256(a[i].qs + 32 * j);
+      const __m256i lo = _mm256_or_si256(_mm256_and_si256(q, m4), hb1);
+      const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), m4), hb2);
+      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(b[i].qs + 64 * j)), _mm256_set1_epi16(sc1));
+      const __m256i p1 =
+          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(b[i].qs + 64 * j + 32)), _mm256_set1_epi16(sc2));
+      acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
+      summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
+    }
+    const int sumi = hsum_epi32(acc);
+    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+  }
+  return s;
+}
+
+float dot_q6_K(int64_t k, const void* w, const void* x) {
+  const BlockQ6_K* a = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i m2 = _mm256_set1_epi8(0x03);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+      const __m256i qla = loadu256(a[i].ql + 64 * h);
+      const __m256i qlb = loadu256(a[i].ql + 64 * h + 32);
+      const __m256i qh = loadu256(a[i].qh + 32 * h);
+      for (int quarter = 0; quarter < 4; quarter++) {
+        const __m256i src = (quarter & 1) ? qlb : qla;
+        const __m256i nib = quarter < 2 ? _mm256_and_si256(src, m4) : _mm256_and_si256(_mm256_srli_epi16(src, 4), m4);
+        const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * quarter), m2), 4);
+        const __m256i q = _mm256_or_si256(nib, hb);
+        const int g = 8 * h + 2 * quarter;
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(a[i].scales[g + 1]), _mm_set1_epi16(a[i].scales[g]));
+        const __m256i p = _mm256_maddubs_epi16(q, loadu256(b[i].qs + 128 * h + 32 * quarter));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
+      }
+    }
+    int off = 0;
+    for (int g = 0; g < QK_K / 16; g++) off += a[i].scales[g] * b[i].bsums[g];
+    const int sumi = hsum_epi32(acc) - 32 * off;
+    s += b[i].d * f16_to_f32(a[i].d) * static_cast<float>(sumi);
+  }
+  return s;
+}
+
+// ---- axpy -----------------------------------------------------------------------------------
+
+void axpy_f32v(int64_t n, float a, const float* x, float* y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8)));
+  }
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * x[i];
+}
+
+void axpy_f32(int64_t k, float a, const void* w, float* y) { axpy_f32v(k, a, static_cast<const float*>(w), y); }
+
+void axpy_f16(int64_t k, float a, const void* w, float* y) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(h + i), _mm256_loadu_ps(y + i)));
+    _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(va, load_f16(h + i + 8), _mm256_loadu_ps(y + i + 8)));
+  }
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(h + i), _mm256_loadu_ps(y + i)));
+  for (; i < k; i++) y[i] += a * f16_to_f32(h[i]);
+}
+
+void axpy_bf16(int64_t k, float a, const void* w, float* y) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_bf16(h + i), _mm256_loadu_ps(y + i)));
+  for (; i < k; i++) y[i] += a * bf16_to_f32(h[i]);
+}
+
+/// y[0..32) += s · (32 signed bytes q).
+inline void axpy_i8x32(__m256 s, __m256i q, float* y) {
+  const __m128i lo = _mm256_castsi256_si128(q);
+  const __m128i hi = _mm256_extracti128_si256(q, 1);
+  const __m256 v0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo));
+  const __m256 v1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8)));
+  const __m256 v2 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi));
+  const __m256 v3 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8)));
+  _mm256_storeu_ps(y, _mm256_fmadd_ps(s, v0, _mm256_loadu_ps(y)));
+  _mm256_storeu_ps(y + 8, _mm256_fmadd_ps(s, v1, _mm256_loadu_ps(y + 8)));
+  _mm256_storeu_ps(y + 16, _mm256_fmadd_ps(s, v2, _mm256_loadu_ps(y + 16)));
+  _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(s, v3, _mm256_loadu_ps(y + 24)));
+}
+
+void axpy_q4_0(int64_t k, float a, const void* w, float* y) {
+  const BlockQ4_0* b = static_cast<const BlockQ4_0*>(w);
+  const __m256i off = _mm256_set1_epi8(8);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    axpy_i8x32(_mm256_set1_ps(a * f16_to_f32(b[i].d)), _mm256_sub_epi8(unpack_nibbles(b[i].qs), off), y);
+  }
+}
+
+void axpy_q8_0(int64_t k, float a, const void* w, float* y) {
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    axpy_i8x32(_mm256_set1_ps(a * f16_to_f32(b[i].d)), loadu256(b[i].qs), y);
+  }
+}
+
+/// Other quantized rows: dequantize a block at a time (scalar table), accumulate with FMA.
+template <int DT, int BLOCK, int BYTES>
+void axpy_blocks(int64_t k, float a, const void* w, float* y) {
+  alignas(32) float tmp[BLOCK];
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  const DequantFn deq = kernels_scalar().dequant[DT];
+  for (int64_t i = 0; i < k / BLOCK; i++, p += BYTES, y += BLOCK) {
+    deq(p, tmp, BLOCK);
+    axpy_f32v(BLOCK, a, tmp, y);
+  }
+}
+
+void dequant_f16(const void* w, float* y, int64_t k) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, load_f16(h + i));
+  for (; i < k; i++) y[i] = f16_to_f32(h[i]);
+}
+
+void convert_f16(const float* x, void* dst, int64_t k) {
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+  }
+  for (; i < k; i++) h[i] = f32_to_f16(x[i]);
+}
+
+double sum_f32(const float* x, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + i));
+    s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + i + 8));
+    s2 = _mm256_add_ps(s2, _mm256_loadu_ps(x + i + 16));
+    s3 = _mm256_add_ps(s3, _mm256_loadu_ps(x + i + 24));
+  }
+  double t = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; i++) t += x[i];
+  return t;
+}
+
+KernelTable make_table() {
+  KernelTable t = kernels_scalar();  // dequant and conversions not specialised here
+  t.name = "avx2";
+  t.dot[DT_F32] = dot_f32;
+  t.dot[DT_F16] = dot_f16;
+  t.dot[DT_BF16] = dot_bf16;
+  t.dot[DT_Q4_0] = dot_q4_0;
+  t.dot[DT_Q4_1] = dot_q4_1;
+  t.dot[DT_Q5_0] = dot_q5_0;
+  t.dot[DT_Q5_1] = dot_q5_1;
+  t.dot[DT_Q8_0] = dot_q8_0;
+  t.dot[DT_Q4_K] = dot_q4_K;
+  t.dot[DT_Q5_K] = dot_q5_K;
+  t.dot[DT_Q6_K] = dot_q6_K;
+  t.dequant[DT_F16] = dequant_f16;
+  t.axpy[DT_F32] = axpy_f32;
+  t.axpy[DT_F16] = axpy_f16;
+  t.axpy[DT_BF16] = axpy_bf16;
+  t.axpy[DT_Q4_0] = axpy_q4_0;
+  t.axpy[DT_Q8_0] = axpy_q8_0;
+  t.axpy[DT_Q4_1] = axpy_blocks<DT_Q4_1, QK, 20>;
+  t.axpy[DT_Q5_0] = axpy_blocks<DT_Q5_0, QK, 22>;
+  t.axpy[DT_Q5_1] = axpy_blocks<DT_Q5_1, QK, 24>;
+  t.axpy[DT_Q4_K] = axpy_blocks<DT_Q4_K, QK_K, 144>;
+  t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
+  t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
+  t.convert[XF_F16] = convert_f16;
+  t.dot_f32 = dot_f32v;
+  t.axpy_f32 = axpy_f32v;
+  t.sum_f32 = sum_f32;
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& kernels_avx2() {
+  static const KernelTable table = make_table();
+  return table;
+}
+
+}  // namespace pi

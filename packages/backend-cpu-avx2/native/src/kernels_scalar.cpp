@@ -1,0 +1,490 @@
+// Portable kernels (no instruction-set assumptions beyond baseline x86-64 / any C++17 target).
+// They define the reference semantics of every block format; the AVX2 kernels must agree with them
+// up to float summation order.
+#include <cmath>
+
+#include "kernels.h"
+
+namespace pi {
+namespace {
+
+// ---- dequantization -------------------------------------------------------------------------
+
+void dequant_f32(const void* w, float* y, int64_t k) { std::memcpy(y, w, static_cast<size_t>(k) * 4); }
+
+void dequant_f16(const void* w, float* y, int64_t k) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  for (int64_t i = 0; i < k; i++) y[i] = f16_to_f32(h[i]);
+}
+
+void dequant_bf16(const void* w, float* y, int64_t k) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  for (int64_t i = 0; i < k; i++) y[i] = bf16_to_f32(h[i]);
+}
+
+void dequant_q4_0(const void* w, float* y, int64_t k) {
+  const BlockQ4_0* b = static_cast<const BlockQ4_0*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < QK / 2; j++) {
+      y[j] = static_cast<float>((b[i].qs[j] & 0xF) - 8) * d;
+      y[j + QK / 2] = static_cast<float>((b[i].qs[j] >> 4) - 8) * d;
+    }
+  }
+}
+
+void dequant_q4_1(const void* w, float* y, int64_t k) {
+  const BlockQ4_1* b = static_cast<const BlockQ4_1*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    const float d = f16_to_f32(b[i].d);
+    const float m = f16_to_f32(b[i].m);
+    for (int j = 0; j < QK / 2; j++) {
+      y[j] = static_cast<float>(b[i].qs[j] & 0xF) * d + m;
+      y[j + QK / 2] = static_cast<float>(b[i].qs[j] >> 4) * d + m;
+    }
+  }
+}
+
+inline uint32_t load_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+void dequant_q5_0(const void* w, float* y, int64_t k) {
+  const BlockQ5_0* b = static_cast<const BlockQ5_0*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    const float d = f16_to_f32(b[i].d);
+    const uint32_t qh = load_u32(b[i].qh);
+    for (int j = 0; j < QK / 2; j++) {
+      const int lo = static_cast<int>((b[i].qs[j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16;
+      const int hi = static_cast<int>((b[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      y[j] = static_cast<float>(lo) * d;
+      y[j + QK / 2] = static_cast<float>(hi) * d;
+    }
+  }
+}
+
+void dequant_q5_1(const void* w, float* y, int64_t k) {
+  const BlockQ5_1* b = static_cast<const BlockQ5_1*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    const float d = f16_to_f32(b[i].d);
+    const float m = f16_to_f32(b[i].m);
+    const uint32_t qh = load_u32(b[i].qh);
+    for (int j = 0; j < QK / 2; j++) {
+      const uint32_t lo = (b[i].qs[j] & 0xFu) | (((qh >> j) & 1u) << 4);
+      const uint32_t hi = (b[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4);
+      y[j] = static_cast<float>(lo) * d + m;
+      y[j + QK / 2] = static_cast<float>(hi) * d + m;
+    }
+  }
+}
+
+void dequant_q8_0(const void* w, float* y, int64_t k) {
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(w);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    const float d = f16_to_f32(b[i].d);
+    for (int j = 0; j < QK; j++) y[j] = static_cast<float>(b[i].qs[j]) * d;
+  }
+}
+
+void dequant_q4_K(const void* w, float* y, int64_t k) {
+  const BlockQ4_K* b = static_cast<const BlockQ4_K*>(w);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    const float d = f16_to_f32(b[i].d);
+    const float dmin = f16_to_f32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    for (int j = 0; j < 4; j++, q += 32) {
+      uint8_t sc, m;
+      k4_scale_min(2 * j, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      k4_scale_min(2 * j + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      for (int l = 0; l < 32; l++) *y++ = d1 * static_cast<float>(q[l] & 0xF) - m1;
+      for (int l = 0; l < 32; l++) *y++ = d2 * static_cast<float>(q[l] >> 4) - m2;
+    }
+  }
+}
+
+void dequant_q5_K(const void* w, float* y, int64_t k) {
+  const BlockQ5_K* b = static_cast<const BlockQ5_K*>(w);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    const float d = f16_to_f32(b[i].d);
+    const float dmin = f16_to_f32(b[i].dmin);
+    const uint8_t* q = b[i].qs;
+    const uint8_t* qh = b[i].qh;
+    for (int j = 0; j < 4; j++, q += 32) {
+      uint8_t sc, m;
+      k4_scale_min(2 * j, b[i].scales, &sc, &m);
+      const float d1 = d * sc, m1 = dmin * m;
+      k4_scale_min(2 * j + 1, b[i].scales, &sc, &m);
+      const float d2 = d * sc, m2 = dmin * m;
+      const uint8_t u1 = static_cast<uint8_t>(1u << (2 * j)), u2 = static_cast<uint8_t>(2u << (2 * j));
+      for (int l = 0; l < 32; l++) *y++ = d1 * static_cast<float>((q[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+      for (int l = 0; l < 32; l++) *y++ = d2 * static_cast<float>((q[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+    }
+  }
+}
+
+/// The 6-bit value (0..63) of element e (0..255) of a Q6_K block.
+inline int q6_value(const BlockQ6_K& b, int e) {
+  const int h = e / 128, r = e % 128, quarter = r / 32, l = r % 32;
+  const uint8_t lb = b.ql[64 * h + l + 32 * (quarter & 1)];
+  const int low = quarter < 2 ? (lb & 0xF) : (lb >> 4);
+  const int high = (b.qh[32 * h + l] >> (2 * quarter)) & 3;
+  return low | (high << 4);
+}
+
+void dequant_q6_K(const void* w, float* y, int64_t k) {
+  const BlockQ6_K* b = static_cast<const BlockQ6_K*>(w);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    const float d = f16_to_f32(b[i].d);
+    for (int e = 0; e < QK_K; e++) {
+      *y++ = d * static_cast<float>(b[i].scales[e / 16]) * static_cast<float>(q6_value(b[i], e) - 32);
+    }
+  }
+}
+
+// ---- activation conversion ------------------------------------------------------------------
+
+void convert_f32(const float* x, void* dst, int64_t k) { std::memcpy(dst, x, static_cast<size_t>(k) * 4); }
+
+void convert_f16(const float* x, void* dst, int64_t k) {
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < k; i++) h[i] = f32_to_f16(x[i]);
+}
+
+void convert_bf16(const float* x, void* dst, int64_t k) {
+  uint16_t* h = static_cast<uint16_t*>(dst);
+  for (int64_t i = 0; i < k; i++) h[i] = f32_to_bf16(x[i]);
+}
+
+// Q8_0/Q8_1: d = amax/127, q = round-to-nearest-even(x · 127/amax) (as llama.cpp's x86 path).
+void convert_q8_0(const float* x, void* dst, int64_t k) {
+  BlockQ8_0* b = static_cast<BlockQ8_0*>(dst);
+  for (int64_t i = 0; i < k / QK; i++, x += QK) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    b[i].d = f32_to_f16(d);
+    for (int j = 0; j < QK; j++) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+  }
+}
+
+void convert_q8_1(const float* x, void* dst, int64_t k) {
+  BlockQ8_1* b = static_cast<BlockQ8_1*>(dst);
+  for (int64_t i = 0; i < k / QK; i++, x += QK) {
+    float amax = 0.0f;
+    for (int j = 0; j < QK; j++) amax = std::fmax(amax, std::fabs(x[j]));
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int j = 0; j < QK; j++) {
+      b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
+      sum += b[i].qs[j];
+    }
+    b[i].d = f32_to_f16(d);
+    b[i].s = f32_to_f16(d * static_cast<float>(sum));
+  }
+}
+
+// Q8_K: the element of largest magnitude maps to −127 (iscale = −127/max), d = 1/iscale (F32).
+void convert_q8_K(const float* x, void* dst, int64_t k) {
+  BlockQ8_K* b = static_cast<BlockQ8_K*>(dst);
+  for (int64_t i = 0; i < k / QK_K; i++, x += QK_K) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < QK_K; j++) {
+      const float a = std::fabs(x[j]);
+      if (a > amax) {
+        amax = a;
+        max = x[j];
+      }
+    }
+    if (amax == 0.0f) {
+      std::memset(&b[i], 0, sizeof(BlockQ8_K));
+      continue;
+    }
+    const float iscale = -127.0f / max;
+    for (int j = 0; j < QK_K; j++) {
+      const int v = static_cast<int>(std::nearbyint(iscale * x[j]));
+      b[i].qs[j] = static_cast<int8_t>(v > 127 ? 127 : v);
+    }
+    for (int g = 0; g < QK_K / 16; g++) {
+      int s = 0;
+      for (int j = 0; j < 16; j++) s += b[i].qs[16 * g + j];
+      b[i].bsums[g] = static_cast<int16_t>(s);
+    }
+    b[i].d = 1.0f / iscale;
+  }
+}
+
+// ---- dot products ---------------------------------------------------------------------------
+
+float dot_f32v(int64_t n, const float* a, const float* b) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+float dot_f32(int64_t k, const void* w, const void* x) {
+  return dot_f32v(k, static_cast<const float*>(w), static_cast<const float*>(x));
+}
+
+float dot_f16(int64_t k, const void* w, const void* x) {
+  const uint16_t* a = static_cast<const uint16_t*>(w);
+  const uint16_t* b = static_cast<const uint16_t*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k; i++) s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
+  return s;
+}
+
+float dot_bf16(int64_t k, const void* w, const void* x) {
+  const uint16_t* a = static_cast<const uint16_t*>(w);
+  const uint16_t* b = static_cast<const uint16_t*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k; i++) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+  return s;
+}
+
+float dot_q4_0(int64_t k, const void* w, const void* x) {
+  const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; j++) {
+      sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + QK / 2];
+    }
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return s;
+}
+
+float dot_q4_1(int64_t k, const void* w, const void* x) {
+  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; j++) {
+      sumi += (a[i].qs[j] & 0xF) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + QK / 2];
+    }
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d)) +
+         f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+  }
+  return s;
+}
+
+float dot_q5_0(int64_t k, const void* w, const void* x) {
+  const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    const uint32_t qh = load_u32(a[i].qh);
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; j++) {
+      const int lo = static_cast<int>((a[i].qs[j] & 0xF) | (((qh >> j) & 1u) << 4)) - 16;
+      const int hi = static_cast<int>((a[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
+      sumi += lo * b[i].qs[j] + hi * b[i].qs[j + QK / 2];
+    }
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return s;
+}
+
+float dot_q5_1(int64_t k, const void* w, const void* x) {
+  const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
+  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    const uint32_t qh = load_u32(a[i].qh);
+    int sumi = 0;
+    for (int j = 0; j < QK / 2; j++) {
+      const int lo = static_cast<int>((a[i].qs[j] & 0xF) | (((qh >> j) & 1u) << 4));
+      const int hi = static_cast<int>((a[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
+      sumi += lo * b[i].qs[j] + hi * b[i].qs[j + QK / 2];
+    }
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d)) +
+         f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+  }
+  return s;
+}
+
+float dot_q8_0(int64_t k, const void* w, const void* x) {
+  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
+  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    int sumi = 0;
+    for (int j = 0; j < QK; j++) sumi += a[i].qs[j] * b[i].qs[j];
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+  }
+  return s;
+}
+
+// K-quants: Σ_sub d·sc·Σ(q·y) − dmin·m·Σy, with integer inner sums (exact) and Σy from bsums.
+float dot_q4_K(int64_t k, const void* w, const void* x) {
+  const BlockQ4_K* a = static_cast<const BlockQ4_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    int sumi = 0, summ = 0;
+    const uint8_t* q = a[i].qs;
+    const int8_t* y = b[i].qs;
+    for (int j = 0; j < 4; j++, q += 32, y += 64) {
+      uint8_t sc1, m1, sc2, m2;
+      k4_scale_min(2 * j, a[i].scales, &sc1, &m1);
+      k4_scale_min(2 * j + 1, a[i].scales, &sc2, &m2);
+      int s1 = 0, s2 = 0;
+      for (int l = 0; l < 32; l++) {
+        s1 += (q[l] & 0xF) * y[l];
+        s2 += (q[l] >> 4) * y[l + 32];
+      }
+      sumi += sc1 * s1 + sc2 * s2;
+      summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
+    }
+    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+  }
+  return s;
+}
+
+float dot_q5_K(int64_t k, const void* w, const void* x) {
+  const BlockQ5_K* a = static_cast<const BlockQ5_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    int sumi = 0, summ = 0;
+    const uint8_t* q = a[i].qs;
+    const uint8_t* qh = a[i].qh;
+    const int8_t* y = b[i].qs;
+    for (int j = 0; j < 4; j++, q += 32, y += 64) {
+      uint8_t sc1, m1, sc2, m2;
+      k4_scale_min(2 * j, a[i].scales, &sc1, &m1);
+      k4_scale_min(2 * j + 1, a[i].scales, &sc2, &m2);
+      int s1 = 0, s2 = 0;
+      for (int l = 0; l < 32; l++) {
+        s1 += ((q[l] & 0xF) | (((qh[l] >> (2 * j)) & 1) << 4)) * y[l];
+        s2 += ((q[l] >> 4) | (((qh[l] >> (2 * j + 1)) & 1) << 4)) * y[l + 32];
+      }
+      sumi += sc1 * s1 + sc2 * s2;
+      summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
+    }
+    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+  }
+  return s;
+}
+
+float dot_q6_K(int64_t k, const void* w, const void* x) {
+  const BlockQ6_K* a = static_cast<const BlockQ6_K*>(w);
+  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+  float s = 0.0f;
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    int sumi = 0;
+    for (int g = 0; g < QK_K / 16; g++) {
+      int sg = 0;
+      for (int l = 0; l < 16; l++) sg += (q6_value(a[i], 16 * g + l) - 32) * b[i].qs[16 * g + l];
+      sumi += a[i].scales[g] * sg;
+    }
+    s += b[i].d * f16_to_f32(a[i].d) * static_cast<float>(sumi);
+  }
+  return s;
+}
+
+// ---- axpy -----------------------------------------------------------------------------------
+
+void axpy_f32v(int64_t n, float a, const float* x, float* y) {
+  for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+void axpy_f32(int64_t k, float a, const void* w, float* y) { axpy_f32v(k, a, static_cast<const float*>(w), y); }
+
+void axpy_f16(int64_t k, float a, const void* w, float* y) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  for (int64_t i = 0; i < k; i++) y[i] += a * f16_to_f32(h[i]);
+}
+
+void axpy_bf16(int64_t k, float a, const void* w, float* y) {
+  const uint16_t* h = static_cast<const uint16_t*>(w);
+  for (int64_t i = 0; i < k; i++) y[i] += a * bf16_to_f32(h[i]);
+}
+
+/// Quantized rows: dequantize one block at a time into a stack buffer, then accumulate.
+template <int DT, int BLOCK, int BYTES>
+void axpy_blocks(int64_t k, float a, const void* w, float* y) {
+  float tmp[BLOCK];
+  const uint8_t* p = static_cast<const uint8_t*>(w);
+  for (int64_t i = 0; i < k / BLOCK; i++, p += BYTES, y += BLOCK) {
+    kernels_scalar().dequant[DT](p, tmp, BLOCK);
+    for (int j = 0; j < BLOCK; j++) y[j] += a * tmp[j];
+  }
+}
+
+double sum_f32(const float* x, int64_t n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; j++) s[j] += x[i + j];
+  }
+  double t = 0;
+  for (int j = 0; j < 8; j++) t += s[j];
+  for (; i < n; i++) t += x[i];
+  return t;
+}
+
+KernelTable make_table() {
+  KernelTable t{};
+  t.name = "scalar";
+  t.dot[DT_F32] = dot_f32;
+  t.dot[DT_F16] = dot_f16;
+  t.dot[DT_BF16] = dot_bf16;
+  t.dot[DT_Q4_0] = dot_q4_0;
+  t.dot[DT_Q4_1] = dot_q4_1;
+  t.dot[DT_Q5_0] = dot_q5_0;
+  t.dot[DT_Q5_1] = dot_q5_1;
+  t.dot[DT_Q8_0] = dot_q8_0;
+  t.dot[DT_Q4_K] = dot_q4_K;
+  t.dot[DT_Q5_K] = dot_q5_K;
+  t.dot[DT_Q6_K] = dot_q6_K;
+  t.dequant[DT_F32] = dequant_f32;
+  t.dequant[DT_F16] = dequant_f16;
+  t.dequant[DT_BF16] = dequant_bf16;
+  t.dequant[DT_Q4_0] = dequant_q4_0;
+  t.dequant[DT_Q4_1] = dequant_q4_1;
+  t.dequant[DT_Q5_0] = dequant_q5_0;
+  t.dequant[DT_Q5_1] = dequant_q5_1;
+  t.dequant[DT_Q8_0] = dequant_q8_0;
+  t.dequant[DT_Q4_K] = dequant_q4_K;
+  t.dequant[DT_Q5_K] = dequant_q5_K;
+  t.dequant[DT_Q6_K] = dequant_q6_K;
+  t.axpy[DT_F32] = axpy_f32;
+  t.axpy[DT_F16] = axpy_f16;
+  t.axpy[DT_BF16] = axpy_bf16;
+  t.axpy[DT_Q4_0] = axpy_blocks<DT_Q4_0, QK, 18>;
+  t.axpy[DT_Q4_1] = axpy_blocks<DT_Q4_1, QK, 20>;
+  t.axpy[DT_Q5_0] = axpy_blocks<DT_Q5_0, QK, 22>;
+  t.axpy[DT_Q5_1] = axpy_blocks<DT_Q5_1, QK, 24>;
+  t.axpy[DT_Q8_0] = axpy_blocks<DT_Q8_0, QK, 34>;
+  t.axpy[DT_Q4_K] = axpy_blocks<DT_Q4_K, QK_K, 144>;
+  t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
+  t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
+  t.convert[XF_F32] = convert_f32;
+  t.convert[XF_F16] = convert_f16;
+  t.convert[XF_BF16] = convert_bf16;
+  t.convert[XF_Q8_0] = convert_q8_0;
+  t.convert[XF_Q8_1] = convert_q8_1;
+  t.convert[XF_Q8_K] = convert_q8_K;
+  t.dot_f32 = dot_f32v;
+  t.axpy_f32 = axpy_f32v;
+  t.sum_f32 = sum_f32;
+  return t;
+}
+
+}  // namespace
+
+const KernelTable& kernels_scalar() {
+  static const KernelTable table = make_table();
+  return table;
+}
+
+}  // namespace pi

@@ -1,0 +1,501 @@
+#include "ops.h"
+
+#include <cmath>
+#include <cstring>
+
+namespace pi {
+namespace {
+
+constexpr size_t kAlign = 64;
+
+inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+/// Carves a node's scratch region; with base == nullptr it only measures.
+struct Bump {
+  uint8_t* base;
+  size_t off = 0;
+  explicit Bump(uint8_t* b) : base(b) {}
+  void* take(size_t bytes) {
+    off = align_up(off);
+    void* p = base ? base + off : nullptr;
+    off += bytes;
+    return p;
+  }
+};
+
+inline int64_t lo(int64_t n, int ith, int nth) { return split_begin(n, ith, nth); }
+inline int64_t hi(int64_t n, int ith, int nth) { return split_begin(n, ith + 1, nth); }
+
+inline bool is_quantized(int dt) { return dtype_layout(dt).block > 1; }
+
+// ---- dense matrix ops -----------------------------------------------------------------------
+
+struct MatLayout {
+  void* xq = nullptr;  // converted activations, T rows of x_row_bytes
+};
+
+MatLayout mat_layout(const NodeExec& n, Bump& b) {
+  MatLayout l;
+  const int fmt = x_format(n.src[0].dtype);
+  if (fmt != XF_F32) l.xq = b.take(x_row_bytes(fmt, n.src[1].ne[0]) * static_cast<size_t>(n.src[1].rows()));
+  return l;
+}
+
+/// Converts x's columns into the weight type's activation format (all threads), then a barrier.
+const uint8_t* convert_x(const NodeExec& n, void* xq, int ith, int nth) {
+  const TensorView& x = n.src[1];
+  const int fmt = x_format(n.src[0].dtype);
+  if (fmt == XF_F32) return x.data;
+  const int64_t K = x.ne[0], T = x.rows();
+  const size_t xrb = x_row_bytes(fmt, K);
+  uint8_t* out = static_cast<uint8_t*>(xq);
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) n.k->convert[fmt](x.f32() + t * K, out + t * xrb, K);
+  return out;
+}
+
+void op_mul_mat(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const MatLayout l = mat_layout(n, b);
+  const TensorView& W = n.src[0];
+  const int64_t K = W.ne[0], N = W.rows(), T = n.src[1].rows();
+  const uint8_t* xq = convert_x(n, l.xq, ith, nth);
+  n.pool->barrier();
+  const size_t wrb = row_bytes(W.dtype, K);
+  const size_t xrb = x_row_bytes(x_format(W.dtype), K);
+  const DotFn dot = n.k->dot[W.dtype];
+  float* y = n.dst.f32();
+  // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
+  // token of the tile is dotted with them, so each weight row is read from memory once per tile.
+  const int64_t r0 = lo(N, ith, nth), r1 = hi(N, ith, nth);
+  for (int64_t rb = r0; rb < r1; rb += 16) {
+    const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
+    for (int64_t tb = 0; tb < T; tb += 32) {
+      const int64_t te = tb + 32 < T ? tb + 32 : T;
+      for (int64_t r = rb; r < re; r++) {
+        const uint8_t* w = W.data + r * wrb;
+        for (int64_t t = tb; t < te; t++) y[r + t * N] = dot(K, w, xq + t * xrb);
+      }
+    }
+  }
+}
+
+void op_get_rows(const NodeExec& n, int ith, int nth) {
+  const TensorView& W = n.src[0];
+  const int32_t* ids = n.src[1].i32();
+  const int64_t K = W.ne[0], T = n.src[1].nel;
+  const size_t wrb = row_bytes(W.dtype, K);
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) {
+    n.k->dequant[W.dtype](W.data + static_cast<int64_t>(ids[t]) * wrb, n.dst.f32() + t * K, K);
+  }
+}
+
+// ---- sparse ops -----------------------------------------------------------------------------
+
+struct SparseLayout {
+  void* xq = nullptr;          // mul_mat_sparse: converted activations
+  int64_t* count = nullptr;    // number of list entries
+  int32_t* list = nullptr;     // pairs (neuron, weight row) with at least one active token
+  uint8_t* mark = nullptr;     // n_out flags (duplicates in rows are taken once)
+  float* acc = nullptr;        // axpy_sparse: nth accumulators of E·T floats (nth > 1)
+  float* tmp = nullptr;        // axpy_sparse: nth rows of E floats (dequantized weight row)
+};
+
+SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
+  SparseLayout l;
+  const TensorView& W = n.src[0];
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const int64_t ncand = n.has[3] ? n.src[3].nel : n_out;
+  const int64_t T = n.src[1].rows();
+  if (n.op == OP_MUL_MAT_SPARSE) {
+    const int fmt = x_format(W.dtype);
+    if (fmt != XF_F32) l.xq = b.take(x_row_bytes(fmt, W.ne[0]) * static_cast<size_t>(T));
+  }
+  l.count = static_cast<int64_t*>(b.take(sizeof(int64_t)));
+  l.list = static_cast<int32_t*>(b.take(sizeof(int32_t) * 2 * static_cast<size_t>(ncand)));
+  l.mark = static_cast<uint8_t*>(b.take(static_cast<size_t>(n_out)));
+  if (n.op == OP_AXPY_SPARSE) {
+    const size_t E = static_cast<size_t>(W.ne[0]);
+    if (nth > 1) l.acc = static_cast<float*>(b.take(sizeof(float) * E * static_cast<size_t>(T) * nth));
+    if (T > 1 && is_quantized(W.dtype)) l.tmp = static_cast<float*>(b.take(sizeof(float) * E * nth));
+  }
+  return l;
+}
+
+/// Thread 0: the list of candidate neurons with at least one active token column.
+void build_active_list(const NodeExec& n, const SparseLayout& l) {
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const int64_t M = n.src[0].rows();
+  const int64_t T = n.src[1].rows();
+  const bool has_rows = n.has[3];
+  const int64_t ncand = has_rows ? n.src[3].nel : n_out;
+  const bool compact = has_rows && M == ncand;
+  const int32_t* rows = has_rows ? n.src[3].i32() : nullptr;
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  std::memset(l.mark, 0, static_cast<size_t>(n_out));
+  int64_t len = 0;
+  for (int64_t j = 0; j < ncand; j++) {
+    const int64_t i = rows ? rows[j] : j;
+    if (l.mark[i]) continue;
+    l.mark[i] = 1;
+    bool any = logits == nullptr;
+    for (int64_t t = 0; !any && t < T; t++) any = logits[i + t * n_out] >= thr;
+    if (!any) continue;
+    l.list[2 * len] = static_cast<int32_t>(i);
+    l.list[2 * len + 1] = static_cast<int32_t>(compact ? j : i);
+    len++;
+  }
+  *l.count = len;
+}
+
+void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const SparseLayout l = sparse_layout(n, nth, b);
+  const TensorView& W = n.src[0];
+  const int64_t K = W.ne[0], T = n.src[1].rows();
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  float* y = n.dst.f32();
+  if (ith == 0) build_active_list(n, l);
+  const uint8_t* xq = convert_x(n, l.xq, ith, nth);
+  const int64_t ny = n.dst.nel;
+  std::memset(y + lo(ny, ith, nth), 0, sizeof(float) * static_cast<size_t>(hi(ny, ith, nth) - lo(ny, ith, nth)));
+  n.pool->barrier();
+  const int64_t len = *l.count;
+  const size_t wrb = row_bytes(W.dtype, K);
+  const size_t xrb = x_row_bytes(x_format(W.dtype), K);
+  const DotFn dot = n.k->dot[W.dtype];
+  int64_t read = 0;
+  for (int64_t e = lo(len, ith, nth); e < hi(len, ith, nth); e++) {
+    const int64_t i = l.list[2 * e];
+    const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+    for (int64_t t = 0; t < T; t++) {
+      if (logits && !(logits[i + t * n_out] >= thr)) continue;
+      y[i + t * n_out] = dot(K, w, xq + t * xrb);
+      read++;
+    }
+  }
+  n.rows_read[ith] += read;
+}
+
+void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const SparseLayout l = sparse_layout(n, nth, b);
+  const TensorView& W = n.src[0];
+  const int64_t E = W.ne[0], T = n.src[1].rows();
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  const float* a = n.src[1].f32();
+  float* y = n.dst.f32();
+  if (ith == 0) build_active_list(n, l);
+  n.pool->barrier();
+  const int64_t len = *l.count;
+  const size_t wrb = row_bytes(W.dtype, E);
+  const AxpyFn axpy = n.k->axpy[W.dtype];
+  // Each thread sums its contiguous share of the active rows into its own accumulator; the shares
+  // are then added in thread order, so the result depends only on the thread count.
+  float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
+  std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
+  float* tmp = l.tmp ? l.tmp + static_cast<size_t>(ith) * static_cast<size_t>(E) : nullptr;
+  int64_t read = 0;
+  for (int64_t e = lo(len, ith, nth); e < hi(len, ith, nth); e++) {
+    const int64_t i = l.list[2 * e];
+    const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+    if (T == 1) {
+      axpy(E, a[i], w, acc);
+      read++;
+      continue;
+    }
+    int64_t nact = 0;
+    for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
+    const bool deq = tmp && nact >= 2;
+    if (deq) n.k->dequant[W.dtype](w, tmp, E);
+    for (int64_t t = 0; t < T; t++) {
+      if (logits && !(logits[i + t * n_out] >= thr)) continue;
+      if (deq) {
+        n.k->axpy_f32(E, a[i + t * n_out], tmp, acc + t * E);
+      } else {
+        axpy(E, a[i + t * n_out], w, acc + t * E);
+      }
+    }
+    read += nact;
+  }
+  n.rows_read[ith] += read;
+  if (nth == 1) return;
+  n.pool->barrier();
+  const int64_t ny = E * T;
+  for (int64_t e = lo(ny, ith, nth); e < hi(ny, ith, nth); e++) {
+    float s = l.acc[e];
+    for (int th = 1; th < nth; th++) s += l.acc[static_cast<size_t>(th) * static_cast<size_t>(ny) + e];
+    y[e] = s;
+  }
+}
+
+// ---- normalisation, rope, softmax, attention ------------------------------------------------
+
+void op_rms_norm(const NodeExec& n, int ith, int nth) {
+  const int64_t ne0 = n.src[0].ne[0], R = n.src[0].rows();
+  const float eps = static_cast<float>(n.p[0]);
+  for (int64_t r = lo(R, ith, nth); r < hi(R, ith, nth); r++) {
+    const float* x = n.src[0].f32() + r * ne0;
+    float* y = n.dst.f32() + r * ne0;
+    double sum = 0.0;
+    for (int64_t i = 0; i < ne0; i++) sum += static_cast<double>(x[i]) * x[i];
+    const float mean = static_cast<float>(sum / static_cast<double>(ne0));
+    const float scale = 1.0f / std::sqrt(mean + eps);
+    for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * scale;
+  }
+}
+
+void op_norm(const NodeExec& n, int ith, int nth) {
+  const int64_t ne0 = n.src[0].ne[0], R = n.src[0].rows();
+  const float eps = static_cast<float>(n.p[0]);
+  for (int64_t r = lo(R, ith, nth); r < hi(R, ith, nth); r++) {
+    const float* x = n.src[0].f32() + r * ne0;
+    float* y = n.dst.f32() + r * ne0;
+    double sum = 0.0;
+    for (int64_t i = 0; i < ne0; i++) sum += x[i];
+    const float mean = static_cast<float>(sum / static_cast<double>(ne0));
+    double sum2 = 0.0;
+    for (int64_t i = 0; i < ne0; i++) {
+      const float v = x[i] - mean;
+      y[i] = v;
+      sum2 += static_cast<double>(v) * v;
+    }
+    const float variance = static_cast<float>(sum2 / static_cast<double>(ne0));
+    const float scale = 1.0f / std::sqrt(variance + eps);
+    for (int64_t i = 0; i < ne0; i++) y[i] *= scale;
+  }
+}
+
+void op_rope(const NodeExec& n, int ith, int nth) {
+  const int n_dims = static_cast<int>(n.p[0]);
+  const int mode = static_cast<int>(n.p[1]);
+  const float freq_base = static_cast<float>(n.p[2]);
+  const float freq_scale = static_cast<float>(n.p[3]);
+  const int64_t hd = static_cast<int64_t>(n.p[4]);
+  const int64_t D = n.src[0].ne[0], T = n.src[0].rows(), H = D / hd;
+  const int32_t* pos = n.src[1].i32();
+  // θ_i = pos · freq_scale · base^(−2i/n_dims), the powers built by repeated F32 multiplication as
+  // llama.cpp does, so the rotations match its results.
+  const float theta_scale = std::pow(freq_base, -2.0f / static_cast<float>(n_dims));
+  for (int64_t u = lo(T * H, ith, nth); u < hi(T * H, ith, nth); u++) {
+    const int64_t t = u / H, h = u % H;
+    const float* x = n.src[0].f32() + t * D + h * hd;
+    float* y = n.dst.f32() + t * D + h * hd;
+    float theta = static_cast<float>(pos[t]);
+    for (int i0 = 0; i0 < n_dims; i0 += 2) {
+      const float ang = freq_scale * theta;
+      const float c = std::cos(ang), s = std::sin(ang);
+      theta *= theta_scale;
+      const int a = mode == 2 ? i0 / 2 : i0;
+      const int bi = mode == 2 ? i0 / 2 + n_dims / 2 : i0 + 1;
+      const float x0 = x[a], x1 = x[bi];
+      y[a] = x0 * c - x1 * s;
+      y[bi] = x0 * s + x1 * c;
+    }
+    for (int64_t i = n_dims; i < hd; i++) y[i] = x[i];
+  }
+}
+
+void softmax_row(const float* x, float* y, int64_t n, float scale) {
+  float mx = -INFINITY;
+  for (int64_t i = 0; i < n; i++) mx = std::fmax(mx, scale * x[i]);
+  double sum = 0.0;
+  for (int64_t i = 0; i < n; i++) {
+    const float e = std::exp(scale * x[i] - mx);
+    y[i] = e;
+    sum += e;
+  }
+  const float inv = static_cast<float>(1.0 / sum);
+  for (int64_t i = 0; i < n; i++) y[i] *= inv;
+}
+
+void op_softmax(const NodeExec& n, int ith, int nth) {
+  const int64_t ne0 = n.src[0].ne[0], R = n.src[0].rows();
+  const float scale = static_cast<float>(n.p[0]);
+  for (int64_t r = lo(R, ith, nth); r < hi(R, ith, nth); r++) {
+    softmax_row(n.src[0].f32() + r * ne0, n.dst.f32() + r * ne0, ne0, scale);
+  }
+}
+
+struct AttnLayout {
+  float* scores = nullptr;  // nth × C
+  uint16_t* q16 = nullptr;  // nth × head_dim
+};
+
+AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
+  AttnLayout l;
+  const size_t C = static_cast<size_t>(n.src[1].rows());
+  const size_t hd = static_cast<size_t>(n.p[3]);
+  l.scores = static_cast<float*>(b.take(sizeof(float) * C * nth));
+  l.q16 = static_cast<uint16_t*>(b.take(sizeof(uint16_t) * hd * nth));
+  return l;
+}
+
+// Scores in F32. With an F16 cache, q is rounded to F16 and dotted with the F16 keys (F32
+// accumulation), as llama.cpp's CPU attention does; V rows are accumulated in F32.
+void op_attention(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const AttnLayout l = attn_layout(n, nth, b);
+  const int64_t n_past = static_cast<int64_t>(n.p[0]);
+  const int64_t Hkv = static_cast<int64_t>(n.p[1]);
+  const float scale = static_cast<float>(n.p[2]);
+  const int64_t hd = static_cast<int64_t>(n.p[3]);
+  const int64_t H = static_cast<int64_t>(n.p[4]);
+  const TensorView& Q = n.src[0];
+  const TensorView& Kc = n.src[1];
+  const TensorView& Vc = n.src[2];
+  const int64_t T = Q.rows();
+  const int64_t group = H / Hkv;
+  const size_t kes = Kc.dtype == DT_F16 ? 2 : 4, ves = Vc.dtype == DT_F16 ? 2 : 4;
+  const int64_t kvrow = hd * Hkv;
+  float* scores = l.scores + static_cast<size_t>(ith) * static_cast<size_t>(Kc.rows());
+  uint16_t* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
+  const AxpyFn vaxpy = n.k->axpy[Vc.dtype];
+  for (int64_t u = lo(T * H, ith, nth); u < hi(T * H, ith, nth); u++) {
+    const int64_t t = u / H, h = u % H, kvh = h / group;
+    const int64_t ctx = n_past + t + 1;
+    const float* q = Q.f32() + t * hd * H + h * hd;
+    if (Kc.dtype == DT_F16) n.k->convert[XF_F16](q, q16, hd);
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < ctx; j++) {
+      const uint8_t* kr = Kc.data + static_cast<size_t>(j * kvrow + kvh * hd) * kes;
+      const float s = scale * (Kc.dtype == DT_F16 ? n.k->dot[DT_F16](hd, kr, q16)
+                                                  : n.k->dot_f32(hd, reinterpret_cast<const float*>(kr), q));
+      scores[j] = s;
+      mx = std::fmax(mx, s);
+    }
+    double sum = 0.0;
+    for (int64_t j = 0; j < ctx; j++) {
+      const float e = std::exp(scores[j] - mx);
+      scores[j] = e;
+      sum += e;
+    }
+    float* out = n.dst.f32() + t * hd * H + h * hd;
+    std::memset(out, 0, sizeof(float) * static_cast<size_t>(hd));
+    for (int64_t j = 0; j < ctx; j++) {
+      vaxpy(hd, scores[j], Vc.data + static_cast<size_t>(j * kvrow + kvh * hd) * ves, out);
+    }
+    const float inv = static_cast<float>(1.0 / sum);
+    for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+  }
+}
+
+// ---- elementwise ----------------------------------------------------------------------------
+
+void op_binary(const NodeExec& n, int ith, int nth) {
+  const float* a = n.src[0].f32();
+  const float* b = n.src[1].f32();
+  float* y = n.dst.f32();
+  const int64_t N = n.dst.nel;
+  const int64_t nb = n.src[1].nel;
+  const bool mul = n.op == OP_MUL;
+  const int64_t e0 = lo(N, ith, nth), e1 = hi(N, ith, nth);
+  if (nb == N) {
+    if (mul) {
+      for (int64_t e = e0; e < e1; e++) y[e] = a[e] * b[e];
+    } else {
+      for (int64_t e = e0; e < e1; e++) y[e] = a[e] + b[e];
+    }
+    return;
+  }
+  for (int64_t e = e0; e < e1; e++) {
+    const float bv = b[e % nb];
+    y[e] = mul ? a[e] * bv : a[e] + bv;
+  }
+}
+
+void op_unary(const NodeExec& n, int ith, int nth) {
+  const float* x = n.src[0].f32();
+  float* y = n.dst.f32();
+  const int64_t N = n.dst.nel;
+  const int64_t e0 = lo(N, ith, nth), e1 = hi(N, ith, nth);
+  switch (n.op) {
+    case OP_SCALE: {
+      const float s = static_cast<float>(n.p[0]);
+      for (int64_t e = e0; e < e1; e++) y[e] = x[e] * s;
+      break;
+    }
+    case OP_SILU:
+      for (int64_t e = e0; e < e1; e++) y[e] = x[e] / (1.0f + std::exp(-x[e]));
+      break;
+    case OP_RELU:
+      for (int64_t e = e0; e < e1; e++) y[e] = x[e] > 0.0f ? x[e] : 0.0f;
+      break;
+    case OP_GELU: {
+      const float c = 0.7978845608028654f;  // sqrt(2/π)
+      for (int64_t e = e0; e < e1; e++) {
+        const float v = x[e];
+        y[e] = 0.5f * v * (1.0f + std::tanh(c * v * (1.0f + 0.044715f * v * v)));
+      }
+      break;
+    }
+    default: break;
+  }
+}
+
+void op_cpy(const NodeExec& n, int ith, int nth) {
+  const TensorView& s = n.src[0];
+  const int64_t ne0 = s.ne[0], T = s.rows();
+  const int64_t off = static_cast<int64_t>(n.p[0]);
+  const size_t drb = row_bytes(n.dst.dtype, ne0);
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) {
+    const float* x = s.f32() + t * ne0;
+    uint8_t* d = n.dst.data + static_cast<size_t>(off + t) * drb;
+    switch (n.dst.dtype) {
+      case DT_F16: n.k->convert[XF_F16](x, d, ne0); break;
+      case DT_BF16: n.k->convert[XF_BF16](x, d, ne0); break;
+      default: std::memcpy(d, x, drb); break;
+    }
+  }
+}
+
+void op_slice(const NodeExec& n, int ith, int nth) {
+  const int64_t N = n.src[0].ne[0], T = n.src[0].rows();
+  const int64_t off = static_cast<int64_t>(n.p[0]), len = static_cast<int64_t>(n.p[1]);
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) {
+    std::memcpy(n.dst.f32() + t * len, n.src[0].f32() + t * N + off, sizeof(float) * static_cast<size_t>(len));
+  }
+}
+
+}  // namespace
+
+size_t node_scratch_bytes(const NodeExec& n, int nth) {
+  Bump b(nullptr);
+  switch (n.op) {
+    case OP_MUL_MAT: mat_layout(n, b); break;
+    case OP_MUL_MAT_SPARSE:
+    case OP_AXPY_SPARSE: sparse_layout(n, nth, b); break;
+    case OP_ATTENTION: attn_layout(n, nth, b); break;
+    default: break;
+  }
+  return align_up(b.off);
+}
+
+void exec_node(const NodeExec& n, int ith, int nth) {
+  switch (n.op) {
+    case OP_GET_ROWS: op_get_rows(n, ith, nth); break;
+    case OP_MUL_MAT: op_mul_mat(n, ith, nth); break;
+    case OP_RMS_NORM: op_rms_norm(n, ith, nth); break;
+    case OP_NORM: op_norm(n, ith, nth); break;
+    case OP_ROPE: op_rope(n, ith, nth); break;
+    case OP_SOFTMAX: op_softmax(n, ith, nth); break;
+    case OP_ATTENTION: op_attention(n, ith, nth); break;
+    case OP_ADD:
+    case OP_MUL: op_binary(n, ith, nth); break;
+    case OP_SCALE:
+    case OP_SILU:
+    case OP_RELU:
+    case OP_GELU: op_unary(n, ith, nth); break;
+    case OP_CPY: op_cpy(n, ith, nth); break;
+    case OP_SLICE: op_slice(n, ith, nth); break;
+    case OP_MUL_MAT_SPARSE: op_mul_mat_sparse(n, ith, nth); break;
+    case OP_AXPY_SPARSE: op_axpy_sparse(n, ith, nth); break;
+    default: break;
+  }
+}
+
+}  // namespace pi

@@ -1,0 +1,33 @@
+// The ops of the interface, executed by all threads of the pool on a validated node.
+// Each op splits its work deterministically by thread index, so results for a fixed thread count
+// are identical run to run.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "graph.h"
+
+namespace pi {
+
+struct NodeExec {
+  int op = 0;
+  TensorView dst;
+  TensorView src[MAX_SRC];
+  bool has[MAX_SRC] = {false, false, false, false, false};
+  const double* p = nullptr;
+  int np = 0;
+  uint8_t* scratch = nullptr;   // shared scratch of this node (64-byte aligned)
+  size_t scratch_bytes = 0;
+  int64_t* rows_read = nullptr; // one counter per thread
+  const KernelTable* k = nullptr;
+  ThreadPool* pool = nullptr;
+};
+
+/// Scratch bytes the node needs when run with nth threads.
+size_t node_scratch_bytes(const NodeExec& n, int nth);
+
+/// Runs thread ith's share of the node (called by every thread; may use pool->barrier()).
+void exec_node(const NodeExec& n, int ith, int nth);
+
+}  // namespace pi

@@ -1,0 +1,154 @@
+#include "tensor_store.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+
+#include "common.h"
+
+namespace pi {
+
+FileMapping::~FileMapping() {
+  if (base && size) munmap(base, size);
+}
+
+Tensor::~Tensor() {
+  if (!mapped && data) std::free(data);
+}
+
+size_t tensor_bytes(int dtype, const int64_t ne[4]) {
+  const Layout l = dtype_layout(dtype);
+  if (l.block == 0 || dtype == DT_Q8_1 || dtype == DT_Q8_K) {
+    throw BackendErr("BAD_TENSOR", "unsupported dtype code " + std::to_string(dtype));
+  }
+  for (int i = 0; i < 4; i++) {
+    if (ne[i] < 1 || ne[i] > (int64_t{1} << 40)) {
+      throw BackendErr("BAD_TENSOR", "bad dimension " + std::to_string(ne[i]));
+    }
+  }
+  if (ne[0] % l.block != 0) {
+    throw BackendErr("BAD_TENSOR", std::string(dtype_name(dtype)) + ": row length " + std::to_string(ne[0]) +
+                                       " is not a multiple of the block size " + std::to_string(l.block));
+  }
+  const unsigned __int128 b = static_cast<unsigned __int128>(ne[0] / l.block) * static_cast<unsigned>(l.bytes) *
+                              static_cast<uint64_t>(ne[1]) * static_cast<uint64_t>(ne[2]) * static_cast<uint64_t>(ne[3]);
+  if (b > (static_cast<unsigned __int128>(1) << 46)) throw BackendErr("BAD_TENSOR", "tensor too large");
+  return static_cast<size_t>(b);
+}
+
+TensorPtr TensorStore::create(int dtype, const int64_t ne[4]) {
+  const size_t bytes = tensor_bytes(dtype, ne);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (bytes > budget_ || allocated_ > budget_ - bytes) {
+    throw BackendErr("OUT_OF_MEMORY", "cannot allocate " + std::to_string(bytes) + " bytes: " +
+                                          std::to_string(allocated_) + " of the memory budget of " +
+                                          std::to_string(budget_) + " bytes are in use");
+  }
+  const size_t padded = (bytes + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
+  if (!p) throw BackendErr("OUT_OF_MEMORY", "allocation of " + std::to_string(bytes) + " bytes failed");
+  std::memset(p, 0, padded);
+  auto t = std::make_shared<Tensor>();
+  t->id = next_id_++;
+  t->dtype = dtype;
+  for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+  t->bytes = bytes;
+  t->data = static_cast<uint8_t*>(p);
+  allocated_ += bytes;
+  tensors_[t->id] = t;
+  return t;
+}
+
+TensorPtr TensorStore::map(int dtype, const int64_t ne[4], const std::string& path, uint64_t offset,
+                           uint64_t byte_length) {
+  const size_t bytes = tensor_bytes(dtype, ne);
+  if (byte_length != bytes) {
+    throw BackendErr("BAD_TENSOR", "mapTensor: byteLength " + std::to_string(byte_length) + " != " +
+                                       std::to_string(bytes) + " bytes of a " + dtype_name(dtype) + " tensor");
+  }
+  const size_t align = (dtype == DT_F32 || dtype == DT_I32) ? 4 : 2;
+  if (offset % align != 0) {
+    throw BackendErr("BAD_TENSOR", "mapTensor: file offset " + std::to_string(offset) + " is not " +
+                                       std::to_string(align) + "-byte aligned");
+  }
+  char resolved[PATH_MAX];
+  if (!realpath(path.c_str(), resolved)) {
+    throw BackendErr("IO", "mapTensor: cannot open " + path + ": " + std::strerror(errno));
+  }
+  const std::string key(resolved);
+  std::lock_guard<std::mutex> lk(mu_);
+  std::shared_ptr<FileMapping> fm = files_[key].lock();
+  if (!fm) {
+    const int fd = open(resolved, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw BackendErr("IO", "mapTensor: cannot open " + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0 || st.st_size <= 0) {
+      close(fd);
+      throw BackendErr("IO", "mapTensor: cannot map empty or unreadable file " + path);
+    }
+    void* base = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_PRIVATE, fd, 0);
+    const int err = errno;
+    close(fd);
+    if (base == MAP_FAILED) throw BackendErr("IO", "mapTensor: mmap of " + path + " failed: " + std::strerror(err));
+    fm = std::make_shared<FileMapping>();
+    fm->path = key;
+    fm->base = base;
+    fm->size = static_cast<size_t>(st.st_size);
+    files_[key] = fm;
+  }
+  if (offset > fm->size || byte_length > fm->size - offset) {
+    throw BackendErr("BAD_TENSOR", "mapTensor: bytes " + std::to_string(offset) + ".." +
+                                       std::to_string(offset + byte_length) + " exceed the file size " +
+                                       std::to_string(fm->size) + " of " + path);
+  }
+  auto t = std::make_shared<Tensor>();
+  t->id = next_id_++;
+  t->dtype = dtype;
+  for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+  t->bytes = bytes;
+  t->data = static_cast<uint8_t*>(fm->base) + offset;
+  t->mapped = true;
+  t->mapping = fm;
+  tensors_[t->id] = t;
+  return t;
+}
+
+TensorPtr TensorStore::find(int id) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tensors_.find(id);
+  return it == tensors_.end() ? nullptr : it->second;
+}
+
+TensorPtr TensorStore::get(int id) const {
+  TensorPtr t = find(id);
+  if (!t) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " does not exist (freed or never created)");
+  return t;
+}
+
+void TensorStore::release(int id) {
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tensors_.find(id);
+  if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
+  if (!it->second->mapped) allocated_ -= it->second->bytes;
+  tensors_.erase(it);
+}
+
+void TensorStore::clear() {
+  std::lock_guard<std::mutex> lk(mu_);
+  tensors_.clear();
+  files_.clear();
+  allocated_ = 0;
+}
+
+size_t TensorStore::allocated() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return allocated_;
+}
+
+}  // namespace pi

@@ -1,0 +1,75 @@
+// Tensors owned by a backend instance: allocated (64-byte aligned, counted against the memory
+// budget) or mapped zero-copy from a file (one read-only private mapping per file, shared).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+
+namespace pi {
+
+/// An error with one of the interface's BackendErrorCode values ("BAD_GRAPH", "OUT_OF_MEMORY", ...).
+class BackendErr : public std::runtime_error {
+ public:
+  BackendErr(std::string code, const std::string& msg) : std::runtime_error(msg), code_(std::move(code)) {}
+  const std::string& code() const { return code_; }
+
+ private:
+  std::string code_;
+};
+
+/// A read-only mapping of a whole file.
+struct FileMapping {
+  std::string path;
+  void* base = nullptr;
+  size_t size = 0;
+  ~FileMapping();
+};
+
+struct Tensor {
+  int id = 0;
+  int dtype = 0;
+  int64_t ne[4] = {1, 1, 1, 1};
+  size_t bytes = 0;
+  uint8_t* data = nullptr;
+  bool mapped = false;
+  std::shared_ptr<FileMapping> mapping;  // keeps a mapped tensor's file mapped
+  ~Tensor();
+};
+
+using TensorPtr = std::shared_ptr<Tensor>;
+
+class TensorStore {
+ public:
+  /// @param budget bytes allocatable by create() (SIZE_MAX: unlimited).
+  explicit TensorStore(size_t budget) : budget_(budget) {}
+
+  /// A zero-filled tensor. @throws BackendErr BAD_TENSOR (shape/dtype), OUT_OF_MEMORY (budget/allocation).
+  TensorPtr create(int dtype, const int64_t ne[4]);
+  /// A tensor whose bytes stay in `path` at `offset`. @throws BackendErr BAD_TENSOR, IO.
+  TensorPtr map(int dtype, const int64_t ne[4], const std::string& path, uint64_t offset, uint64_t byte_length);
+  /// @throws BackendErr BAD_TENSOR when the id is unknown or freed.
+  TensorPtr get(int id) const;
+  /// Null when the id is unknown.
+  TensorPtr find(int id) const;
+  void release(int id);
+  void clear();
+  size_t allocated() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<int, TensorPtr> tensors_;
+  std::unordered_map<std::string, std::weak_ptr<FileMapping>> files_;
+  size_t budget_;
+  size_t allocated_ = 0;
+  int next_id_ = 1;
+};
+
+/// Bytes of a contiguous tensor; throws BackendErr BAD_TENSOR on a bad dtype or shape.
+size_t tensor_bytes(int dtype, const int64_t ne[4]);
+
+}  // namespace pi

@@ -1,0 +1,94 @@
+/**
+ * Loading of the native addon (`build/Release/powerinfer_cpu.node`) and its raw interface.
+ * Loading never throws: {@link loadAddon} returns the addon or the reason it is unavailable.
+ */
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { fileURLToPath } from "node:url";
+
+/** What `cpuInfo()` reports: CPU features and the kernel set the backend would choose. */
+export interface NativeCpuInfo {
+  avx2: boolean;
+  fma: boolean;
+  f16c: boolean;
+  avx512f: boolean;
+  /** "avx2" or "scalar". */
+  kernel: string;
+  /** Why: "avx2+fma+f16c" or e.g. "scalar (CPU lacks AVX2)". */
+  reason: string;
+}
+
+/** The raw result of a native compute. */
+export interface NativeComputeResult {
+  rowsRead: Float64Array;
+  elapsedMs: number;
+}
+
+/** One native backend instance (see native/src/addon.cpp). Dtypes and ops are wire codes. */
+export interface NativeBackend {
+  readonly threads: number;
+  readonly kernel: string;
+  readonly kernelReason: string;
+  createTensor(dtype: number, ne: readonly number[], data?: ArrayBufferView): number;
+  mapTensor(dtype: number, ne: readonly number[], path: string, fileOffset: number, byteLength: number): number;
+  readTensor(id: number): Uint8Array;
+  writeTensor(id: number, data: ArrayBufferView, offset: number): void;
+  freeTensor(id: number): void;
+  allocatedBytes(): number;
+  supportsOp(op: number, dtypes: readonly number[]): boolean;
+  compute(
+    tensors: Int32Array,
+    nodes: Int32Array,
+    params: Float64Array,
+    inputs: ArrayBufferView[],
+    outputs: Float32Array[],
+  ): NativeComputeResult;
+  computeAsync(
+    tensors: Int32Array,
+    nodes: Int32Array,
+    params: Float64Array,
+    inputs: ArrayBufferView[],
+    outputs: Float32Array[],
+  ): Promise<NativeComputeResult>;
+  dispose(): void;
+}
+
+export interface NativeAddon {
+  /** memoryBudget < 0 or ≥ 2^64: unlimited. */
+  Backend: new (options: {
+    threads: number;
+    memoryBudget: number;
+    forceScalar: boolean;
+  }) => NativeBackend;
+  cpuInfo(): NativeCpuInfo;
+  /** Best read bandwidth in bytes/second over `iterations` sums of a `bytes`-sized F32 array. */
+  benchReadBandwidth(bytes: number, threads: number, iterations: number): number;
+}
+
+/** Path of the addon: `POWERINFER_CPU_ADDON` when set, else `<package>/build/Release/powerinfer_cpu.node`. */
+export function addonPath(): string {
+  return (
+    process.env.POWERINFER_CPU_ADDON ?? fileURLToPath(new URL("../build/Release/powerinfer_cpu.node", import.meta.url))
+  );
+}
+
+let cached: { addon?: NativeAddon; error?: string } | undefined;
+
+/** The addon, or why it cannot be loaded (cached after the first call). Never throws. */
+export function loadAddon(): { addon?: NativeAddon; error?: string } {
+  if (cached) return cached;
+  const path = addonPath();
+  if (!existsSync(path)) {
+    cached = {
+      error: `native addon not built (${path} missing; run \`pnpm --filter @powerinfer/backend-cpu-avx2 build\`)`,
+    };
+    return cached;
+  }
+  try {
+    const require = createRequire(import.meta.url);
+    cached = { addon: require(path) as NativeAddon };
+  } catch (e) {
+    cached = { error: `native addon failed to load: ${(e as Error).message.split("\n")[0]}` };
+  }
+  return cached;
+}
