@@ -80,7 +80,8 @@ interface ByteSource {
 
 const bufferSources = new WeakMap<GgufFile, Uint8Array>();
 const CHUNK = 1 << 20;
-const utf8 = new TextDecoder("utf-8");
+// ignoreBOM keeps a leading U+FEFF in the string (the default would strip it and break round-trips).
+const utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
 class Cursor {
   pos = 0;
