@@ -2,3 +2,4 @@ export * from "./backend/index.js";
 export * from "./tokenizer/index.js";
 export * from "./engine/index.js";
 export * from "./model/index.js";
+export * from "./conformance/index.js";
