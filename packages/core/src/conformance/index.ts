@@ -20,8 +20,39 @@ export {
   runConformance,
   WEIGHT_DTYPES,
 } from "./kit.js";
-export { type Dequantized, dequantizeReference, encodeFloats, Rng, randomWeightBytes } from "./quant.js";
-export * from "./reference.js";
+export {
+  type Dequantized,
+  dequantizeReference,
+  encodeFloatTensor,
+  ConformanceRng,
+  randomWeightBytes,
+} from "./quant.js";
+export {
+  type RefAttentionParams,
+  type ReferenceComputeOptions,
+  type ReferenceHandleBytes,
+  type ReferenceOpContext,
+  type ReferenceOpImpl,
+  type ReferenceOpResult,
+  type ReferenceResult,
+  type RefRopeParams,
+  type RefSparseArgs,
+  refAttention,
+  refAttentionWeights,
+  refAxpySparse,
+  refBinary,
+  referenceCompute,
+  refGelu,
+  refGetRows,
+  refMulMat,
+  refMulMatSparse,
+  refNorm,
+  refRmsNorm,
+  refRope,
+  refSilu,
+  refSoftmax,
+  writeGraphOutputs,
+} from "./reference.js";
 export {
   ACTIVATION_ROUNDING,
   type ActivationRounding,

@@ -187,7 +187,7 @@ export function dequantizeReference(dtype: DType, bytes: Uint8Array, n: number):
 }
 
 /** A seeded pseudo-random generator (mulberry32): `next()` is uniform in [0, 1). */
-export class Rng {
+export class ConformanceRng {
   private s: number;
   constructor(seed: number) {
     this.s = seed >>> 0;
@@ -231,7 +231,7 @@ function putHalf(b: Uint8Array, o: number, v: number): void {
  * floats uniform in [−1, 1); quantized blocks with random quants and random positive/negative F16
  * scales in a range that keeps |w| ≲ 2. Int8 quants stay in [−127, 127] as ggml's quantizers produce.
  */
-export function randomWeightBytes(dtype: DType, n: number, rng: Rng): Uint8Array {
+export function randomWeightBytes(dtype: DType, n: number, rng: ConformanceRng): Uint8Array {
   const { blockSize, typeSize } = DTYPE_LAYOUT[dtype];
   if (n % blockSize !== 0) throw new RangeError(`${dtype}: ${n} elements is not a multiple of ${blockSize}`);
   const nb = n / blockSize;
@@ -296,7 +296,7 @@ export function randomWeightBytes(dtype: DType, n: number, rng: Rng): Uint8Array
 }
 
 /** Encodes float values as a float tensor of `dtype` (f32, f16 or bf16), rounding to nearest even. */
-export function encodeFloats(dtype: "f32" | "f16" | "bf16", values: ArrayLike<number>): Uint8Array {
+export function encodeFloatTensor(dtype: "f32" | "f16" | "bf16", values: ArrayLike<number>): Uint8Array {
   const n = values.length;
   const out = new Uint8Array(n * (dtype === "f32" ? 4 : 2));
   const dv = new DataView(out.buffer);

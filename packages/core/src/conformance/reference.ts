@@ -81,7 +81,7 @@ export function refNorm(x: ArrayLike<number>, n: number, eps: number): Float64Ar
 }
 
 /** Parameters of `rope` (see {@link Graph.rope}). */
-export interface RopeParams {
+export interface RefRopeParams {
   headDim: number;
   nDims: number;
   mode: number;
@@ -90,24 +90,24 @@ export interface RopeParams {
 }
 
 /** θ of pair i at position pos (Su et al. 2021). */
-export function ropeTheta(pos: number, i: number, p: RopeParams): number {
+export function refRopeTheta(pos: number, i: number, p: RefRopeParams): number {
   return pos * p.freqScale * p.freqBase ** ((-2 * i) / p.nDims);
 }
 
 /** The two indices (within a head) that pair i rotates. */
-export function ropePair(i: number, p: RopeParams): [number, number] {
+export function refRopePair(i: number, p: RefRopeParams): [number, number] {
   return p.mode === ROPE_NEOX ? [i, i + p.nDims / 2] : [2 * i, 2 * i + 1];
 }
 
 /** `rope`: x [headDim·H, T], pos [T]; each head rotated independently; dims ≥ nDims pass through. */
-export function refRope(x: ArrayLike<number>, n: number, pos: ArrayLike<number>, p: RopeParams): Float64Array {
+export function refRope(x: ArrayLike<number>, n: number, pos: ArrayLike<number>, p: RefRopeParams): Float64Array {
   const y = Float64Array.from(x);
   for (let c = 0; c < pos.length; c++) {
     for (let h = 0; h < n / p.headDim; h++) {
       const base = c * n + h * p.headDim;
       for (let i = 0; i < p.nDims / 2; i++) {
-        const th = ropeTheta(pos[c]!, i, p);
-        const [i0, i1] = ropePair(i, p);
+        const th = refRopeTheta(pos[c]!, i, p);
+        const [i0, i1] = refRopePair(i, p);
         const a = x[base + i0]!;
         const b = x[base + i1]!;
         y[base + i0] = a * Math.cos(th) - b * Math.sin(th);
@@ -132,7 +132,7 @@ export function refSoftmax(x: ArrayLike<number>, n: number, scale: number): Floa
 }
 
 /** Parameters of `attention` (see {@link Graph.attention}). */
-export interface AttentionParams {
+export interface RefAttentionParams {
   headDim: number;
   nHead: number;
   nHeadKv: number;
@@ -144,12 +144,12 @@ export interface AttentionParams {
  * Attention probabilities of head h, query t over cache positions 0..nPast+t (causal), float64.
  * `k` is the cache [headDim·nHeadKv, C].
  */
-export function attentionWeights(
+export function refAttentionWeights(
   q: ArrayLike<number>,
   k: ArrayLike<number>,
   h: number,
   t: number,
-  p: AttentionParams,
+  p: RefAttentionParams,
 ): Float64Array {
   const d = p.headDim;
   const g = Math.floor(h / (p.nHead / p.nHeadKv));
@@ -176,7 +176,7 @@ export function refAttention(
   k: ArrayLike<number>,
   v: ArrayLike<number>,
   t: number,
-  p: AttentionParams,
+  p: RefAttentionParams,
 ): Float64Array {
   const d = p.headDim;
   const out = new Float64Array(d * p.nHead * t);
@@ -184,7 +184,7 @@ export function refAttention(
   for (let c = 0; c < t; c++) {
     for (let h = 0; h < p.nHead; h++) {
       const g = Math.floor(h / (p.nHead / p.nHeadKv));
-      const w = attentionWeights(q, k, h, c, p);
+      const w = refAttentionWeights(q, k, h, c, p);
       const o = c * d * p.nHead + h * d;
       for (let pos = 0; pos < w.length; pos++) {
         for (let j = 0; j < d; j++) out[o + j]! += w[pos]! * v[pos * kRow + g * d + j]!;
@@ -205,7 +205,7 @@ export function refBinary(a: ArrayLike<number>, b: ArrayLike<number>, op: "add" 
 }
 
 /** SiLU x·σ(x) (Elfwing et al. 2017). */
-export function silu(x: number): number {
+export function refSilu(x: number): number {
   return x / (1 + Math.exp(-x));
 }
 
@@ -215,7 +215,7 @@ export const GELU_SQRT_2_OVER_PI = Math.sqrt(2 / Math.PI);
 export const GELU_COEF_A = 0.044715;
 
 /** GELU, tanh approximation (Hendrycks & Gimpel 2016), the form ggml computes. */
-export function gelu(x: number): number {
+export function refGelu(x: number): number {
   return 0.5 * x * (1 + Math.tanh(GELU_SQRT_2_OVER_PI * x * (1 + GELU_COEF_A * x * x)));
 }
 
@@ -233,7 +233,7 @@ function active(
 }
 
 /** Sparse-op arguments after the weight: logits [nOut, T] and rows (neuron ids) may be absent. */
-export interface SparseArgs {
+export interface RefSparseArgs {
   logits: ArrayLike<number> | null;
   rows: ArrayLike<number> | null;
   threshold: number;
@@ -241,7 +241,7 @@ export interface SparseArgs {
 }
 
 /** Weight row that holds neuron i: compact when rows is given and W has exactly rows.length rows. */
-function rowIndexOf(wRows: number, a: SparseArgs): Map<number, number> | null {
+function rowIndexOf(wRows: number, a: RefSparseArgs): Map<number, number> | null {
   if (!a.rows || wRows !== a.rows.length) return null;
   const m = new Map<number, number>();
   for (let j = 0; j < a.rows.length; j++) m.set(a.rows[j]!, j);
@@ -258,7 +258,7 @@ export function refMulMatSparse(
   m: number,
   x: ArrayLike<number>,
   t: number,
-  a: SparseArgs,
+  a: RefSparseArgs,
 ): { y: Float64Array; rowsRead: number } {
   const y = new Float64Array(a.nOut * t);
   const rowSet = a.rows ? new Set(Array.from(a.rows)) : null;
@@ -285,7 +285,7 @@ export function refAxpySparse(
   m: number,
   act: ArrayLike<number>,
   t: number,
-  a: SparseArgs,
+  a: RefSparseArgs,
 ): { y: Float64Array; rowsRead: number } {
   const y = new Float64Array(e * t);
   const rowSet = a.rows ? new Set(Array.from(a.rows)) : null;
@@ -304,7 +304,7 @@ export function refAxpySparse(
 }
 
 /** Where the interpreter finds the bytes of handle tensors: a map by handle id, or a function. */
-export type HandleBytes = ReadonlyMap<number, Uint8Array> | ((h: TensorHandle) => Uint8Array);
+export type ReferenceHandleBytes = ReadonlyMap<number, Uint8Array> | ((h: TensorHandle) => Uint8Array);
 
 /** What an op implementation given to {@link referenceCompute} may read. */
 export interface ReferenceOpContext {
@@ -341,7 +341,7 @@ export interface ReferenceResult {
   rowsRead: Float64Array;
 }
 
-function bytesOf(h: TensorHandle, handles: HandleBytes): Uint8Array {
+function bytesOf(h: TensorHandle, handles: ReferenceHandleBytes): Uint8Array {
   const b = typeof handles === "function" ? handles(h) : handles.get(h.id);
   if (!b) throw new RangeError(`referenceCompute: no bytes for handle ${h.id} (${h.dtype} [${h.ne.join(", ")}])`);
   return b;
@@ -375,7 +375,7 @@ export function writeRows(dtype: DType, bytes: Uint8Array, n: number, rowOffset:
  */
 export function referenceCompute(
   graph: Graph,
-  handles: HandleBytes,
+  handles: ReferenceHandleBytes,
   options: ReferenceComputeOptions = {},
 ): ReferenceResult {
   const values: (Float64Array | undefined)[] = new Array(graph.tensors.length);
@@ -441,11 +441,11 @@ export function referenceCompute(
       case "scale":
         return { value: value(s0!).map((x) => x * p[0]!) };
       case "silu":
-        return { value: value(s0!).map(silu) };
+        return { value: value(s0!).map(refSilu) };
       case "relu":
         return { value: value(s0!).map((x) => Math.max(x, 0)) };
       case "gelu":
-        return { value: value(s0!).map(gelu) };
+        return { value: value(s0!).map(refGelu) };
       case "slice": {
         const [n] = ne0(s0!);
         const x = value(s0!);
@@ -465,7 +465,7 @@ export function referenceCompute(
       case "mul_mat_sparse":
       case "axpy_sparse": {
         const w = ne0(s0!);
-        const args: SparseArgs = { logits: opt(s2), rows: opt(s3), threshold: p[0]!, nOut: p[1]! };
+        const args: RefSparseArgs = { logits: opt(s2), rows: opt(s3), threshold: p[0]!, nOut: p[1]! };
         const f = node.op === "mul_mat_sparse" ? refMulMatSparse : refAxpySparse;
         const r = f(value(s0!), w[0], columns(w), value(s1!), columns(ne0(s1!)), args);
         return { value: r.y, rowsRead: r.rowsRead };
@@ -489,7 +489,7 @@ export function referenceCompute(
  * Copies the reference values of every tensor the graph marked as output into its output array
  * (rounded to float32). Handle outputs are read back from `handles`.
  */
-export function writeGraphOutputs(graph: Graph, result: ReferenceResult, handles: HandleBytes): void {
+export function writeGraphOutputs(graph: Graph, result: ReferenceResult, handles: ReferenceHandleBytes): void {
   graph.tensors.forEach((t, id) => {
     if (!t.output) return;
     let v = result.values[id];
