@@ -2,6 +2,7 @@
 import { Command } from "commander";
 import { register as backends } from "./commands/backends.js";
 import { register as chat } from "./commands/chat.js";
+import { register as inspect } from "./commands/inspect.js";
 import { register as perplexity } from "./commands/perplexity.js";
 import { register as run } from "./commands/run.js";
 
@@ -10,6 +11,6 @@ export function createProgram(): Command {
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
     .showHelpAfterError("(run with --help for usage)");
-  for (const reg of [run, chat, perplexity, backends]) reg(program);
+  for (const reg of [run, chat, perplexity, inspect, backends]) reg(program);
   return program;
 }

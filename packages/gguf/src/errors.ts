@@ -54,9 +54,11 @@ export class GgufError extends Error {
   readonly path?: string;
 
   constructor(code: GgufErrorCode, message: string, opts: { offset?: number; path?: string; cause?: unknown } = {}) {
-    const where = opts.offset !== undefined ? ` at byte ${opts.offset}` : "";
-    const file = opts.path ? `${opts.path}: ` : "";
-    super(`${file}${code}${where}: ${message}`, opts.cause !== undefined ? { cause: opts.cause } : undefined);
+    // "<path> at byte <offset>: <what was expected>" — the code is a property, not repeated here.
+    const where = [opts.path, opts.offset !== undefined ? `at byte ${opts.offset}` : undefined]
+      .filter(Boolean)
+      .join(" ");
+    super(where ? `${where}: ${message}` : message, opts.cause !== undefined ? { cause: opts.cause } : undefined);
     this.code = code;
     if (opts.offset !== undefined) this.offset = opts.offset;
     if (opts.path !== undefined) this.path = opts.path;

@@ -1,0 +1,256 @@
+/**
+ * `powerinfer inspect FILE [--json]`: what a GGUF / PowerInfer GGUF file holds — container format,
+ * architecture and hyper-parameters, the tensor table, sizes — and whether it can run sparse.
+ */
+import {
+  type GgufFile,
+  type GgufValue,
+  GgufValueType,
+  type GgufValueTypeInfo,
+  ggmlTypeName,
+  type ModelConfig,
+  openGguf,
+  parseModelConfig,
+  valueTypeName,
+} from "@powerinfer/gguf";
+import type { Command } from "commander";
+import { action } from "../errors.js";
+
+/** Whether and how the file can use sparse inference. */
+export type SparseVerdict =
+  /** ReLU FFN and predictors in every layer. */
+  | "sparse"
+  /** ReLU FFN but no predictors: sparse after `train-predictor`, or in oracle mode. */
+  | "needs-predictor"
+  /** Non-ReLU FFN: runs dense. */
+  | "dense"
+  /** Not a runnable model (vocab-only file, GPU index, unsupported architecture). */
+  | "not-a-model";
+
+export interface InspectTensor {
+  name: string;
+  type: string;
+  /** ggml order, ne0 first. */
+  shape: number[];
+  bytes: number;
+  /** Absolute file offset of the data. */
+  offset: number;
+}
+
+/** Everything `inspect` reports; JSON-serializable (64-bit integers are given as decimal strings). */
+export interface InspectReport {
+  file: string;
+  format: "GGUF" | "PWRI";
+  version: number;
+  alignment: number;
+  /** Bytes in the file. */
+  fileSize: number;
+  /** Absolute offset of the tensor data section. */
+  dataOffset: number;
+  architecture: string | null;
+  name: string | null;
+  /** Validated hyper-parameters, when the file is a model of a supported architecture. */
+  config: ModelConfig | null;
+  /** Why there is no config (missing key, unsupported architecture, …). */
+  configError: string | null;
+  tensors: InspectTensor[];
+  /** Sum of the tensors' data bytes. */
+  tensorBytes: number;
+  /** Sum of the tensors' elements. */
+  parameters: number;
+  /** Tensor count per ggml type name. */
+  typeCounts: Record<string, number>;
+  /** Metadata in file order: stored type and value (arrays summarised by length and first items). */
+  metadata: Array<{ key: string; type: string; value: string | number | boolean }>;
+  sparse: { verdict: SparseVerdict; reason: string };
+}
+
+function typeLabel(t: GgufValueTypeInfo): string {
+  return t.type === GgufValueType.ARRAY ? `array<${valueTypeName(t.itemType)}>` : valueTypeName(t.type);
+}
+
+function summarize(v: GgufValue): string | number | boolean {
+  if (typeof v === "bigint") return v.toString();
+  if (typeof v === "string") return v.length > 120 ? `${v.slice(0, 117)}...` : v;
+  if (typeof v === "number" || typeof v === "boolean") return v;
+  const arr = Array.from(v as ArrayLike<unknown>);
+  const head = arr
+    .slice(0, 5)
+    .map((x) => (typeof x === "string" ? JSON.stringify(x) : Array.isArray(x) ? "[…]" : String(x)));
+  return `[${arr.length} items${arr.length ? `: ${head.join(", ")}${arr.length > 5 ? ", …" : ""}` : ""}]`;
+}
+
+/** The sparse-inference verdict for a file and its configuration. */
+export function sparseVerdict(
+  file: GgufFile,
+  config: ModelConfig | null,
+  configError: string | null,
+): InspectReport["sparse"] {
+  const arch = file.metadata.get("general.architecture");
+  if (arch === "generic.gpu_index") {
+    return { verdict: "not-a-model", reason: "a PowerInfer GPU index (neuron placement plan), not a model" };
+  }
+  if (file.tensors.length === 0) return { verdict: "not-a-model", reason: "no tensors: a vocabulary-only file" };
+  if (!config) return { verdict: "not-a-model", reason: `cannot run this file: ${configError}` };
+  const act = config.ffn.up_activation
+    ? `ReLU(gate)·ReLU(up)`
+    : config.ffn.gated
+      ? `${config.ffn.activation}(gate)·up`
+      : `${config.ffn.activation}(up)`;
+  if (config.ffn.activation !== "relu") {
+    return {
+      verdict: "dense",
+      reason: `will run dense: its FFN activation is ${config.ffn.activation.toUpperCase()} (${act}), whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
+    };
+  }
+  if (config.has_predictors) {
+    const ranks = [...new Set(config.predictor_ranks)].join("/");
+    return {
+      verdict: "sparse",
+      reason: `can run sparse: ReLU FFN (${act}) with activation predictors in all ${config.n_layer} layers (rank ${ranks}), threshold ${config.sparse_threshold}`,
+    };
+  }
+  return {
+    verdict: "needs-predictor",
+    reason: `ReLU FFN (${act}) without predictors: can run sparse after \`powerinfer train-predictor\` (or in oracle mode, which computes the exact active set); until then it runs dense`,
+  };
+}
+
+/**
+ * Inspect a model file (header only: tensor data is not read).
+ * @throws GgufError when the file cannot be read or is not a valid GGUF / PWRI container
+ */
+export function inspectFile(path: string): InspectReport {
+  const file = openGguf(path);
+  let config: ModelConfig | null = null;
+  let configError: string | null = null;
+  try {
+    config = parseModelConfig(file);
+  } catch (e) {
+    configError = e instanceof Error ? e.message.replace(`${path}: `, "") : String(e);
+  }
+  const tensors = file.tensors.map((t) => ({
+    name: t.name,
+    type: ggmlTypeName(t.type),
+    shape: t.shape,
+    bytes: t.byteLength,
+    offset: t.fileOffset,
+  }));
+  const typeCounts: Record<string, number> = {};
+  for (const t of tensors) typeCounts[t.type] = (typeCounts[t.type] ?? 0) + 1;
+  const arch = file.metadata.get("general.architecture");
+  const name = file.metadata.get("general.name");
+  return {
+    file: path,
+    format: file.format,
+    version: file.version,
+    alignment: file.alignment,
+    fileSize: file.fileSize,
+    dataOffset: file.dataOffset,
+    architecture: typeof arch === "string" ? arch : null,
+    name: typeof name === "string" ? name : null,
+    config,
+    configError,
+    tensors,
+    tensorBytes: tensors.reduce((s, t) => s + t.bytes, 0),
+    parameters: file.tensors.reduce((s, t) => s + t.nElements, 0),
+    typeCounts,
+    metadata: [...file.metadata].map(([key, v]) => ({
+      key,
+      type: typeLabel(file.metadataTypes.get(key)!),
+      value: summarize(v),
+    })),
+    sparse: sparseVerdict(file, config, configError),
+  };
+}
+
+function bytesHuman(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let v = n / 1024;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${v.toFixed(2)} ${units[i]}`;
+}
+
+const num = (n: number) => n.toLocaleString("en-US");
+
+/** The report as human-readable text. `metadata`: also list every metadata key. */
+export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {}): string {
+  const out: string[] = [];
+  const pwri = r.format === "PWRI" ? " (PowerInfer GGUF)" : "";
+  out.push(`file:          ${r.file}`);
+  out.push(
+    `format:        ${r.format}${pwri} v${r.version}, alignment ${r.alignment}, tensor data at byte ${num(r.dataOffset)}`,
+  );
+  out.push(`architecture:  ${r.architecture ?? "(none)"}${r.name ? ` — "${r.name}"` : ""}`);
+  const c = r.config;
+  if (c) {
+    out.push("hyper-parameters:");
+    out.push(
+      `  n_vocab ${c.n_vocab}, n_ctx_train ${c.n_ctx_train}, n_embd ${c.n_embd}, n_layer ${c.n_layer}, n_ff ${c.n_ff}`,
+    );
+    out.push(`  n_head ${c.n_head}, n_head_kv ${c.n_head_kv}, head_dim ${c.head_dim}, n_rot ${c.n_rot}`);
+    const rope =
+      c.rope.type === "none"
+        ? "no RoPE (learned positions)"
+        : `RoPE ${c.rope.type}, θ ${c.rope.freq_base}, scale ${c.rope.freq_scale}`;
+    out.push(`  ${rope}; ${c.norm.type === "rms" ? "RMSNorm" : "LayerNorm"} eps ${Number(c.norm.eps.toPrecision(6))}`);
+    const ffn = c.ffn.up_activation
+      ? "ReLU(gate)·ReLU(up)"
+      : c.ffn.gated
+        ? `${c.ffn.activation}(gate)·up`
+        : `${c.ffn.activation}(up), no gate`;
+    out.push(`  FFN ${ffn}${c.parallel_attn ? ", attention and FFN in parallel" : ""}`);
+    if (c.format === "PWRI" || c.has_predictors || c.down_transposed) {
+      const pred = c.has_predictors ? `predictors rank ${[...new Set(c.predictor_ranks)].join("/")}` : "no predictors";
+      out.push(
+        `  ${pred}, sparse_threshold ${c.sparse_threshold}, ffn_down ${c.down_transposed ? "transposed (ffn_down_t)" : "as stored"}`,
+      );
+    }
+    for (const w of c.warnings) out.push(`  warning: ${w}`);
+  } else if (r.configError) {
+    out.push(`hyper-parameters: not available (${r.configError})`);
+  }
+  if (opts.metadata) {
+    out.push(`metadata (${r.metadata.length}):`);
+    for (const m of r.metadata)
+      out.push(`  ${m.key} [${m.type}] = ${typeof m.value === "string" ? m.value : String(m.value)}`);
+  }
+  if (r.tensors.length > 0) {
+    out.push(`tensors (${r.tensors.length}):`);
+    const rows = r.tensors.map((t) => [t.name, t.type, t.shape.join(" × "), num(t.bytes)]);
+    const head = ["name", "type", "shape", "bytes"];
+    const w = head.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
+    const line = (row: string[]) =>
+      `  ${row[0].padEnd(w[0])}  ${row[1].padEnd(w[1])}  ${row[2].padEnd(w[2])}  ${row[3].padStart(w[3])}`.trimEnd();
+    out.push(line(head));
+    for (const row of rows) out.push(line(row));
+  }
+  const types = Object.entries(r.typeCounts)
+    .map(([t, n]) => `${n} ${t}`)
+    .join(", ");
+  out.push(
+    `total:         ${r.tensors.length} tensors${types ? ` (${types})` : ""}, ${num(r.parameters)} elements, ${num(r.tensorBytes)} bytes of tensor data; file ${num(r.fileSize)} bytes (${bytesHuman(r.fileSize)})`,
+  );
+  out.push(`sparse:        ${r.sparse.reason}`);
+  return out.join("\n");
+}
+
+export function register(program: Command): void {
+  program
+    .command("inspect")
+    .description("show a GGUF / PowerInfer GGUF file: format, hyper-parameters, tensors, and whether it can run sparse")
+    .argument("<file>", "GGUF or PowerInfer GGUF file")
+    .option("--json", "print the report as JSON")
+    .option("--metadata", "also list every metadata key (text output)")
+    .action(
+      action((file: string, o: { json?: boolean; metadata?: boolean }) => {
+        const report = inspectFile(file);
+        process.stdout.write(o.json ? `${JSON.stringify(report, null, 2)}\n` : `${formatInspect(report, o)}\n`);
+      }),
+    );
+}
