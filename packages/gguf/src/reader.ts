@@ -13,6 +13,9 @@
  * Only the header is read (ranged reads of the file); tensor data stays on disk and is described by
  * (fileOffset, byteLength, type, shape) so a native backend can mmap it. {@link readTensorBytes} does a
  * ranged read of one tensor for tools and tests.
+ *
+ * Strings are decoded as UTF-8 (a leading BOM is kept); invalid UTF-8 becomes U+FFFD, so such a string
+ * would not be written back byte-identically (no shared model contains one).
  */
 
 import * as fs from "node:fs";
@@ -79,7 +82,8 @@ interface ByteSource {
 }
 
 const bufferSources = new WeakMap<GgufFile, Uint8Array>();
-const CHUNK = 1 << 20;
+/** Header bytes fetched per ranged read (headers are KiBs; vocab-heavy ones a few MiB). */
+const CHUNK = 64 * 1024;
 // ignoreBOM keeps a leading U+FEFF in the string (the default would strip it and break round-trips).
 const utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
 
@@ -470,7 +474,7 @@ function readFully(fd: number, pos: number, length: number): Uint8Array {
 
 /**
  * Read the header of a GGUF or PowerInfer GGUF (PWRI) file: metadata and tensor infos, with ranged
- * reads (1 MiB chunks); tensor data is not read. Synchronous.
+ * reads (64 KiB chunks); tensor data is not read. Synchronous.
  * @param path file path
  * @throws GgufError `IO` when the file cannot be opened or read, otherwise a parse error with the
  *   byte offset of the bad field (see {@link GgufErrorCode})

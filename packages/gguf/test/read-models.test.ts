@@ -1,4 +1,15 @@
-import { readdirSync, statSync } from "node:fs";
+import {
+  closeSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  rmSync,
+  statSync,
+  truncateSync,
+  writeFileSync,
+  writeSync,
+} from "node:fs";
+import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
@@ -11,8 +22,9 @@ import {
   ggmlTypeName,
   openGguf,
   readGpuIndex,
+  readTensorBytes,
 } from "../src/index.js";
-import { MODELS, model } from "./helpers.js";
+import { Craft, MODELS, model } from "./helpers.js";
 
 /** Every GGUF-container file in the shared models directory (walked, so new files get noticed). */
 function allContainerFiles(dir = MODELS): string[] {
@@ -283,5 +295,44 @@ describe("vocab-only files", () => {
     expect(tokens[101]).toBe("[CLS]");
     expect(f.metadata.get("bert.attention.causal")).toBe(false);
     expect(getNumber(f, "bert.attention.layer_norm_epsilon")).toBe(Math.fround(1e-12));
+  });
+});
+
+describe("openGguf reads only the header", () => {
+  it("a file with a 2 GiB tensor (a sparse hole) opens in milliseconds; small tensors are read by range", () => {
+    const dir = mkdtempSync(join(tmpdir(), "gguf-big-"));
+    try {
+      const big = 2 ** 31;
+      const c = new Craft().ascii("GGUF").u32(3).u64(2).u64(0);
+      c.str("small").u32(1).u64(128).u32(GGMLType.I8).u64(0);
+      c.str("huge")
+        .u32(1)
+        .u64(big / 4)
+        .u32(GGMLType.F32)
+        .u64(128);
+      const head = c.align(32).build();
+      const path = join(dir, "big.gguf");
+      writeFileSync(path, head);
+      truncateSync(path, head.length + 128 + big);
+      const fd = openSync(path, "r+");
+      writeSync(
+        fd,
+        Uint8Array.from({ length: 128 }, (_, i) => i),
+        0,
+        128,
+        head.length,
+      );
+      closeSync(fd);
+      const t0 = performance.now();
+      const f = openGguf(path);
+      expect(performance.now() - t0).toBeLessThan(500);
+      expect(f.fileSize).toBe(head.length + 128 + big);
+      expect(f.tensorMap.get("huge")).toMatchObject({ byteLength: big, fileOffset: head.length + 128 });
+      const small = readTensorBytes(f, "small");
+      expect(small.length).toBe(128);
+      expect(small[127]).toBe(127);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
