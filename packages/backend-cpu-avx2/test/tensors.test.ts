@@ -193,27 +193,153 @@ describe.skipIf(!usable)("malformed graphs throw BackendError 'BAD_GRAPH' and th
   afterAll(() => b?.freeTensor(w));
 
   const cases: [string, (e: EncodedGraph) => void, RegExp][] = [
-    ["tensors not a multiple of 8", (e) => (e.tensors = e.tensors.subarray(0, e.tensors.length - 1)), /multiple of 8/],
-    ["nodes not a multiple of 10", (e) => (e.nodes = e.nodes.subarray(0, 9)), /multiple of 10/],
-    ["unknown op", (e) => (e.nodes[0] = 99), /unknown op/],
-    ["source id out of range", (e) => (e.nodes[2] = 1000), /out of range/],
-    ["negative source id", (e) => (e.nodes[3] = -7), /out of range/],
-    ["destination out of range", (e) => (e.nodes[1] = 77), /out of range/],
-    ["unknown dtype", (e) => (e.tensors[2 * 8 + 1] = 5), /dtype/],
-    ["input index out of range", (e) => (e.tensors[0 * 8 + 6] = 9), /input index/],
-    ["input byte length mismatch", (e) => (e.inputs[0] = new Float32Array(3)), /bytes/],
-    ["dimension 0", (e) => (e.tensors[0 * 8 + 3] = 0), /dimension/],
-    ["shape inconsistent with its node", (e) => (e.tensors[3 * 8 + 2] = 5), /shape/],
-    ["handle id unknown", (e) => (e.tensors[2 * 8 + 6] = 123456), /does not exist/],
-    ["wrong param count", (e) => (e.nodes[8] = 3), /params/],
-    ["params out of range", (e) => ((e.nodes[7] = 50), (e.nodes[8] = 0), (e.nodes[10 + 7] = 50)), /params|param/],
-    ["source used before it is computed", (e) => (e.nodes[10 + 2] = 4), /before/],
-    ["intermediate computed twice", (e) => (e.nodes[10 + 1] = 3), /twice|destination/],
-    ["get_rows id out of range", (e) => (e.inputs[1] = Int32Array.from([0, 9999])), /row id/],
-    ["output array of the wrong size", (e) => (e.outputs[0] = new Float32Array(3)), /output array/],
-    ["output index out of range", (e) => (e.tensors[4 * 8 + 7] = 8), /output index/],
-    ["f32 where i32 is required", (e) => (e.tensors[1 * 8 + 1] = 0), /i32/],
-    ["intermediate of a non-f32 dtype", (e) => (e.tensors[3 * 8 + 1] = 1), /f32/],
+    [
+      "tensors not a multiple of 8",
+      (e) => {
+        e.tensors = e.tensors.subarray(0, e.tensors.length - 1);
+      },
+      /multiple of 8/,
+    ],
+    [
+      "nodes not a multiple of 10",
+      (e) => {
+        e.nodes = e.nodes.subarray(0, 9);
+      },
+      /multiple of 10/,
+    ],
+    [
+      "unknown op",
+      (e) => {
+        e.nodes[0] = 99;
+      },
+      /unknown op/,
+    ],
+    [
+      "source id out of range",
+      (e) => {
+        e.nodes[2] = 1000;
+      },
+      /out of range/,
+    ],
+    [
+      "negative source id",
+      (e) => {
+        e.nodes[3] = -7;
+      },
+      /out of range/,
+    ],
+    [
+      "destination out of range",
+      (e) => {
+        e.nodes[1] = 77;
+      },
+      /out of range/,
+    ],
+    [
+      "unknown dtype",
+      (e) => {
+        e.tensors[2 * 8 + 1] = 5;
+      },
+      /dtype/,
+    ],
+    [
+      "input index out of range",
+      (e) => {
+        e.tensors[0 * 8 + 6] = 9;
+      },
+      /input index/,
+    ],
+    [
+      "input byte length mismatch",
+      (e) => {
+        e.inputs[0] = new Float32Array(3);
+      },
+      /bytes/,
+    ],
+    [
+      "dimension 0",
+      (e) => {
+        e.tensors[0 * 8 + 3] = 0;
+      },
+      /dimension/,
+    ],
+    [
+      "shape inconsistent with its node",
+      (e) => {
+        e.tensors[3 * 8 + 2] = 5;
+      },
+      /shape/,
+    ],
+    [
+      "handle id unknown",
+      (e) => {
+        e.tensors[2 * 8 + 6] = 123456;
+      },
+      /does not exist/,
+    ],
+    [
+      "wrong param count",
+      (e) => {
+        e.nodes[8] = 3;
+      },
+      /params/,
+    ],
+    [
+      "params out of range",
+      (e) => {
+        e.nodes[10 + 7] = 50;
+      },
+      /params out of range/,
+    ],
+    [
+      "source used before it is computed",
+      (e) => {
+        e.nodes[10 + 2] = 4;
+      },
+      /before/,
+    ],
+    [
+      "intermediate computed twice",
+      (e) => {
+        e.nodes[10 + 1] = 3;
+      },
+      /twice|destination/,
+    ],
+    [
+      "get_rows id out of range",
+      (e) => {
+        e.inputs[1] = Int32Array.from([0, 9999]);
+      },
+      /row id/,
+    ],
+    [
+      "output array of the wrong size",
+      (e) => {
+        e.outputs[0] = new Float32Array(3);
+      },
+      /output array/,
+    ],
+    [
+      "output index out of range",
+      (e) => {
+        e.tensors[4 * 8 + 7] = 8;
+      },
+      /output index/,
+    ],
+    [
+      "f32 where i32 is required",
+      (e) => {
+        e.tensors[1 * 8 + 1] = 0;
+      },
+      /i32/,
+    ],
+    [
+      "intermediate of a non-f32 dtype",
+      (e) => {
+        e.tensors[3 * 8 + 1] = 1;
+      },
+      /f32/,
+    ],
   ];
 
   it("builds the fixture", async () => {
