@@ -8,7 +8,10 @@ const pkgs = ["core", "gguf", "predictor", "backend-cpu-avx2", "backend-cuda", "
 export function project(name: string, extra: { testTimeout?: number } = {}) {
   return defineProject({
     resolve: {
-      alias: pkgs.map((p) => ({ find: new RegExp(`^@powerinfer/${p}$`), replacement: `${root}packages/${p}/src/index.ts` })),
+      alias: pkgs.map((p) => ({
+        find: new RegExp(`^@powerinfer/${p}$`),
+        replacement: `${root}packages/${p}/src/index.ts`,
+      })),
     },
     test: {
       name,

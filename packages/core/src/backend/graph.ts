@@ -154,7 +154,13 @@ export class Graph {
     return this.tensors[t]!.ne;
   }
 
-  private node(op: OpName, ne: readonly number[], src: TensorId[], params: number[] = [], dtype: DType = "f32"): TensorId {
+  private node(
+    op: OpName,
+    ne: readonly number[],
+    src: TensorId[],
+    params: number[] = [],
+    dtype: DType = "f32",
+  ): TensorId {
     this.tensors.push({ dtype, ne: shape4(ne), kind: "intermediate" });
     const dst = this.tensors.length - 1;
     this.nodes.push({ op, dst, src, params });

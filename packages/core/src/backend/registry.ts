@@ -80,7 +80,8 @@ export class BackendRegistry {
   /** Probes every registered backend (never throws), best first. */
   async list(): Promise<BackendStatus[]> {
     const out: BackendStatus[] = [];
-    for (const [name, e] of this.entries) out.push({ name, priority: e.priority, probe: await safeProbe(e.descriptor) });
+    for (const [name, e] of this.entries)
+      out.push({ name, priority: e.priority, probe: await safeProbe(e.descriptor) });
     return out.sort(
       (a, b) =>
         Number(b.probe.usable) - Number(a.probe.usable) || b.probe.score - a.probe.score || b.priority - a.priority,
@@ -95,7 +96,11 @@ export class BackendRegistry {
     const env = sel.env ?? process.env;
     const envPref = env["POWERINFER_BACKEND"]?.trim();
     const prefer =
-      envPref && envPref !== "auto" ? envPref.split(",").map((s) => s.trim()) : envPref ? "auto" : (sel.prefer ?? "auto");
+      envPref && envPref !== "auto"
+        ? envPref.split(",").map((s) => s.trim())
+        : envPref
+          ? "auto"
+          : (sel.prefer ?? "auto");
     const exclude = new Set(sel.exclude ?? []);
     const skipped: string[] = [];
     const skip = (line: string) => {
