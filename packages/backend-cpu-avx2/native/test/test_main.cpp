@@ -1,0 +1,537 @@
+// Kernel-level unit tests of the CPU backend (no Node): run by ctest, built with
+// -fsanitize=address,undefined when POWERINFER_SANITIZE=ON (scripts/test-native.mjs).
+//
+// Covers: F16/BF16 conversions, every weight dtype's dequantize / dot / axpy on the scalar and AVX2
+// tables against a double-precision reference, the activation conversions, the thread pool, the
+// tensor store (mmap bounds, budget), and the graph executor (ops, determinism, malformed and fuzzed
+// graphs must throw BackendErr, never touch memory out of bounds).
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common.h"
+#include "graph.h"
+#include "kernels.h"
+#include "tensor_store.h"
+#include "thread_pool.h"
+
+using namespace pi;
+
+namespace {
+
+int g_failures = 0;
+int g_checks = 0;
+
+#define CHECK(cond, ...)                                 \
+  do {                                                   \
+    g_checks++;                                          \
+    if (!(cond)) {                                       \
+      g_failures++;                                      \
+      std::fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::fprintf(stderr, __VA_ARGS__);                 \
+      std::fprintf(stderr, "\n");                        \
+    }                                                    \
+  } while (0)
+
+std::mt19937 rng(12345);
+
+float uni(float lo, float hi) { return std::uniform_real_distribution<float>(lo, hi)(rng); }
+int irand(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); }
+
+const int kWeightTypes[] = {DT_F32, DT_F16, DT_BF16, DT_Q8_0, DT_Q4_0, DT_Q4_1, DT_Q5_0, DT_Q5_1, DT_Q4_K, DT_Q5_K, DT_Q6_K};
+
+void put_half(uint8_t* p, float v) {
+  const uint16_t h = f32_to_f16(v);
+  std::memcpy(p, &h, 2);
+}
+
+/// Random valid bytes of k elements of dtype dt (|w| of order 1).
+std::vector<uint8_t> random_row(int dt, int64_t k) {
+  std::vector<uint8_t> b(row_bytes(dt, k));
+  for (auto& v : b) v = static_cast<uint8_t>(irand(0, 255));
+  const Layout l = dtype_layout(dt);
+  const int64_t nb = k / l.block;
+  for (int64_t i = 0; i < nb; i++) {
+    uint8_t* o = b.data() + i * l.bytes;
+    switch (dt) {
+      case DT_F32:
+        for (int j = 0; j < 1; j++) {
+          const float f = uni(-1, 1);
+          std::memcpy(o, &f, 4);
+        }
+        break;
+      case DT_F16: put_half(o, uni(-1, 1)); break;
+      case DT_BF16: {
+        const uint16_t h = f32_to_bf16(uni(-1, 1));
+        std::memcpy(o, &h, 2);
+        break;
+      }
+      case DT_Q8_0:
+        put_half(o, uni(0.004f, 0.012f));
+        for (int j = 0; j < 32; j++) o[2 + j] = static_cast<uint8_t>(irand(-127, 127));
+        break;
+      case DT_Q4_0: put_half(o, uni(-0.15f, 0.15f)); break;
+      case DT_Q5_0: put_half(o, uni(-0.07f, 0.07f)); break;
+      case DT_Q4_1:
+      case DT_Q5_1:
+        put_half(o, uni(0.03f, 0.1f));
+        put_half(o + 2, uni(-1.2f, 0.2f));
+        break;
+      case DT_Q4_K:
+      case DT_Q5_K:
+        put_half(o, uni(0.0004f, 0.002f));
+        put_half(o + 2, uni(0.001f, 0.02f));
+        break;
+      case DT_Q6_K: put_half(o + 208, uni(-0.0005f, 0.0005f)); break;
+      default: break;
+    }
+  }
+  return b;
+}
+
+/// Dequantized activation (for the reference): the values a kernel multiplies with, plus for
+/// Q8_1 the correction s − d·Σq per block (the kernels use the stored s).
+std::vector<double> act_values(int fmt, const std::vector<uint8_t>& xc, int64_t k, std::vector<double>* corr) {
+  std::vector<double> v(static_cast<size_t>(k));
+  switch (fmt) {
+    case XF_F32:
+      for (int64_t i = 0; i < k; i++) {
+        float f;
+        std::memcpy(&f, xc.data() + 4 * i, 4);
+        v[i] = f;
+      }
+      break;
+    case XF_F16:
+    case XF_BF16:
+      for (int64_t i = 0; i < k; i++) {
+        const uint16_t h = load_u16(xc.data() + 2 * i);
+        v[i] = fmt == XF_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+      }
+      break;
+    case XF_Q8_0: {
+      const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(xc.data());
+      for (int64_t i = 0; i < k; i++) v[i] = b[i / 32].qs[i % 32] * static_cast<double>(f16_to_f32(b[i / 32].d));
+      break;
+    }
+    case XF_Q8_1: {
+      const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(xc.data());
+      for (int64_t i = 0; i < k; i++) v[i] = b[i / 32].qs[i % 32] * static_cast<double>(f16_to_f32(b[i / 32].d));
+      corr->assign(static_cast<size_t>(k / 32), 0.0);
+      for (int64_t j = 0; j < k / 32; j++) {
+        double s = 0;
+        for (int i = 0; i < 32; i++) s += b[j].qs[i];
+        (*corr)[j] = f16_to_f32(b[j].s) - s * f16_to_f32(b[j].d);
+      }
+      break;
+    }
+    case XF_Q8_K: {
+      const BlockQ8_K* b = reinterpret_cast<const BlockQ8_K*>(xc.data());
+      for (int64_t i = 0; i < k; i++) v[i] = b[i / 256].qs[i % 256] * static_cast<double>(b[i / 256].d);
+      for (int64_t j = 0; j < k / 256; j++) {
+        for (int g = 0; g < 16; g++) {
+          int s = 0;
+          for (int i = 0; i < 16; i++) s += b[j].qs[16 * g + i];
+          CHECK(s == b[j].bsums[g], "q8_K bsums");
+        }
+      }
+      break;
+    }
+    default: break;
+  }
+  return v;
+}
+
+double block_offset(int dt, const uint8_t* row, int64_t j) {
+  if (dt != DT_Q4_1 && dt != DT_Q5_1) return 0.0;
+  return f16_to_f32(load_u16(row + j * dtype_layout(dt).bytes + 2));
+}
+
+void test_conversions() {
+  // every half: exact decode, re-encode round-trips (NaN stays NaN)
+  for (uint32_t h = 0; h < 65536; h++) {
+    const float f = f16_to_f32(static_cast<uint16_t>(h));
+    const uint16_t back = f32_to_f16(f);
+    if (std::isnan(f)) {
+      CHECK((back & 0x7c00) == 0x7c00 && (back & 0x3ff) != 0, "nan %04x", h);
+    } else {
+      CHECK(back == h, "half round trip %04x -> %g -> %04x", h, static_cast<double>(f), back);
+    }
+  }
+  // rounding: ties to even at a few hand-picked points
+  CHECK(f32_to_f16(1.0f + 1.0f / 2048) == 0x3c00, "tie to even (down)");
+  CHECK(f32_to_f16(1.0f + 3.0f / 2048) == 0x3c02, "tie to even (up)");
+  CHECK(f32_to_f16(65519.0f) == 0x7bff, "65519 -> 65504");
+  CHECK(f32_to_f16(65520.0f) == 0x7c00, "65520 -> inf");
+  CHECK(f32_to_f16(5.9604645e-8f) == 0x0001, "smallest subnormal");
+  CHECK(f32_to_bf16(1.00390625f) == 0x3f80, "bf16 tie to even");
+  CHECK(bf16_to_f32(f32_to_bf16(-2.5f)) == -2.5f, "bf16 exact");
+  // the AVX2 conversions agree bit for bit with the scalar ones
+  const CpuFeatures f = cpu_features();
+  if (f.avx2 && f.fma && f.f16c) {
+    const KernelTable& s = kernels_scalar();
+    const KernelTable& a = kernels_avx2();
+    for (int fmt = 0; fmt < XF_COUNT; fmt++) {
+      const int64_t k = 512;
+      std::vector<float> x(k);
+      for (auto& v : x) v = uni(-3, 3) * (irand(0, 9) == 0 ? 1e-6f : 1.0f);
+      x[5] = 0;
+      std::vector<uint8_t> xs(x_row_bytes(fmt, k)), xa(x_row_bytes(fmt, k));
+      s.convert[fmt](x.data(), xs.data(), k);
+      a.convert[fmt](x.data(), xa.data(), k);
+      CHECK(xs == xa, "convert fmt %d scalar != avx2", fmt);
+    }
+  }
+}
+
+void test_dtype_kernels(const KernelTable& kt) {
+  for (int dt : kWeightTypes) {
+    const int block = dtype_layout(dt).block;
+    const int64_t k = block == 1 ? 173 : (block == 32 ? 32 * 7 : 256 * 3);
+    const std::vector<uint8_t> w = random_row(dt, k);
+    std::vector<float> wd(k);
+    kt.dequant[dt](w.data(), wd.data(), k);
+    std::vector<float> wref(k);
+    kernels_scalar().dequant[dt](w.data(), wref.data(), k);
+    CHECK(wd == wref, "%s %s dequant differs from scalar", kt.name, dtype_name(dt));
+    std::vector<float> x(k);
+    for (auto& v : x) v = uni(-2, 2);
+    const int fmt = x_format(dt);
+    std::vector<uint8_t> xc(x_row_bytes(fmt, k));
+    kt.convert[fmt](x.data(), xc.data(), k);
+    std::vector<double> corr;
+    const std::vector<double> xv = act_values(fmt, xc, k, &corr);
+    double ref = 0, scale = 0;
+    for (int64_t i = 0; i < k; i++) {
+      ref += static_cast<double>(wd[i]) * xv[i];
+      scale += (std::fabs(wd[i]) + 2 * std::fabs(block_offset(dt, w.data(), i / 32))) * std::fabs(xv[i]);
+    }
+    for (size_t j = 0; j < corr.size(); j++) ref += block_offset(dt, w.data(), static_cast<int64_t>(j)) * corr[j];
+    const float got = kt.dot[dt](k, w.data(), xc.data());
+    CHECK(std::fabs(got - ref) <= 4 * (std::sqrt(static_cast<double>(k)) + 8) * 0x1p-24 * scale + 1e-30,
+          "%s %s dot %g vs %g", kt.name, dtype_name(dt), static_cast<double>(got), ref);
+    // axpy: y += a·w
+    std::vector<float> y(k), y0(k);
+    for (int64_t i = 0; i < k; i++) y[i] = y0[i] = uni(-1, 1);
+    const float a = uni(-2, 2);
+    kt.axpy[dt](k, a, w.data(), y.data());
+    for (int64_t i = 0; i < k; i++) {
+      const double e = y0[i] + static_cast<double>(a) * wd[i];
+      CHECK(std::fabs(y[i] - e) <= 4e-7 * (std::fabs(y0[i]) + std::fabs(a * wd[i]) + 2 * std::fabs(a * block_offset(dt, w.data(), i / 32))) + 1e-30,
+            "%s %s axpy[%ld] %g vs %g", kt.name, dtype_name(dt), static_cast<long>(i), static_cast<double>(y[i]), e);
+    }
+  }
+}
+
+void test_thread_pool() {
+  for (int n : {1, 2, 3, 5}) {
+    ThreadPool pool(n);
+    struct Ctx {
+      ThreadPool* pool;
+      std::vector<int64_t> slots;
+      int64_t total = 0;
+    } c{&pool, std::vector<int64_t>(static_cast<size_t>(n)), 0};
+    for (int run = 0; run < 200; run++) {
+      pool.run(
+          [](void* p, int ith, int nth) {
+            Ctx* cx = static_cast<Ctx*>(p);
+            for (int phase = 0; phase < 3; phase++) {
+              cx->slots[static_cast<size_t>(ith)] = ith + phase;
+              cx->pool->barrier();
+              if (ith == 0) {
+                int64_t s = 0;
+                for (int t = 0; t < nth; t++) s += cx->slots[static_cast<size_t>(t)];
+                cx->total += s;
+              }
+              cx->pool->barrier();
+            }
+          },
+          &c);
+    }
+    const int64_t per = static_cast<int64_t>(n) * (n - 1) / 2;
+    CHECK(c.total == 200 * (3 * per + 3 * n), "pool %d total %ld", n, static_cast<long>(c.total));
+  }
+}
+
+void test_tensor_store() {
+  char path[] = "/tmp/pi-native-test-XXXXXX";
+  const int fd = mkstemp(path);
+  CHECK(fd >= 0, "mkstemp");
+  std::vector<uint8_t> bytes(1000);
+  for (size_t i = 0; i < bytes.size(); i++) bytes[i] = static_cast<uint8_t>(i);
+  CHECK(write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()), "write");
+  close(fd);
+  TensorStore st(SIZE_MAX);
+  const int64_t ne[4] = {8, 2, 1, 1};
+  TensorPtr t = st.map(DT_F32, ne, path, 936, 64);
+  CHECK(t->data[0] == static_cast<uint8_t>(936 % 256) && t->mapped, "map data");
+  TensorPtr t2 = st.map(DT_F32, ne, path, 0, 64);
+  CHECK(t2->mapping == t->mapping, "one mapping per file");
+  auto throws = [](const std::function<void()>& f, const char* code) {
+    try {
+      f();
+    } catch (const BackendErr& e) {
+      return e.code() == code;
+    }
+    return false;
+  };
+  CHECK(throws([&] { st.map(DT_F32, ne, path, 940, 64); }, "BAD_TENSOR"), "beyond the end");
+  CHECK(throws([&] { st.map(DT_F32, ne, path, 2, 64); }, "BAD_TENSOR"), "misaligned");
+  CHECK(throws([&] { st.map(DT_F32, ne, path, 0, 60); }, "BAD_TENSOR"), "wrong length");
+  CHECK(throws([&] { st.map(DT_F32, ne, "/nonexistent/file", 0, 64); }, "IO"), "missing file");
+  CHECK(throws([&] { st.map(DT_F32, ne, path, UINT64_MAX - 10, 64); }, "BAD_TENSOR"), "offset overflow");
+  const int64_t big[4] = {32, 1, 1, 1};
+  TensorPtr a = st.create(DT_F32, big);
+  CHECK(a && st.allocated() == 128, "allocated %zu", st.allocated());
+  TensorStore small(100);
+  CHECK(throws([&] { small.create(DT_F32, big); }, "OUT_OF_MEMORY"), "budget");
+  const int64_t bad[4] = {33, 1, 1, 1};
+  CHECK(throws([&] { small.create(DT_Q4_0, bad); }, "BAD_TENSOR"), "block size");
+  unlink(path);
+}
+
+// ---- graph executor -----------------------------------------------------------------------------
+
+struct GraphBuilder {
+  std::vector<int32_t> tensors, nodes;
+  std::vector<double> params;
+  std::vector<HostBuffer> inputs;
+  std::vector<HostOutput> outputs;
+
+  int tensor(int kind, int dtype, std::initializer_list<int> ne, int ref = -1) {
+    int32_t w[8] = {kind, dtype, 1, 1, 1, 1, ref, -1};
+    int i = 0;
+    for (int n : ne) w[2 + i++] = n;
+    tensors.insert(tensors.end(), w, w + 8);
+    return static_cast<int>(tensors.size() / 8 - 1);
+  }
+  int input(int dtype, std::initializer_list<int> ne, const void* data, size_t bytes) {
+    inputs.push_back({data, bytes});
+    return tensor(1, dtype, ne, static_cast<int>(inputs.size() - 1));
+  }
+  int node(int op, std::initializer_list<int> ne, std::initializer_list<int> src, std::initializer_list<double> p) {
+    const int dst = tensor(0, DT_F32, ne);
+    node_to(op, dst, src, p);
+    return dst;
+  }
+  void node_to(int op, int dst, std::initializer_list<int> src, std::initializer_list<double> p) {
+    int32_t w[10] = {op, dst, -1, -1, -1, -1, -1, static_cast<int32_t>(params.size()), static_cast<int32_t>(p.size()), 0};
+    int i = 0;
+    for (int s : src) w[2 + i++] = s;
+    nodes.insert(nodes.end(), w, w + 10);
+    params.insert(params.end(), p.begin(), p.end());
+  }
+  void output(int t, float* data, size_t bytes) {
+    outputs.push_back({data, bytes});
+    tensors[static_cast<size_t>(t) * 8 + 7] = static_cast<int32_t>(outputs.size() - 1);
+  }
+  EncodedGraph view() const {
+    EncodedGraph g;
+    g.tensors = tensors.data();
+    g.tensor_words = tensors.size();
+    g.nodes = nodes.data();
+    g.node_words = nodes.size();
+    g.params = params.data();
+    g.n_params = params.size();
+    g.inputs = inputs;
+    g.outputs = outputs;
+    return g;
+  }
+};
+
+/// A graph using most ops: mul_mat, rms_norm, rope, attention over a cpy'd cache, sparse ops.
+struct Fixture {
+  TensorStore store{SIZE_MAX};
+  TensorPtr w, wt, kc, vc;
+  std::vector<float> x, logits;
+  std::vector<int32_t> pos, rows, ids;
+  static constexpr int K = 64, N = 96, T = 3;
+
+  Fixture() {
+    const int64_t wne[4] = {K, N, 1, 1};
+    w = store.create(DT_Q4_0, wne);
+    const std::vector<uint8_t> wb = random_row(DT_Q4_0, int64_t{K} * N);
+    std::memcpy(w->data, wb.data(), wb.size());
+    wt = store.create(DT_F16, wne);
+    const std::vector<uint8_t> tb = random_row(DT_F16, int64_t{K} * N);
+    std::memcpy(wt->data, tb.data(), tb.size());
+    const int64_t cne[4] = {32, 16, 1, 1};
+    kc = store.create(DT_F16, cne);
+    vc = store.create(DT_F16, cne);
+    x.resize(K * T);
+    for (auto& v : x) v = uni(-1, 1);
+    logits.resize(N * T);
+    for (auto& v : logits) v = uni(-1, 1);
+    pos = {5, 6, 7};
+    rows = {1, 5, 9, 50, 95, 5};
+    ids = {0, 95, 7};
+  }
+
+  std::vector<float> y1 = std::vector<float>(N * T), y2 = std::vector<float>(K * T), y3 = std::vector<float>(K * T),
+                     y4 = std::vector<float>(K * 3);
+
+  GraphBuilder build() {
+    GraphBuilder b;
+    const int hw = b.tensor(2, DT_Q4_0, {K, N}, w->id);
+    const int ht = b.tensor(2, DT_F16, {K, N}, wt->id);
+    const int hk = b.tensor(2, DT_F16, {32, 16}, kc->id);
+    const int hv = b.tensor(2, DT_F16, {32, 16}, vc->id);
+    const int xi = b.input(DT_F32, {K, T}, x.data(), x.size() * 4);
+    const int li = b.input(DT_F32, {N, T}, logits.data(), logits.size() * 4);
+    const int pi_ = b.input(DT_I32, {T}, pos.data(), pos.size() * 4);
+    const int ri = b.input(DT_I32, {static_cast<int>(rows.size())}, rows.data(), rows.size() * 4);
+    const int ii = b.input(DT_I32, {3}, ids.data(), ids.size() * 4);
+    const int h = b.node(OP_RMS_NORM, {K, T}, {xi}, {1e-5});
+    const int s = b.node(OP_MUL_MAT_SPARSE, {N, T}, {hw, h, li, ri}, {0.0, N});
+    const int a = b.node(OP_RELU, {N, T}, {s}, {});
+    const int d = b.node(OP_AXPY_SPARSE, {K, T}, {ht, a, li, -1}, {-0.5, N});
+    const int q = b.node(OP_ROPE, {K, T}, {h, pi_}, {8, 0, 10000, 1, 16});
+    const int kv = b.node(OP_SLICE, {32, T}, {q}, {16, 32});
+    b.node_to(OP_CPY, hk, {kv}, {5});
+    b.node_to(OP_CPY, hv, {kv}, {5});
+    const int att = b.node(OP_ATTENTION, {K, T}, {q, hk, hv}, {5, 2, 0.25, 16, 4});
+    const int m = b.node(OP_MUL_MAT, {N, T}, {hw, att}, {});
+    const int g = b.node(OP_GET_ROWS, {K, 3}, {hw, ii}, {});
+    b.output(m, y1.data(), y1.size() * 4);
+    b.output(d, y2.data(), y2.size() * 4);
+    b.output(att, y3.data(), y3.size() * 4);
+    b.output(g, y4.data(), y4.size() * 4);
+    return b;
+  }
+};
+
+void test_executor() {
+  Fixture fx;
+  std::vector<std::vector<float>> runs;
+  for (int threads : {1, 2, 3}) {
+    Executor ex(fx.store, threads, false);
+    for (int rep = 0; rep < 2; rep++) {
+      GraphBuilder b = fx.build();
+      std::vector<double> rows;
+      bool ok = true;
+      try {
+        ex.compute(b.view(), rows);
+      } catch (const BackendErr& e) {
+        ok = false;
+        std::fprintf(stderr, "%s\n", e.what());
+      }
+      CHECK(ok, "fixture graph computes");
+      CHECK(rows.size() == 11, "rows_read per node");
+      // rows list {1,5,9,50,95,5}: 5 distinct neurons, gated by logits ≥ 0
+      int64_t expect = 0;
+      for (int t = 0; t < Fixture::T; t++) {
+        for (int i : {1, 5, 9, 50, 95}) expect += fx.logits[static_cast<size_t>(t * Fixture::N + i)] >= 0 ? 1 : 0;
+      }
+      CHECK(rows[1] == static_cast<double>(expect), "mul_mat_sparse rows_read %g vs %ld", rows[1], static_cast<long>(expect));
+      for (float v : fx.y1) CHECK(std::isfinite(v), "finite output");
+      std::vector<float> all(fx.y1);
+      all.insert(all.end(), fx.y3.begin(), fx.y3.end());
+      if (threads == 2) all.insert(all.end(), fx.y2.begin(), fx.y2.end());
+      runs.push_back(all);
+    }
+  }
+  // mul_mat (fed by rms_norm → rope → attention): identical across thread counts;
+  // axpy_sparse identical across runs at 2 threads
+  for (size_t r = 1; r < runs.size(); r++) {
+    const size_t n = Fixture::N * Fixture::T + Fixture::K * Fixture::T;
+    CHECK(std::memcmp(runs[r].data(), runs[0].data(), n * 4) == 0, "run %zu differs", r);
+  }
+  CHECK(runs[2] == runs[3], "axpy_sparse deterministic at 2 threads");
+}
+
+bool throws_bad_graph(Executor& ex, const GraphBuilder& b) {
+  std::vector<double> rows;
+  try {
+    ex.compute(b.view(), rows);
+  } catch (const BackendErr& e) {
+    return e.code() == "BAD_GRAPH";
+  }
+  return false;
+}
+
+void test_bad_graphs() {
+  Fixture fx;
+  Executor ex(fx.store, 2, false);
+  {
+    GraphBuilder b = fx.build();
+    b.nodes[0] = 42;
+    CHECK(throws_bad_graph(ex, b), "unknown op");
+  }
+  {
+    GraphBuilder b = fx.build();
+    fx.rows[2] = 96;
+    CHECK(throws_bad_graph(ex, b), "rows out of range");
+    fx.rows[2] = 9;
+  }
+  {
+    GraphBuilder b = fx.build();
+    fx.ids[1] = -1;
+    CHECK(throws_bad_graph(ex, b), "negative id");
+    fx.ids[1] = 95;
+  }
+  {
+    GraphBuilder b = fx.build();
+    b.inputs[0].bytes -= 4;
+    CHECK(throws_bad_graph(ex, b), "short input");
+  }
+  {
+    GraphBuilder b = fx.build();
+    b.tensors.pop_back();
+    CHECK(throws_bad_graph(ex, b), "truncated tensors");
+  }
+  {
+    GraphBuilder b = fx.build();
+    b.params[b.nodes[4 * 10 + 7] + 2] = NAN;  // rope freq_base
+    CHECK(throws_bad_graph(ex, b), "NaN param");
+  }
+  {
+    GraphBuilder b = fx.build();
+    b.params[b.nodes[8 * 10 + 7]] = 14;  // attention n_past + T > cache size
+    CHECK(throws_bad_graph(ex, b), "attention past the cache");
+  }
+  // fuzz: corrupt words of the encoding; every outcome must be success or BackendErr (ASan checks the rest)
+  const int32_t specials[] = {-1, 0, 1, 2, 3, 5, 8, 14, 15, 16, 17, 26, 30, 31, 32, 95, 96, 97, 1 << 16, INT32_MAX, INT32_MIN};
+  int rejected = 0;
+  for (int trial = 0; trial < 3000; trial++) {
+    GraphBuilder b = fx.build();
+    const int n_mut = irand(1, 3);
+    for (int m = 0; m < n_mut; m++) {
+      std::vector<int32_t>& arr = irand(0, 1) ? b.tensors : b.nodes;
+      const size_t i = static_cast<size_t>(irand(0, static_cast<int>(arr.size()) - 1));
+      arr[i] = irand(0, 3) == 0 ? irand(-100, 200) : specials[irand(0, static_cast<int>(sizeof(specials) / 4) - 1)];
+    }
+    if (irand(0, 9) == 0) b.params[static_cast<size_t>(irand(0, static_cast<int>(b.params.size()) - 1))] = uni(-100, 100);
+    std::vector<double> rows;
+    try {
+      ex.compute(b.view(), rows);
+    } catch (const BackendErr& e) {
+      CHECK(e.code() == "BAD_GRAPH" || e.code() == "BAD_TENSOR", "fuzz error code %s", e.code().c_str());
+      rejected++;
+    }
+  }
+  CHECK(rejected > 1000, "fuzz: %d of 3000 corrupted graphs rejected", rejected);
+}
+
+}  // namespace
+
+int main() {
+  const CpuFeatures f = cpu_features();
+  const char* reason = "";
+  select_kernels(false, &reason);
+  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d -> %s\n", f.avx2, f.fma, f.f16c, f.avx512f, reason);
+  test_conversions();
+  test_dtype_kernels(kernels_scalar());
+  if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
+  test_thread_pool();
+  test_tensor_store();
+  test_executor();
+  test_bad_graphs();
+  std::printf("%d checks, %d failures\n", g_checks, g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
