@@ -92,3 +92,34 @@ describe.skipIf(!probe.usable)(`token-exact with llama.cpp on the CPU backend ($
     });
   }
 });
+
+describe.skipIf(!probe.usable)(
+  "the shared ReLU model (tinystories-relu-llama-7m) against its PyTorch fp32 reference",
+  () => {
+    it("prompt ids and 32 greedy ids equal PyTorch's (F32 KV cache)", async () => {
+      const ref = JSON.parse(
+        readFileSync(join(models, "relu", "tinystories-relu-llama-7m.reference.json"), "utf8"),
+      ) as { greedy: { prompt: string; prompt_ids: number[]; generated_ids: number[] }[] };
+      const backend = await cpuBackend.load({ threads: 2 });
+      const model = await Model.load(join(models, "relu", "tinystories-relu-llama-7m.f32.gguf"), { backend });
+      try {
+        expect(model.config.ffn.activation).toBe("relu");
+        for (const c of ref.greedy) {
+          expect(model.tokenizer.tokenize(c.prompt)).toEqual(c.prompt_ids);
+          const s = model.createSession({ nCtx: 256, kvType: "f32" });
+          let logits = s.evaluate(c.prompt_ids);
+          const ids: number[] = [];
+          for (let i = 0; i < c.generated_ids.length; i++) {
+            ids.push(argmax(logits));
+            logits = s.evaluate([ids[i]!]);
+          }
+          s.dispose();
+          expect(ids, c.prompt).toEqual(c.generated_ids);
+        }
+      } finally {
+        model.dispose();
+        backend.dispose();
+      }
+    });
+  },
+);

@@ -1,0 +1,120 @@
+/** The built CLI as a user runs it: real processes, real files. */
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { describe, expect, it } from "vitest";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
+const stories = join(models, "stories260K.gguf");
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, [bin, ...args], { encoding: "utf8", timeout: 300_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+const probe = await cpuBackend.probe();
+
+describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
+  it("prints llama.cpp's greedy text and the timings", () => {
+    const ref = JSON.parse(readFileSync(join(models, "reference", "stories260K.greedy32.json"), "utf8"));
+    const r = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "32", "--temp", "0", "-c", "256");
+    expect(r.code).toBe(0);
+    expect(r.stdout).toBe(`Once upon a time${ref.results[0].greedy_text}\n`);
+    expect(r.stderr).toMatch(/prompt eval time = .* 5 tokens/);
+    expect(r.stderr).toMatch(/eval time = .* 32 tokens .* tokens per second/);
+  });
+
+  it("same seed, same sampled text", () => {
+    const a = cli("run", "-m", stories, "-p", "The sun was", "-n", "24", "--seed", "42", "--temp", "0.9");
+    const b = cli("run", "-m", stories, "-p", "The sun was", "-n", "24", "--seed", "42", "--temp", "0.9");
+    expect(a.code).toBe(0);
+    expect(a.stdout).toBe(b.stdout);
+  });
+
+  it("tells the user when the context is full instead of producing garbage", () => {
+    const r = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "100", "--temp", "0", "-c", "16");
+    expect(r.code).toBe(0);
+    expect(r.stderr).toMatch(/context full \(n_ctx 16\)/);
+  });
+});
+
+describe("bad input gives one line naming the problem and a non-zero exit", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-cli-"));
+  const cases: [string, () => string[], RegExp][] = [
+    ["a missing file", () => ["run", "-m", join(dir, "nope.gguf"), "-p", "x"], /nope\.gguf/],
+    [
+      "a truncated model",
+      () => {
+        const p = join(dir, "truncated.gguf");
+        writeFileSync(p, readFileSync(stories).subarray(0, 5000));
+        return ["run", "-m", p, "-p", "x"];
+      },
+      /truncated\.gguf.*(TRUNCATED|past the end|truncated|expected)/i,
+    ],
+    [
+      "an unsupported architecture",
+      () => ["run", "-m", join(models, "vocab", "ggml-vocab-gpt-2.gguf"), "-p", "x"],
+      /gpt2|architecture/i,
+    ],
+    [
+      "a prompt longer than the context",
+      () => ["run", "-m", stories, "-p", "Once upon a time there was a dog. ".repeat(20), "-c", "32"],
+      /prompt has \d+ tokens.*n_ctx 32/,
+    ],
+    ["a bad number", () => ["run", "-m", stories, "-p", "x", "-n", "ten"], /n-predict must be an integer/],
+  ];
+  for (const [what, args, pattern] of cases) {
+    it(what, () => {
+      const r = cli(...args());
+      expect(r.code).not.toBe(0);
+      expect(r.stderr).toMatch(pattern);
+      const lines = r.stderr
+        .trim()
+        .split("\n")
+        .filter((l) => !l.startsWith("(run with --help"));
+      expect(lines, r.stderr).toHaveLength(1);
+      expect(r.stderr).not.toMatch(/\n\s+at /); // no stack dump
+    });
+  }
+});
+
+describe.skipIf(!probe.usable)("powerinfer perplexity", () => {
+  it("reproduces the ReLU model's held-out perplexity 12.049 (all-tokens protocol of README-relu.md)", () => {
+    const r = cli(
+      "perplexity",
+      "-m",
+      join(models, "relu", "tinystories-relu-llama-7m.f32.gguf"),
+      "-f",
+      join(models, "relu", "tinystories-relu-llama-7m.eval.txt"),
+      "-c",
+      "256",
+      "--all-tokens",
+      "--json",
+    );
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout);
+    expect(out.tokensScored).toBe(107610);
+    expect(out.chunks).toBe(422);
+    // PyTorch fp32: mean NLL 2.4889889, ppl 12.049088 (we keep an F16 KV cache, as llama.cpp)
+    expect(Math.abs(out.meanNll - 2.4889889333806687)).toBeLessThan(1e-4);
+  }, 600_000);
+
+  it("llama.cpp's protocol on stories260K gives a finite perplexity over whole chunks", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-ppl-"));
+    const text = join(dir, "t.txt");
+    writeFileSync(
+      text,
+      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 6000),
+    );
+    const r = cli("perplexity", "-m", stories, "-f", text, "-c", "128", "--json");
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout);
+    expect(out.tokensScored).toBe(out.chunks * 63); // positions 64..126 of each 128-token chunk predict 65..127
+    expect(out.perplexity).toBeGreaterThan(1);
+    expect(out.perplexity).toBeLessThan(50);
+  });
+});
