@@ -14,8 +14,8 @@ namespace pi {
 /// Activation formats for dot products.
 enum XFormat : int {
   XF_F32 = 0,   // F32 weights
-  XF_F16 = 1,   // F16 weights: x rounded to F16
-  XF_BF16 = 2,  // BF16 weights: x rounded to BF16
+  XF_F16 = 1,   // F16 weights: x rounded to F16 (held as F32 values, so a dot converts only the weights)
+  XF_BF16 = 2,  // BF16 weights: x rounded to BF16 (held as F32 values)
   XF_Q8_0 = 3,  // Q4_0, Q5_0, Q8_0 weights
   XF_Q8_1 = 4,  // Q4_1, Q5_1 weights
   XF_Q8_K = 5,  // Q4_K, Q5_K, Q6_K weights
@@ -44,8 +44,6 @@ static inline int x_block(int fmt) { return fmt == XF_Q8_K ? QK_K : (fmt >= XF_Q
 /// Bytes of an activation row of k elements in format `fmt` (k a multiple of x_block(fmt)).
 static inline size_t x_row_bytes(int fmt, int64_t k) {
   switch (fmt) {
-    case XF_F16:
-    case XF_BF16: return static_cast<size_t>(k) * 2;
     case XF_Q8_0: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_0);
     case XF_Q8_1: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_1);
     case XF_Q8_K: return static_cast<size_t>(k / QK_K) * sizeof(BlockQ8_K);
@@ -70,6 +68,8 @@ struct KernelTable {
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
   ConvertFn convert[XF_COUNT];  // indexed by XFormat
+  ConvertFn store_f16;          // F32 → F16 storage (round to nearest even)
+  ConvertFn store_bf16;         // F32 → BF16 storage (round to nearest even)
   float (*dot_f32)(int64_t n, const float* a, const float* b);
   void (*axpy_f32)(int64_t n, float a, const float* x, float* y);
   /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.

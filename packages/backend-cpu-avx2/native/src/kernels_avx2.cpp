@@ -51,6 +51,9 @@ inline __m256i bits_to_bytes(uint32_t x) {
   return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
+/// F16 → F32 with the F16C instruction (exact, like the scalar f16_to_f32).
+inline float h2f(uint16_t h) { return _cvtsh_ss(h); }
+
 inline uint32_t load_u32(const uint8_t* p) {
   uint32_t v;
   __builtin_memcpy(&v, p, 4);
@@ -84,20 +87,21 @@ inline __m256 load_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
+// x holds F32 values already rounded to F16 (XF_F16), so only the weights are converted.
 float dot_f16(int64_t k, const void* w, const void* x) {
   const uint16_t* a = static_cast<const uint16_t*>(w);
-  const uint16_t* b = static_cast<const uint16_t*>(x);
+  const float* b = static_cast<const float*>(x);
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 32 <= k; i += 32) {
-    s0 = _mm256_fmadd_ps(load_f16(a + i), load_f16(b + i), s0);
-    s1 = _mm256_fmadd_ps(load_f16(a + i + 8), load_f16(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(load_f16(a + i + 16), load_f16(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(load_f16(a + i + 24), load_f16(b + i + 24), s3);
+    s0 = _mm256_fmadd_ps(load_f16(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(load_f16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(load_f16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(load_f16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
   }
-  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_f16(a + i), load_f16(b + i), s0);
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_f16(a + i), _mm256_loadu_ps(b + i), s0);
   float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < k; i++) s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
+  for (; i < k; i++) s += h2f(a[i]) * b[i];
   return s;
 }
 
@@ -108,16 +112,18 @@ inline __m256 load_bf16(const uint16_t* p) {
 
 float dot_bf16(int64_t k, const void* w, const void* x) {
   const uint16_t* a = static_cast<const uint16_t*>(w);
-  const uint16_t* b = static_cast<const uint16_t*>(x);
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  const float* b = static_cast<const float*>(x);
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    s0 = _mm256_fmadd_ps(load_bf16(a + i), load_bf16(b + i), s0);
-    s1 = _mm256_fmadd_ps(load_bf16(a + i + 8), load_bf16(b + i + 8), s1);
+  for (; i + 32 <= k; i += 32) {
+    s0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(load_bf16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(load_bf16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
   }
-  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_bf16(a + i), load_bf16(b + i), s0);
-  float s = hsum_ps(_mm256_add_ps(s0, s1));
-  for (; i < k; i++) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < k; i++) s += bf16_to_f32(a[i]) * b[i];
   return s;
 }
 
@@ -135,14 +141,14 @@ float dot_q4_0(int64_t k, const void* w, const void* x) {
     const __m256i q1 = _mm256_sub_epi8(unpack_nibbles(a[i + 1].qs), off);
     const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
     const __m256i p1 = dot_i8_i32(q1, loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i + 1].d) * f16_to_f32(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * h2f(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
                            acc1);
   }
   for (; i < nb; i++) {
     const __m256i q0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), off);
     const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
@@ -154,8 +160,8 @@ float dot_q4_1(int64_t k, const void* w, const void* x) {
   float summ = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     const __m256i p = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
-    summ += f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * h2f(b[i].s);
   }
   return hsum_ps(acc) + summ;
 }
@@ -169,7 +175,7 @@ float dot_q5_0(int64_t k, const void* w, const void* x) {
     const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(a[i].qs), hb), h16);
     const __m256i p = dot_i8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
   }
   return hsum_ps(acc);
 }
@@ -184,8 +190,8 @@ float dot_q5_1(int64_t k, const void* w, const void* x) {
     const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
     const __m256i q = _mm256_or_si256(unpack_nibbles(a[i].qs), hb);
     const __m256i p = dot_u8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p), acc);
-    summ += f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * h2f(b[i].s);
   }
   return hsum_ps(acc) + summ;
 }
@@ -199,13 +205,13 @@ float dot_q8_0(int64_t k, const void* w, const void* x) {
   for (; i + 2 <= nb; i += 2) {
     const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
     const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i + 1].d) * f16_to_f32(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * h2f(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
                            acc1);
   }
   for (; i < nb; i++) {
     const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(f16_to_f32(a[i].d) * f16_to_f32(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
@@ -235,7 +241,7 @@ float dot_q4_K(int64_t k, const void* w, const void* x) {
       summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
     }
     const int sumi = hsum_epi32(acc);
-    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+    s += b[i].d * (h2f(a[i].d) * static_cast<float>(sumi) - h2f(a[i].dmin) * static_cast<float>(summ));
   }
   return s;
 }
@@ -268,7 +274,7 @@ float dot_q5_K(int64_t k, const void* w, const void* x) {
       summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
     }
     const int sumi = hsum_epi32(acc);
-    s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
+    s += b[i].d * (h2f(a[i].d) * static_cast<float>(sumi) - h2f(a[i].dmin) * static_cast<float>(summ));
   }
   return s;
 }
@@ -299,7 +305,7 @@ float dot_q6_K(int64_t k, const void* w, const void* x) {
     int off = 0;
     for (int g = 0; g < QK_K / 16; g++) off += a[i].scales[g] * b[i].bsums[g];
     const int sumi = hsum_epi32(acc) - 32 * off;
-    s += b[i].d * f16_to_f32(a[i].d) * static_cast<float>(sumi);
+    s += b[i].d * h2f(a[i].d) * static_cast<float>(sumi);
   }
   return s;
 }
@@ -328,7 +334,7 @@ void axpy_f16(int64_t k, float a, const void* w, float* y) {
     _mm256_storeu_ps(y + i + 8, _mm256_fmadd_ps(va, load_f16(h + i + 8), _mm256_loadu_ps(y + i + 8)));
   }
   for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, load_f16(h + i), _mm256_loadu_ps(y + i)));
-  for (; i < k; i++) y[i] += a * f16_to_f32(h[i]);
+  for (; i < k; i++) y[i] += a * h2f(h[i]);
 }
 
 void axpy_bf16(int64_t k, float a, const void* w, float* y) {
@@ -357,14 +363,14 @@ void axpy_q4_0(int64_t k, float a, const void* w, float* y) {
   const BlockQ4_0* b = static_cast<const BlockQ4_0*>(w);
   const __m256i off = _mm256_set1_epi8(8);
   for (int64_t i = 0; i < k / QK; i++, y += QK) {
-    axpy_i8x32(_mm256_set1_ps(a * f16_to_f32(b[i].d)), _mm256_sub_epi8(unpack_nibbles(b[i].qs), off), y);
+    axpy_i8x32(_mm256_set1_ps(a * h2f(b[i].d)), _mm256_sub_epi8(unpack_nibbles(b[i].qs), off), y);
   }
 }
 
 void axpy_q8_0(int64_t k, float a, const void* w, float* y) {
   const BlockQ8_0* b = static_cast<const BlockQ8_0*>(w);
   for (int64_t i = 0; i < k / QK; i++, y += QK) {
-    axpy_i8x32(_mm256_set1_ps(a * f16_to_f32(b[i].d)), loadu256(b[i].qs), y);
+    axpy_i8x32(_mm256_set1_ps(a * h2f(b[i].d)), loadu256(b[i].qs), y);
   }
 }
 
@@ -384,16 +390,25 @@ void dequant_f16(const void* w, float* y, int64_t k) {
   const uint16_t* h = static_cast<const uint16_t*>(w);
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) _mm256_storeu_ps(y + i, load_f16(h + i));
-  for (; i < k; i++) y[i] = f16_to_f32(h[i]);
+  for (; i < k; i++) y[i] = h2f(h[i]);
 }
 
-void convert_f16(const float* x, void* dst, int64_t k) {
+void store_f16(const float* x, void* dst, int64_t k) {
   uint16_t* h = static_cast<uint16_t*>(dst);
   int64_t i = 0;
   for (; i + 8 <= k; i += 8) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
   }
   for (; i < k; i++) h[i] = f32_to_f16(x[i]);
+}
+
+void convert_f16(const float* x, void* dst, int64_t k) {
+  float* y = static_cast<float*>(dst);
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+  }
+  for (; i < k; i++) y[i] = h2f(f32_to_f16(x[i]));
 }
 
 double sum_f32(const float* x, int64_t n) {
@@ -437,6 +452,7 @@ KernelTable make_table() {
   t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
   t.convert[XF_F16] = convert_f16;
+  t.store_f16 = store_f16;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
   t.sum_f32 = sum_f32;

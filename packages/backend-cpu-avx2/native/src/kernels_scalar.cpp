@@ -149,14 +149,24 @@ void dequant_q6_K(const void* w, float* y, int64_t k) {
 
 void convert_f32(const float* x, void* dst, int64_t k) { std::memcpy(dst, x, static_cast<size_t>(k) * 4); }
 
-void convert_f16(const float* x, void* dst, int64_t k) {
+void store_f16(const float* x, void* dst, int64_t k) {
   uint16_t* h = static_cast<uint16_t*>(dst);
   for (int64_t i = 0; i < k; i++) h[i] = f32_to_f16(x[i]);
 }
 
-void convert_bf16(const float* x, void* dst, int64_t k) {
+void store_bf16(const float* x, void* dst, int64_t k) {
   uint16_t* h = static_cast<uint16_t*>(dst);
   for (int64_t i = 0; i < k; i++) h[i] = f32_to_bf16(x[i]);
+}
+
+void convert_f16(const float* x, void* dst, int64_t k) {
+  float* y = static_cast<float*>(dst);
+  for (int64_t i = 0; i < k; i++) y[i] = f16_to_f32(f32_to_f16(x[i]));
+}
+
+void convert_bf16(const float* x, void* dst, int64_t k) {
+  float* y = static_cast<float*>(dst);
+  for (int64_t i = 0; i < k; i++) y[i] = bf16_to_f32(f32_to_bf16(x[i]));
 }
 
 // Q8_0/Q8_1: d = amax/127, q = round-to-nearest-even(x · 127/amax) (as llama.cpp's x86 path).
@@ -233,17 +243,17 @@ float dot_f32(int64_t k, const void* w, const void* x) {
 
 float dot_f16(int64_t k, const void* w, const void* x) {
   const uint16_t* a = static_cast<const uint16_t*>(w);
-  const uint16_t* b = static_cast<const uint16_t*>(x);
+  const float* b = static_cast<const float*>(x);
   float s = 0.0f;
-  for (int64_t i = 0; i < k; i++) s += f16_to_f32(a[i]) * f16_to_f32(b[i]);
+  for (int64_t i = 0; i < k; i++) s += f16_to_f32(a[i]) * b[i];
   return s;
 }
 
 float dot_bf16(int64_t k, const void* w, const void* x) {
   const uint16_t* a = static_cast<const uint16_t*>(w);
-  const uint16_t* b = static_cast<const uint16_t*>(x);
+  const float* b = static_cast<const float*>(x);
   float s = 0.0f;
-  for (int64_t i = 0; i < k; i++) s += bf16_to_f32(a[i]) * bf16_to_f32(b[i]);
+  for (int64_t i = 0; i < k; i++) s += bf16_to_f32(a[i]) * b[i];
   return s;
 }
 
@@ -471,6 +481,8 @@ KernelTable make_table() {
   t.convert[XF_F32] = convert_f32;
   t.convert[XF_F16] = convert_f16;
   t.convert[XF_BF16] = convert_bf16;
+  t.store_f16 = store_f16;
+  t.store_bf16 = store_bf16;
   t.convert[XF_Q8_0] = convert_q8_0;
   t.convert[XF_Q8_1] = convert_q8_1;
   t.convert[XF_Q8_K] = convert_q8_K;

@@ -28,6 +28,12 @@ inline int64_t hi(int64_t n, int ith, int nth) { return split_begin(n, ith + 1, 
 
 inline bool is_quantized(int dt) { return dtype_layout(dt).block > 1; }
 
+/// Asks for a weight row that will be read next (sparse ops jump between rows, which defeats the
+/// hardware prefetcher at every row start).
+inline void prefetch_row(const uint8_t* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
 // ---- dense matrix ops -----------------------------------------------------------------------
 
 struct MatLayout {
@@ -167,9 +173,11 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   const DotFn dot = n.k->dot[W.dtype];
   int64_t read = 0;
-  for (int64_t e = lo(len, ith, nth); e < hi(len, ith, nth); e++) {
+  const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
+  for (int64_t e = e0; e < e1; e++) {
     const int64_t i = l.list[2 * e];
     const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+    if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
     for (int64_t t = 0; t < T; t++) {
       if (logits && !(logits[i + t * n_out] >= thr)) continue;
       y[i + t * n_out] = dot(K, w, xq + t * xrb);
@@ -200,9 +208,11 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
   float* tmp = l.tmp ? l.tmp + static_cast<size_t>(ith) * static_cast<size_t>(E) : nullptr;
   int64_t read = 0;
-  for (int64_t e = lo(len, ith, nth); e < hi(len, ith, nth); e++) {
+  const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
+  for (int64_t e = e0; e < e1; e++) {
     const int64_t i = l.list[2 * e];
     const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+    if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
     if (T == 1) {
       axpy(E, a[i], w, acc);
       read++;
@@ -323,7 +333,7 @@ void op_softmax(const NodeExec& n, int ith, int nth) {
 
 struct AttnLayout {
   float* scores = nullptr;  // nth × C
-  uint16_t* q16 = nullptr;  // nth × head_dim
+  float* q16 = nullptr;     // nth × head_dim: q rounded to F16 (F16 cache)
 };
 
 AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
@@ -331,7 +341,7 @@ AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
   const size_t C = static_cast<size_t>(n.src[1].rows());
   const size_t hd = static_cast<size_t>(n.p[3]);
   l.scores = static_cast<float*>(b.take(sizeof(float) * C * nth));
-  l.q16 = static_cast<uint16_t*>(b.take(sizeof(uint16_t) * hd * nth));
+  l.q16 = static_cast<float*>(b.take(sizeof(float) * hd * nth));
   return l;
 }
 
@@ -353,7 +363,7 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   const size_t kes = Kc.dtype == DT_F16 ? 2 : 4, ves = Vc.dtype == DT_F16 ? 2 : 4;
   const int64_t kvrow = hd * Hkv;
   float* scores = l.scores + static_cast<size_t>(ith) * static_cast<size_t>(Kc.rows());
-  uint16_t* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
+  float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
   const AxpyFn vaxpy = n.k->axpy[Vc.dtype];
   for (int64_t u = lo(T * H, ith, nth); u < hi(T * H, ith, nth); u++) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
@@ -446,8 +456,8 @@ void op_cpy(const NodeExec& n, int ith, int nth) {
     const float* x = s.f32() + t * ne0;
     uint8_t* d = n.dst.data + static_cast<size_t>(off + t) * drb;
     switch (n.dst.dtype) {
-      case DT_F16: n.k->convert[XF_F16](x, d, ne0); break;
-      case DT_BF16: n.k->convert[XF_BF16](x, d, ne0); break;
+      case DT_F16: n.k->store_f16(x, d, ne0); break;
+      case DT_BF16: n.k->store_bf16(x, d, ne0); break;
       default: std::memcpy(d, x, drb); break;
     }
   }

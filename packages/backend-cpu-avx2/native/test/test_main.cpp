@@ -102,17 +102,14 @@ std::vector<double> act_values(int fmt, const std::vector<uint8_t>& xc, int64_t 
   std::vector<double> v(static_cast<size_t>(k));
   switch (fmt) {
     case XF_F32:
+    case XF_F16:
+    case XF_BF16:
       for (int64_t i = 0; i < k; i++) {
         float f;
         std::memcpy(&f, xc.data() + 4 * i, 4);
         v[i] = f;
-      }
-      break;
-    case XF_F16:
-    case XF_BF16:
-      for (int64_t i = 0; i < k; i++) {
-        const uint16_t h = load_u16(xc.data() + 2 * i);
-        v[i] = fmt == XF_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+        if (fmt == XF_F16) CHECK(f16_to_f32(f32_to_f16(f)) == f, "XF_F16 values are F16-representable");
+        if (fmt == XF_BF16) CHECK(bf16_to_f32(f32_to_bf16(f)) == f, "XF_BF16 values are BF16-representable");
       }
       break;
     case XF_Q8_0: {
