@@ -1,7 +1,7 @@
 /** Options and helpers shared by the commands that load a model. */
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { type Backend, Model } from "@powerinfer/core";
+import { type Backend, Model, type SparseMode } from "@powerinfer/core";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -34,7 +34,16 @@ export function modelOptions(cmd: Command): Command {
     .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
     .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size"), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
-    .option("--kv-type <type>", "KV cache type: f16 or f32", "f16");
+    .option("--kv-type <type>", "KV cache type: f16 or f32", "f16")
+    .option(
+      "--sparse <mode>",
+      "FFN mode: predictor (default when the model has predictors), oracle (true mask from the gate; testing) or off (dense)",
+    )
+    .option(
+      "--sparse-threshold <x>",
+      "predictor threshold (default: the model's powerinfer.sparse_threshold)",
+      float("sparse-threshold"),
+    );
 }
 
 export interface ModelCliOptions {
@@ -44,11 +53,16 @@ export interface ModelCliOptions {
   batchSize: number;
   backend: string;
   kvType: string;
+  sparse?: string;
+  sparseThreshold?: number;
 }
 
 /** Loads the backend and the model, with a progress bar on a terminal. */
 export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
   if (o.kvType !== "f16" && o.kvType !== "f32") throw new InvalidArgumentError(`--kv-type must be f16 or f32`);
+  if (o.sparse !== undefined && !["predictor", "oracle", "off"].includes(o.sparse)) {
+    throw new InvalidArgumentError(`--sparse must be predictor, oracle or off, got "${o.sparse}"`);
+  }
   const threads = o.threads ?? availableParallelism();
   if (threads < 1) throw new InvalidArgumentError("--threads must be ≥ 1");
   const backend = await loadBackend(o.backend, { threads }, (line) => {
@@ -65,6 +79,8 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   try {
     const model = await Model.load(o.model, {
       backend,
+      sparse: o.sparse as SparseMode | undefined,
+      threshold: o.sparseThreshold,
       onProgress: (f, what) => bar?.update(Math.round(f * 100), { what }),
     });
     return { backend, model };

@@ -85,6 +85,18 @@ export function register(program: Command): void {
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
             `backend: ${backend.name}, ${backend.threads} threads\n`,
         );
+        if (model.sparse !== "off" && session.stats.tokens > 0) {
+          const nff = model.config.n_ff;
+          const frac = session.stats.activeRows.map((r) => r / session.stats.tokens / nff);
+          const mean = frac.reduce((a, b) => a + b, 0) / frac.length;
+          process.stderr.write(
+            `sparse: ${model.sparse} mode${model.sparse === "predictor" ? `, threshold ${model.threshold}` : ""}; neurons computed per token: ${(mean * 100).toFixed(1)} % of n_ff on average (per layer: ${frac.map((f) => (f * 100).toFixed(1)).join(", ")} %)\n`,
+          );
+        } else if (model.config.ffn.activation !== "relu") {
+          process.stderr.write(
+            `note: ${model.config.ffn.activation.toUpperCase()} FFN — a dense model gains nothing from sparse inference\n`,
+          );
+        }
         session.dispose();
         model.dispose();
         backend.dispose();

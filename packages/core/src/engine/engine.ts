@@ -2,10 +2,26 @@
  * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
  * evaluate tokens to logits, or generate text as an async iterator of tokens.
  */
-import { type GgufFile, type ModelConfig, openGguf, parseModelConfig } from "@powerinfer/gguf";
+import {
+  dequantize,
+  f32ToF16,
+  type GgufFile,
+  GGMLType,
+  type ModelConfig,
+  openGguf,
+  parseModelConfig,
+  readTensorBytes,
+} from "@powerinfer/gguf";
 import type { Backend } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
-import { buildLlamaGraph, type LlamaWeights, mapLlamaWeights } from "../model/llama.js";
+import {
+  buildLlamaGraph,
+  checkSparseMode,
+  type LayerCapture,
+  type LlamaWeights,
+  mapLlamaWeights,
+  type SparseMode,
+} from "../model/llama.js";
 import { WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
@@ -21,6 +37,31 @@ export interface ModelLoadOptions {
   onProgress?: (fraction: number, what: string) => void;
   /** Aborts loading; the promise rejects with EngineError 'ABORTED'. */
   signal?: AbortSignal;
+  /**
+   * FFN mode. Default: "predictor" when the file carries predictors, else "off" (dense).
+   * "oracle" computes the true firing mask from the gate (testing). See {@link SparseMode}.
+   */
+  sparse?: SparseMode;
+  /** Predictor threshold override (default: the file's `powerinfer.sparse_threshold`, 0 when absent). */
+  threshold?: number;
+}
+
+/**
+ * A neuron-major copy of `ffn_down` ({n_ff, n_embd} → {n_embd, n_ff}) for sparse mode on a plain GGUF:
+ * F16 stays F16, everything else becomes F32.
+ */
+function transposeDown(file: GgufFile, backend: Backend, name: string, nFf: number, nEmbd: number) {
+  const t = file.tensorMap.get(name)!;
+  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements); // row e holds W[e, 0..n_ff)
+  const f16 = t.type === GGMLType.F16;
+  const out = f16 ? new Uint16Array(nFf * nEmbd) : new Float32Array(nFf * nEmbd);
+  for (let e = 0; e < nEmbd; e++) {
+    for (let i = 0; i < nFf; i++) {
+      const v = w[e * nFf + i]!;
+      out[i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+    }
+  }
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
 }
 
 function checkAbort(signal?: AbortSignal): void {
@@ -41,6 +82,10 @@ export class Model {
     readonly weightBytes: number,
     /** Milliseconds the load took. */
     readonly loadMs: number,
+    /** The FFN mode every session of this model uses. */
+    readonly sparse: SparseMode,
+    /** The predictor threshold in use. */
+    readonly threshold: number,
   ) {}
 
   /**
@@ -65,11 +110,36 @@ export class Model {
     const weights = mapLlamaWeights(config, mapper, (l) => {
       opts.onProgress?.((l + 1) / config.n_layer, `layer ${l + 1}/${config.n_layer}`);
     });
+    const sparse = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
+    const threshold = opts.threshold ?? config.sparse_threshold;
+    if (!Number.isFinite(threshold))
+      throw new EngineError("BAD_INPUT", `sparse threshold ${threshold} is not a number`);
+    if (sparse !== "off" && config.ffn.activation === "relu") {
+      // a plain GGUF stores ffn_down row-per-output; sparse mode reads it neuron-major
+      weights.layers.forEach((L, l) => {
+        if (!L.ffnDownT && L.ffnDown) {
+          L.ffnDownT = transposeDown(file, opts.backend, `blk.${l}.ffn_down.weight`, config.n_ff, config.n_embd);
+          opts.backend.freeTensor(L.ffnDown);
+          L.ffnDown = undefined;
+        }
+      });
+    }
+    checkSparseMode(config, weights, sparse);
     // yield once so an abort signal raised during mapping is seen
     await new Promise((r) => setImmediate(r));
     checkAbort(opts.signal);
     opts.onProgress?.(1, "done");
-    return new Model(file, config, tokenizer, weights, opts.backend, mapper.bytes, performance.now() - t0);
+    return new Model(
+      file,
+      config,
+      tokenizer,
+      weights,
+      opts.backend,
+      mapper.bytes,
+      performance.now() - t0,
+      sparse,
+      threshold,
+    );
   }
 
   /** Opens a session with its own KV cache. */
@@ -147,6 +217,15 @@ export class Session {
   nPast = 0;
   readonly warnings: string[] = [];
   timings: Timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+  /** Sparse-mode counters since the session opened (from the kernels' row counters). */
+  readonly stats = {
+    /** Tokens evaluated in sparse mode. */
+    tokens: 0,
+    /** Per layer: neurons computed, summed over tokens (rows of W_up read). */
+    activeRows: [] as number[],
+    /** Weight rows read by every sparse op together. */
+    rowsRead: 0,
+  };
 
   constructor(
     readonly model: Model,
@@ -172,7 +251,10 @@ export class Session {
    * every token ([n_vocab × T], token-major) with `allLogits`.
    * @throws EngineError 'CONTEXT_FULL' (nothing is appended then), 'BAD_INPUT' for an id outside the vocabulary.
    */
-  evaluate(tokens: readonly number[] | Int32Array, opts: { allLogits?: boolean } = {}): Float32Array {
+  evaluate(
+    tokens: readonly number[] | Int32Array,
+    opts: { allLogits?: boolean; onCapture?: (layers: LayerCapture[], nTokens: number) => void } = {},
+  ): Float32Array {
     const n = tokens.length;
     if (n === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
     const nv = this.model.config.n_vocab;
@@ -187,10 +269,30 @@ export class Session {
     let last: Float32Array | undefined;
     for (let i = 0; i < n; i += this.nBatch) {
       const chunk = Int32Array.from(tokens.slice(i, i + this.nBatch));
-      const { graph, logits } = buildLlamaGraph(this.model.config, this.model.weights, this.kv, chunk, this.nPast, {
-        allLogits: !!all,
-      });
-      this.model.backend.compute(graph);
+      const { graph, logits, sparseNodes, captures } = buildLlamaGraph(
+        this.model.config,
+        this.model.weights,
+        this.kv,
+        chunk,
+        this.nPast,
+        {
+          allLogits: !!all,
+          sparse: opts.onCapture ? "off" : this.model.sparse,
+          threshold: this.model.threshold,
+          capture: !!opts.onCapture,
+        },
+      );
+      const r = this.model.backend.compute(graph);
+      if (sparseNodes.layers.length) {
+        const st = this.stats;
+        st.tokens += chunk.length;
+        sparseNodes.layers.forEach((nodes, l) => {
+          // nodes[0] is the up projection: its rows read = neurons computed, summed over tokens
+          st.activeRows[l] = (st.activeRows[l] ?? 0) + r.rowsRead[nodes[0]!]!;
+          st.rowsRead += nodes.reduce((s, n) => s + r.rowsRead[n]!, 0);
+        });
+      }
+      opts.onCapture?.(captures, chunk.length);
       this.nPast += chunk.length;
       if (all) all.set(logits, i * nv);
       last = logits;

@@ -26,7 +26,23 @@ export interface LlamaLayerWeights {
   ffnDown?: TensorHandle;
   /** ffn_down_t {n_embd, n_ff}: the down projection stored neuron-major (PowerInfer GGUF). */
   ffnDownT?: TensorHandle;
+  /** Predictor fc1 {n_embd, r} and fc2 {r, n_ff} (PowerInfer GGUF or trained here). */
+  fc1?: TensorHandle;
+  fc2?: TensorHandle;
 }
+
+/**
+ * How the FFN runs.
+ * - "off": dense.
+ * - "predictor": the layer's predictor (fc2·ReLU(fc1·x), x = residual after attention) gives a logit per
+ *   neuron; only neurons with logit ≥ threshold are computed (PowerInfer, Song et al. 2023).
+ * - "oracle": the true mask: W_gate·h is computed densely and a neuron runs when its gate is > 0 (for
+ *   ReLU(gate)·up this is exact: every skipped neuron's output is 0). Testing only.
+ */
+export type SparseMode = "off" | "predictor" | "oracle";
+
+/** Smallest positive float32: "gate ≥ this" is "gate > 0". */
+const F32_MIN_POSITIVE = 1.401298464324817e-45;
 
 export interface LlamaWeights {
   tokEmbd: TensorHandle;
@@ -58,6 +74,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
       ffnUp: m.map(`${p}ffn_up.weight`, [e, f]),
       ffnDown: hasDownT ? undefined : m.map(`${p}ffn_down.weight`, [f, e]),
       ffnDownT: hasDownT ? m.map(`${p}ffn_down_t.weight`, [e, f]) : undefined,
+      fc1: cfg.has_predictors ? m.map(`${p}fc1.weight`, [e, cfg.predictor_ranks[l]!]) : undefined,
+      fc2: cfg.has_predictors ? m.map(`${p}fc2.weight`, [cfg.predictor_ranks[l]!, f]) : undefined,
     });
     onLayer?.(l);
   }
@@ -70,6 +88,56 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
 export interface ForwardOptions {
   /** Return logits for every token of the batch (perplexity) instead of only the last one. */
   allLogits?: boolean;
+  /** Default "off". "predictor" needs fc1/fc2 and a ReLU FFN; "oracle" a ReLU-gated FFN. */
+  sparse?: SparseMode;
+  /** Predictor threshold; default the model's `powerinfer.sparse_threshold`. */
+  threshold?: number;
+  /**
+   * Capture, per layer, the FFN input x (residual after attention, [n_embd × T]) and the pre-activation
+   * gate W_gate·h ([n_ff × T], or W_up·h without gate) — what profiling and predictor training read.
+   */
+  capture?: boolean;
+}
+
+/** What {@link ForwardOptions.capture} returns, per layer, token-major. */
+export interface LayerCapture {
+  ffnInput: Float32Array;
+  gate: Float32Array;
+}
+
+/** Per-layer graph nodes of the sparse FFN, so callers can read their row counters. */
+export interface SparseNodes {
+  /** Node indices of mul_mat_sparse/axpy_sparse per layer. */
+  layers: number[][];
+}
+
+/**
+ * Checks that a sparse mode can run on this model.
+ * @throws EngineError 'BAD_INPUT' naming what is missing.
+ */
+export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
+  if (mode === "off") return;
+  if (cfg.ffn.activation !== "relu") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs a ReLU FFN; this model's FFN uses ${cfg.ffn.activation}, whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
+    );
+  }
+  if (mode === "predictor" && !w.layers.every((L) => L.fc1 && L.fc2)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
+    );
+  }
+  if (mode === "oracle" && !w.layers.every((L) => L.ffnGate)) {
+    throw new EngineError("BAD_INPUT", 'sparse mode "oracle" needs a gated FFN (ffn_gate)');
+  }
+  if (!w.layers.every((L) => L.ffnDownT)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs the down projection stored neuron-major (ffn_down_t); load the model with transposeDown`,
+    );
+  }
 }
 
 /**
@@ -84,12 +152,16 @@ export function buildLlamaGraph(
   tokens: Int32Array,
   nPast: number,
   opts: ForwardOptions = {},
-): { graph: Graph; logits: Float32Array } {
+): { graph: Graph; logits: Float32Array; sparseNodes: SparseNodes; captures: LayerCapture[] } {
   const T = tokens.length;
   if (nPast + T > kv.nCtx) {
     throw new EngineError("CONTEXT_FULL", `context full: ${nPast} tokens in the cache + ${T} new > n_ctx ${kv.nCtx}`);
   }
   const g = new Graph();
+  const sparseNodes: SparseNodes = { layers: [] };
+  const captures: LayerCapture[] = [];
+  if (opts.capture && (opts.sparse ?? "off") !== "off")
+    throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
   const eps = cfg.norm.eps;
   const rope = {
     headDim: cfg.head_dim,
@@ -126,22 +198,61 @@ export function buildLlamaGraph(
     });
     const ffnInp = g.add(g.mulMat(g.handle(L.wo), att), x);
     h = g.mul(g.rmsNorm(ffnInp, eps), g.handle(L.ffnNorm));
-    let up = g.mulMat(g.handle(L.ffnUp), h);
-    if (cfg.ffn.up_activation === "relu") up = g.relu(up);
-    let a: TensorId;
-    if (L.ffnGate) {
-      const gate = g.mulMat(g.handle(L.ffnGate), h);
-      const ga = act === "silu" ? g.silu(gate) : act === "relu" ? g.relu(gate) : g.gelu(gate);
-      a = g.mul(ga, up);
+    const mode = opts.sparse ?? "off";
+    let down: TensorId;
+    if (mode === "off") {
+      let up = g.mulMat(g.handle(L.ffnUp), h);
+      const upRaw = up;
+      if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+      let a: TensorId;
+      if (opts.capture)
+        captures.push({ ffnInput: g.output(ffnInp), gate: L.ffnGate ? new Float32Array(0) : g.output(upRaw) });
+      if (L.ffnGate) {
+        const gate = g.mulMat(g.handle(L.ffnGate), h);
+        if (opts.capture) captures[captures.length - 1]!.gate = g.output(gate);
+        const ga = act === "silu" ? g.silu(gate) : act === "relu" ? g.relu(gate) : g.gelu(gate);
+        a = g.mul(ga, up);
+      } else {
+        a = act === "silu" ? g.silu(up) : act === "relu" ? g.relu(up) : g.gelu(up);
+      }
+      down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
     } else {
-      a = act === "silu" ? g.silu(up) : act === "relu" ? g.relu(up) : g.gelu(up);
+      // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle).
+      const first = g.nodes.length;
+      let logits: TensorId;
+      let threshold: number;
+      let gate: TensorId | undefined;
+      if (mode === "predictor") {
+        // predictor input: the residual after attention, before ffn_norm (PowerInfer)
+        logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
+        threshold = opts.threshold ?? cfg.sparse_threshold;
+      } else {
+        gate = g.mulMat(g.handle(L.ffnGate!), h);
+        logits = gate;
+        threshold = F32_MIN_POSITIVE;
+      }
+      let up = g.mulMatSparse(g.handle(L.ffnUp), h, { logits, threshold });
+      if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+      let a: TensorId;
+      if (L.ffnGate) {
+        gate ??= g.mulMatSparse(g.handle(L.ffnGate), h, { logits, threshold });
+        a = g.mul(g.relu(gate), up);
+      } else {
+        a = up;
+        if (cfg.ffn.up_activation !== "relu") a = g.relu(up);
+      }
+      down = g.axpySparse(g.handle(L.ffnDownT!), a, { logits, threshold });
+      sparseNodes.layers.push(
+        g.nodes
+          .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
+          .filter((i) => i >= 0),
+      );
     }
-    const down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
     x = g.add(down, ffnInp);
   }
   if (!opts.allLogits && T > 1) x = g.getRows(x, g.input("i32", [1], Int32Array.of(T - 1)));
   const out = g.mul(g.rmsNorm(x, eps), g.handle(w.outputNorm));
   const logitsT = g.mulMat(g.handle(w.output), out);
   const logits = g.output(logitsT);
-  return { graph: g, logits };
+  return { graph: g, logits, sparseNodes, captures };
 }
