@@ -82,6 +82,15 @@ struct BlockQ6_K {
   int8_t scales[QK_K / 16];
   uint16_t d;
 };
+/// Internal activation block for the legacy quants (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights): llama.cpp's
+/// Q8_0/Q8_1 values with the scale pre-converted to F32. d is the F16-rounded scale (as stored by
+/// llama.cpp), s = d·Σqs for Q8_0 rounding (exact) or the F16-rounded block sum for Q8_1 rounding.
+struct XBlockQ8 {
+  float d;
+  float s;
+  int8_t qs[QK];
+};
+
 /// Activation block for K-quant dot products: d is F32, bsums are sums of 16 consecutive qs.
 struct BlockQ8_K {
   float d;
@@ -99,6 +108,7 @@ static_assert(sizeof(BlockQ4_K) == 144, "q4_K layout");
 static_assert(sizeof(BlockQ5_K) == 176, "q5_K layout");
 static_assert(sizeof(BlockQ6_K) == 210, "q6_K layout");
 static_assert(sizeof(BlockQ8_K) == 292, "q8_K layout");
+static_assert(sizeof(XBlockQ8) == 40, "activation block layout");
 
 /// Block size (elements) and bytes per block; {0,0} for an unknown code.
 struct Layout {

@@ -44,8 +44,8 @@ static inline int x_block(int fmt) { return fmt == XF_Q8_K ? QK_K : (fmt >= XF_Q
 /// Bytes of an activation row of k elements in format `fmt` (k a multiple of x_block(fmt)).
 static inline size_t x_row_bytes(int fmt, int64_t k) {
   switch (fmt) {
-    case XF_Q8_0: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_0);
-    case XF_Q8_1: return static_cast<size_t>(k / QK) * sizeof(BlockQ8_1);
+    case XF_Q8_0:
+    case XF_Q8_1: return static_cast<size_t>(k / QK) * sizeof(XBlockQ8);
     case XF_Q8_K: return static_cast<size_t>(k / QK_K) * sizeof(BlockQ8_K);
     default: return static_cast<size_t>(k) * 4;
   }
@@ -57,6 +57,9 @@ using DotFn = float (*)(int64_t k, const void* w, const void* x);
 using DequantFn = void (*)(const void* w, float* y, int64_t k);
 /// y[0..k) += a · dequant(w[0..k)).
 using AxpyFn = void (*)(int64_t k, float a, const void* w, float* y);
+/// y[0..k) += Σ_r a[r] · dequant(w[r][0..k)) for nr ≤ 4 rows, y loaded and stored once; each
+/// element sees the same operations in the same order as nr successive AxpyFn calls.
+using AxpyRowsFn = void (*)(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y);
 /// Converts k F32 activations to an activation format.
 using ConvertFn = void (*)(const float* x, void* dst, int64_t k);
 
@@ -67,6 +70,7 @@ struct KernelTable {
   DotFn dot[DT_TABLE];          // indexed by weight dtype code
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
+  AxpyRowsFn axpy_rows[DT_TABLE];
   ConvertFn convert[XF_COUNT];  // indexed by XFormat
   ConvertFn store_f16;          // F32 → F16 storage (round to nearest even)
   ConvertFn store_bf16;         // F32 → BF16 storage (round to nearest even)

@@ -129,60 +129,62 @@ float dot_bf16(int64_t k, const void* w, const void* x) {
 
 // ---- legacy quants (x in Q8_0 / Q8_1) -------------------------------------------------------
 
+// Σ (q − 8)·y = Σ q·y − 8·Σy: unsigned nibbles go straight into maddubs, and d_x·Σy is the
+// activation block's s.
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   const int64_t nb = k / QK;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  const __m256i off = _mm256_set1_epi8(8);
+  float corr = 0.0f;
   int64_t i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m256i q0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), off);
-    const __m256i q1 = _mm256_sub_epi8(unpack_nibbles(a[i + 1].qs), off);
-    const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
-    const __m256i p1 = dot_i8_i32(q1, loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * h2f(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
-                           acc1);
+    const float d0 = h2f(a[i].d), d1 = h2f(a[i + 1].d);
+    const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
+    const __m256i p1 = dot_u8_i32(unpack_nibbles(a[i + 1].qs), loadu256(b[i + 1].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc1);
+    corr += d0 * b[i].s + d1 * b[i + 1].s;
   }
   for (; i < nb; i++) {
-    const __m256i q0 = _mm256_sub_epi8(unpack_nibbles(a[i].qs), off);
-    const __m256i p0 = dot_i8_i32(q0, loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    const float d0 = h2f(a[i].d);
+    const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
+    corr += d0 * b[i].s;
   }
-  return hsum_ps(_mm256_add_ps(acc0, acc1));
+  return hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
 }
 
 float dot_q4_1(int64_t k, const void* w, const void* x) {
   const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
-  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   __m256 acc = _mm256_setzero_ps();
   float summ = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     const __m256i p = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
-    summ += h2f(a[i].m) * h2f(b[i].s);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * b[i].s;
   }
   return hsum_ps(acc) + summ;
 }
 
 float dot_q5_0(int64_t k, const void* w, const void* x) {
   const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   __m256 acc = _mm256_setzero_ps();
   const __m256i h16 = _mm256_set1_epi8(0x10);
   for (int64_t i = 0; i < k / QK; i++) {
     const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
     const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(a[i].qs), hb), h16);
     const __m256i p = dot_i8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
   }
   return hsum_ps(acc);
 }
 
 float dot_q5_1(int64_t k, const void* w, const void* x) {
   const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
-  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   __m256 acc = _mm256_setzero_ps();
   float summ = 0.0f;
   const __m256i h16 = _mm256_set1_epi8(0x10);
@@ -190,28 +192,28 @@ float dot_q5_1(int64_t k, const void* w, const void* x) {
     const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
     const __m256i q = _mm256_or_si256(unpack_nibbles(a[i].qs), hb);
     const __m256i p = dot_u8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p), acc);
-    summ += h2f(a[i].m) * h2f(b[i].s);
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * b[i].s;
   }
   return hsum_ps(acc) + summ;
 }
 
 float dot_q8_0(int64_t k, const void* w, const void* x) {
   const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   const int64_t nb = k / QK;
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
   int64_t i = 0;
   for (; i + 2 <= nb; i += 2) {
     const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
     const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * h2f(b[i + 1].d)), _mm256_cvtepi32_ps(p1),
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * b[i + 1].d), _mm256_cvtepi32_ps(p1),
                            acc1);
   }
   for (; i < nb; i++) {
     const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * h2f(b[i].d)), _mm256_cvtepi32_ps(p0), acc0);
+    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1));
 }
@@ -386,6 +388,101 @@ void axpy_blocks(int64_t k, float a, const void* w, float* y) {
   }
 }
 
+// ---- multi-row axpy: y loaded and stored once for up to 4 rows ---------------------------------
+
+inline __m256 load_f32v(const uint8_t* p) { return _mm256_loadu_ps(reinterpret_cast<const float*>(p)); }
+inline __m256 load_f16v(const uint8_t* p) { return load_f16(reinterpret_cast<const uint16_t*>(p)); }
+inline __m256 load_bf16v(const uint8_t* p) { return load_bf16(reinterpret_cast<const uint16_t*>(p)); }
+
+/// Float rows (ES bytes per element): vector part 8 at a time, scalar tail as the single-row kernels.
+template <int ES, __m256 (*LOAD)(const uint8_t*), float (*ELEM)(const uint8_t*)>
+void axpy_rows_float(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  int64_t i = 0;
+  for (; i + 8 <= k; i += 8) {
+    __m256 acc = _mm256_loadu_ps(y + i);
+    for (int r = 0; r < nr; r++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[r]), LOAD(w[r] + i * ES), acc);
+    _mm256_storeu_ps(y + i, acc);
+  }
+  for (; i < k; i++) {
+    for (int r = 0; r < nr; r++) y[i] += a[r] * ELEM(w[r] + i * ES);
+  }
+}
+
+inline float elem_f32(const uint8_t* p) {
+  float f;
+  __builtin_memcpy(&f, p, 4);
+  return f;
+}
+inline float elem_f16(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return h2f(h);
+}
+inline float elem_bf16(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return bf16_to_f32(h);
+}
+
+/// y[0..32) += s_r · q_r for up to 4 rows of 32 signed bytes (same order per element as axpy_i8x32).
+inline void axpy_i8x32_rows(int nr, const __m256* s, const __m256i* q, float* y) {
+  __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8), y2 = _mm256_loadu_ps(y + 16), y3 = _mm256_loadu_ps(y + 24);
+  for (int r = 0; r < nr; r++) {
+    const __m128i lo = _mm256_castsi256_si128(q[r]);
+    const __m128i hi = _mm256_extracti128_si256(q[r], 1);
+    y0 = _mm256_fmadd_ps(s[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(lo)), y0);
+    y1 = _mm256_fmadd_ps(s[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(lo, 8))), y1);
+    y2 = _mm256_fmadd_ps(s[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(hi)), y2);
+    y3 = _mm256_fmadd_ps(s[r], _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(hi, 8))), y3);
+  }
+  _mm256_storeu_ps(y, y0);
+  _mm256_storeu_ps(y + 8, y1);
+  _mm256_storeu_ps(y + 16, y2);
+  _mm256_storeu_ps(y + 24, y3);
+}
+
+void axpy_rows_q4_0(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  const __m256i off = _mm256_set1_epi8(8);
+  __m256 s[4];
+  __m256i q[4];
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    for (int r = 0; r < nr; r++) {
+      const BlockQ4_0& b = reinterpret_cast<const BlockQ4_0*>(w[r])[i];
+      s[r] = _mm256_set1_ps(a[r] * h2f(b.d));
+      q[r] = _mm256_sub_epi8(unpack_nibbles(b.qs), off);
+    }
+    axpy_i8x32_rows(nr, s, q, y);
+  }
+}
+
+void axpy_rows_q8_0(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  __m256 s[4];
+  __m256i q[4];
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    for (int r = 0; r < nr; r++) {
+      const BlockQ8_0& b = reinterpret_cast<const BlockQ8_0*>(w[r])[i];
+      s[r] = _mm256_set1_ps(a[r] * h2f(b.d));
+      q[r] = loadu256(b.qs);
+    }
+    axpy_i8x32_rows(nr, s, q, y);
+  }
+}
+
+/// Other quantized rows: each block dequantized (scalar table) for every row, then accumulated.
+template <int DT, int BLOCK, int BYTES>
+void axpy_rows_blocks(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  alignas(32) float tmp[4][BLOCK];
+  const DequantFn deq = kernels_scalar().dequant[DT];
+  for (int64_t i = 0; i < k / BLOCK; i++, y += BLOCK) {
+    for (int r = 0; r < nr; r++) deq(w[r] + i * BYTES, tmp[r], BLOCK);
+    for (int j = 0; j < BLOCK; j += 8) {
+      __m256 acc = _mm256_loadu_ps(y + j);
+      for (int r = 0; r < nr; r++) acc = _mm256_fmadd_ps(_mm256_set1_ps(a[r]), _mm256_load_ps(tmp[r] + j), acc);
+      _mm256_storeu_ps(y + j, acc);
+    }
+  }
+}
+
 void dequant_f16(const void* w, float* y, int64_t k) {
   const uint16_t* h = static_cast<const uint16_t*>(w);
   int64_t i = 0;
@@ -451,6 +548,17 @@ KernelTable make_table() {
   t.axpy[DT_Q4_K] = axpy_blocks<DT_Q4_K, QK_K, 144>;
   t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
+  t.axpy_rows[DT_F32] = axpy_rows_float<4, load_f32v, elem_f32>;
+  t.axpy_rows[DT_F16] = axpy_rows_float<2, load_f16v, elem_f16>;
+  t.axpy_rows[DT_BF16] = axpy_rows_float<2, load_bf16v, elem_bf16>;
+  t.axpy_rows[DT_Q4_0] = axpy_rows_q4_0;
+  t.axpy_rows[DT_Q8_0] = axpy_rows_q8_0;
+  t.axpy_rows[DT_Q4_1] = axpy_rows_blocks<DT_Q4_1, QK, 20>;
+  t.axpy_rows[DT_Q5_0] = axpy_rows_blocks<DT_Q5_0, QK, 22>;
+  t.axpy_rows[DT_Q5_1] = axpy_rows_blocks<DT_Q5_1, QK, 24>;
+  t.axpy_rows[DT_Q4_K] = axpy_rows_blocks<DT_Q4_K, QK_K, 144>;
+  t.axpy_rows[DT_Q5_K] = axpy_rows_blocks<DT_Q5_K, QK_K, 176>;
+  t.axpy_rows[DT_Q6_K] = axpy_rows_blocks<DT_Q6_K, QK_K, 210>;
   t.convert[XF_F16] = convert_f16;
   t.store_f16 = store_f16;
   t.dot_f32 = dot_f32v;

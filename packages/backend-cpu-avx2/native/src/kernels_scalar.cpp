@@ -170,20 +170,10 @@ void convert_bf16(const float* x, void* dst, int64_t k) {
 }
 
 // Q8_0/Q8_1: d = amax/127, q = round-to-nearest-even(x · 127/amax) (as llama.cpp's x86 path).
-void convert_q8_0(const float* x, void* dst, int64_t k) {
-  BlockQ8_0* b = static_cast<BlockQ8_0*>(dst);
-  for (int64_t i = 0; i < k / QK; i++, x += QK) {
-    float amax = 0.0f;
-    for (int j = 0; j < QK; j++) amax = std::fmax(amax, std::fabs(x[j]));
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    b[i].d = f32_to_f16(d);
-    for (int j = 0; j < QK; j++) b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
-  }
-}
-
-void convert_q8_1(const float* x, void* dst, int64_t k) {
-  BlockQ8_1* b = static_cast<BlockQ8_1*>(dst);
+/// Q8_0 (q1 = false) or Q8_1 (q1 = true) rounding into XBlockQ8 blocks.
+template <bool Q1>
+void convert_q8(const float* x, void* dst, int64_t k) {
+  XBlockQ8* b = static_cast<XBlockQ8*>(dst);
   for (int64_t i = 0; i < k / QK; i++, x += QK) {
     float amax = 0.0f;
     for (int j = 0; j < QK; j++) amax = std::fmax(amax, std::fabs(x[j]));
@@ -194,8 +184,8 @@ void convert_q8_1(const float* x, void* dst, int64_t k) {
       b[i].qs[j] = static_cast<int8_t>(std::nearbyint(x[j] * id));
       sum += b[i].qs[j];
     }
-    b[i].d = f32_to_f16(d);
-    b[i].s = f32_to_f16(d * static_cast<float>(sum));
+    b[i].d = f16_to_f32(f32_to_f16(d));
+    b[i].s = Q1 ? f16_to_f32(f32_to_f16(d * static_cast<float>(sum))) : b[i].d * static_cast<float>(sum);
   }
 }
 
@@ -259,36 +249,36 @@ float dot_bf16(int64_t k, const void* w, const void* x) {
 
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   float s = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     int sumi = 0;
     for (int j = 0; j < QK / 2; j++) {
       sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + QK / 2];
     }
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d);
   }
   return s;
 }
 
 float dot_q4_1(int64_t k, const void* w, const void* x) {
   const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
-  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   float s = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     int sumi = 0;
     for (int j = 0; j < QK / 2; j++) {
       sumi += (a[i].qs[j] & 0xF) * b[i].qs[j] + (a[i].qs[j] >> 4) * b[i].qs[j + QK / 2];
     }
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d)) +
-         f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d) +
+         f16_to_f32(a[i].m) * b[i].s;
   }
   return s;
 }
 
 float dot_q5_0(int64_t k, const void* w, const void* x) {
   const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   float s = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     const uint32_t qh = load_u32(a[i].qh);
@@ -298,14 +288,14 @@ float dot_q5_0(int64_t k, const void* w, const void* x) {
       const int hi = static_cast<int>((a[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4)) - 16;
       sumi += lo * b[i].qs[j] + hi * b[i].qs[j + QK / 2];
     }
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d);
   }
   return s;
 }
 
 float dot_q5_1(int64_t k, const void* w, const void* x) {
   const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
-  const BlockQ8_1* b = static_cast<const BlockQ8_1*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   float s = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     const uint32_t qh = load_u32(a[i].qh);
@@ -315,20 +305,20 @@ float dot_q5_1(int64_t k, const void* w, const void* x) {
       const int hi = static_cast<int>((a[i].qs[j] >> 4) | (((qh >> (j + 16)) & 1u) << 4));
       sumi += lo * b[i].qs[j] + hi * b[i].qs[j + QK / 2];
     }
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d)) +
-         f16_to_f32(a[i].m) * f16_to_f32(b[i].s);
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d) +
+         f16_to_f32(a[i].m) * b[i].s;
   }
   return s;
 }
 
 float dot_q8_0(int64_t k, const void* w, const void* x) {
   const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
-  const BlockQ8_0* b = static_cast<const BlockQ8_0*>(x);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
   float s = 0.0f;
   for (int64_t i = 0; i < k / QK; i++) {
     int sumi = 0;
     for (int j = 0; j < QK; j++) sumi += a[i].qs[j] * b[i].qs[j];
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * f16_to_f32(b[i].d));
+    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d);
   }
   return s;
 }
@@ -430,6 +420,11 @@ void axpy_blocks(int64_t k, float a, const void* w, float* y) {
   }
 }
 
+template <int DT>
+void axpy_rows(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  for (int r = 0; r < nr; r++) kernels_scalar().axpy[DT](k, a[r], w[r], y);
+}
+
 double sum_f32(const float* x, int64_t n) {
   float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
@@ -478,13 +473,24 @@ KernelTable make_table() {
   t.axpy[DT_Q4_K] = axpy_blocks<DT_Q4_K, QK_K, 144>;
   t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
+  t.axpy_rows[DT_F32] = axpy_rows<DT_F32>;
+  t.axpy_rows[DT_F16] = axpy_rows<DT_F16>;
+  t.axpy_rows[DT_BF16] = axpy_rows<DT_BF16>;
+  t.axpy_rows[DT_Q4_0] = axpy_rows<DT_Q4_0>;
+  t.axpy_rows[DT_Q4_1] = axpy_rows<DT_Q4_1>;
+  t.axpy_rows[DT_Q5_0] = axpy_rows<DT_Q5_0>;
+  t.axpy_rows[DT_Q5_1] = axpy_rows<DT_Q5_1>;
+  t.axpy_rows[DT_Q8_0] = axpy_rows<DT_Q8_0>;
+  t.axpy_rows[DT_Q4_K] = axpy_rows<DT_Q4_K>;
+  t.axpy_rows[DT_Q5_K] = axpy_rows<DT_Q5_K>;
+  t.axpy_rows[DT_Q6_K] = axpy_rows<DT_Q6_K>;
   t.convert[XF_F32] = convert_f32;
   t.convert[XF_F16] = convert_f16;
   t.convert[XF_BF16] = convert_bf16;
   t.store_f16 = store_f16;
   t.store_bf16 = store_bf16;
-  t.convert[XF_Q8_0] = convert_q8_0;
-  t.convert[XF_Q8_1] = convert_q8_1;
+  t.convert[XF_Q8_0] = convert_q8<false>;
+  t.convert[XF_Q8_1] = convert_q8<true>;
   t.convert[XF_Q8_K] = convert_q8_K;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;

@@ -209,15 +209,26 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   float* tmp = l.tmp ? l.tmp + static_cast<size_t>(ith) * static_cast<size_t>(E) : nullptr;
   int64_t read = 0;
   const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
-  for (int64_t e = e0; e < e1; e++) {
+  if (T == 1) {
+    // Four rows per pass over y: y is loaded and stored once per four rows.
+    const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
+    for (int64_t e = e0; e < e1; e += 4) {
+      const int nr = static_cast<int>(e1 - e < 4 ? e1 - e : 4);
+      float av[4];
+      const uint8_t* wr[4];
+      for (int r = 0; r < nr; r++) {
+        av[r] = a[l.list[2 * (e + r)]];
+        wr[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
+      }
+      for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+      rows(E, nr, av, wr, acc);
+    }
+    read = e1 - e0;
+  }
+  for (int64_t e = T == 1 ? e1 : e0; e < e1; e++) {
     const int64_t i = l.list[2 * e];
     const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
     if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
-    if (T == 1) {
-      axpy(E, a[i], w, acc);
-      read++;
-      continue;
-    }
     int64_t nact = 0;
     for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
     const bool deq = tmp && nact >= 2;

@@ -112,19 +112,21 @@ std::vector<double> act_values(int fmt, const std::vector<uint8_t>& xc, int64_t 
         if (fmt == XF_BF16) CHECK(bf16_to_f32(f32_to_bf16(f)) == f, "XF_BF16 values are BF16-representable");
       }
       break;
-    case XF_Q8_0: {
-      const BlockQ8_0* b = reinterpret_cast<const BlockQ8_0*>(xc.data());
-      for (int64_t i = 0; i < k; i++) v[i] = b[i / 32].qs[i % 32] * static_cast<double>(f16_to_f32(b[i / 32].d));
-      break;
-    }
+    case XF_Q8_0:
     case XF_Q8_1: {
-      const BlockQ8_1* b = reinterpret_cast<const BlockQ8_1*>(xc.data());
-      for (int64_t i = 0; i < k; i++) v[i] = b[i / 32].qs[i % 32] * static_cast<double>(f16_to_f32(b[i / 32].d));
+      const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(xc.data());
+      for (int64_t i = 0; i < k; i++) v[i] = b[i / 32].qs[i % 32] * static_cast<double>(b[i / 32].d);
       corr->assign(static_cast<size_t>(k / 32), 0.0);
       for (int64_t j = 0; j < k / 32; j++) {
+        CHECK(f16_to_f32(f32_to_f16(b[j].d)) == b[j].d, "activation scale is F16-representable");
         double s = 0;
         for (int i = 0; i < 32; i++) s += b[j].qs[i];
-        (*corr)[j] = f16_to_f32(b[j].s) - s * f16_to_f32(b[j].d);
+        if (fmt == XF_Q8_1) {
+          (*corr)[j] = b[j].s - s * b[j].d;
+          CHECK(f16_to_f32(f32_to_f16(b[j].s)) == b[j].s, "Q8_1 sum is F16-representable");
+        } else {
+          CHECK(b[j].s == static_cast<float>(s * b[j].d), "Q8_0 sum is exact");
+        }
       }
       break;
     }
@@ -213,6 +215,22 @@ void test_dtype_kernels(const KernelTable& kt) {
     const float got = kt.dot[dt](k, w.data(), xc.data());
     CHECK(std::fabs(got - ref) <= 4 * (std::sqrt(static_cast<double>(k)) + 8) * 0x1p-24 * scale + 1e-30,
           "%s %s dot %g vs %g", kt.name, dtype_name(dt), static_cast<double>(got), ref);
+    // axpy_rows over up to 4 rows equals successive axpy calls, bit for bit
+    for (int nr = 1; nr <= 4; nr++) {
+      std::vector<std::vector<uint8_t>> rows;
+      std::vector<const uint8_t*> ptrs;
+      std::vector<float> as;
+      for (int r = 0; r < nr; r++) rows.push_back(random_row(dt, k));
+      for (int r = 0; r < nr; r++) {
+        ptrs.push_back(rows[static_cast<size_t>(r)].data());
+        as.push_back(uni(-2, 2));
+      }
+      std::vector<float> y1(k), y2(k);
+      for (int64_t i = 0; i < k; i++) y1[i] = y2[i] = uni(-1, 1);
+      for (int r = 0; r < nr; r++) kt.axpy[dt](k, as[static_cast<size_t>(r)], ptrs[static_cast<size_t>(r)], y1.data());
+      kt.axpy_rows[dt](k, nr, as.data(), ptrs.data(), y2.data());
+      CHECK(y1 == y2, "%s %s axpy_rows(%d) differs from axpy", kt.name, dtype_name(dt), nr);
+    }
     // axpy: y += a·w
     std::vector<float> y(k), y0(k);
     for (int64_t i = 0; i < k; i++) y[i] = y0[i] = uni(-1, 1);
