@@ -55,3 +55,10 @@ export {
   serializeGguf,
   writeGguf,
 } from "./writer.js";
+export {
+  ACTIVATION_STATS_ARCH,
+  type ActivationStats,
+  modelFingerprint,
+  readActivationStats,
+  writeActivationStats,
+} from "./activation-stats.js";

@@ -4,3 +4,4 @@ export * from "./kv-cache.js";
 export * from "./perplexity.js";
 export * from "./sampler.js";
 export * from "./chat.js";
+export * from "./profile.js";

@@ -1,0 +1,76 @@
+/** `powerinfer profile` on the shared ReLU model against the statistics its README publishes. */
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { checkStatsForModel, EngineError } from "@powerinfer/core";
+import { openGguf, parseModelConfig, readActivationStats } from "@powerinfer/gguf";
+import { describe, expect, it } from "vitest";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
+const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
+const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+const probe = await cpuBackend.probe();
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, [bin, ...args], { encoding: "utf8", timeout: 600_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe.skipIf(!probe.usable)("powerinfer profile", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-profile-"));
+  const out = join(dir, "relu.activations.gguf");
+
+  it("measures the README's per-layer active fractions on the whole eval text, and writes readable stats", () => {
+    const r = cli("profile", "-m", relu, "-f", text, "-c", "256", "-o", out, "--json");
+    expect(r.code, r.stderr).toBe(0);
+    const report = JSON.parse(r.stdout);
+    const ref = JSON.parse(readFileSync(join(models, "relu", "tinystories-relu-llama-7m.sparsity.json"), "utf8"));
+    expect(report.tokens).toBe(ref.tokens); // 422 chunks × 256 positions, BOS included
+    ref.layers.forEach((L: { active_fraction_per_token: { mean: number } }, l: number) => {
+      const want = L.active_fraction_per_token.mean;
+      expect(Math.abs(report.layers[l].mean - want) / want, `layer ${l}`).toBeLessThan(0.1);
+    });
+    expect(report.expectedSpeedup).toBeGreaterThan(1.5);
+    // counts agree with the published per-neuron counts (.npy, int64 [6, 1024]) within 10 % in total per layer
+    const stats = readActivationStats(out);
+    expect(stats.tokenCount).toBe(ref.tokens);
+    expect(stats.corpusName).toBe("tinystories-relu-llama-7m.eval.txt");
+    const npy = readFileSync(join(models, "relu", "tinystories-relu-llama-7m.sparsity.neuron_counts.npy"));
+    const header = npy.readUInt16LE(8);
+    const counts = new BigInt64Array(npy.buffer.slice(npy.byteOffset + 10 + header, npy.byteOffset + npy.length));
+    for (let l = 0; l < 6; l++) {
+      let ours = 0;
+      let theirs = 0;
+      for (let i = 0; i < 1024; i++) {
+        ours += stats.counts[l]![i]!;
+        theirs += Number(counts[l * 1024 + i]!);
+      }
+      expect(Math.abs(ours - theirs) / theirs).toBeLessThan(0.1);
+    }
+    const cfg = parseModelConfig(openGguf(relu));
+    expect(() => checkStatsForModel(stats, cfg)).not.toThrow();
+    // stats from another model are refused, naming the mismatch
+    expect(() => checkStatsForModel(stats, { ...cfg, n_ff: 172 })).toThrow(/n_ff 1024, this model has n_ff 172/);
+    expect(() => checkStatsForModel(stats, { ...cfg, n_layer: 5 })).toThrow(EngineError);
+  }, 600_000);
+
+  it("tells a user of a dense SiLU model plainly that sparse inference gains nothing", () => {
+    const r = cli(
+      "profile",
+      "-m",
+      join(models, "stories260K.gguf"),
+      "-f",
+      text,
+      "--tokens",
+      "100",
+      "-o",
+      join(dir, "x.gguf"),
+    );
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toMatch(/uses silu.*a dense model gains nothing from sparse inference/);
+  });
+});
