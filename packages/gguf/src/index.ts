@@ -48,6 +48,13 @@ export {
   valueTypeName,
 } from "./values.js";
 export {
+  type GgufStreamOptions,
+  type GgufStreamSpec,
+  type GgufStreamTensor,
+  ggufStreamSize,
+  writeGgufStreaming,
+} from "./stream-writer.js";
+export {
   type GgufMetadataEntry,
   type GgufTensorSpec,
   type GgufWriteSpec,
