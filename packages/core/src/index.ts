@@ -3,3 +3,4 @@ export * from "./tokenizer/index.js";
 export * from "./engine/index.js";
 export * from "./model/index.js";
 export * from "./conformance/index.js";
+export * from "./placement/index.js";

@@ -1,0 +1,129 @@
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { readGpuIndex, writeGpuIndex } from "@powerinfer/gguf";
+import { describe, expect, it } from "vitest";
+import {
+  explainPlan,
+  gpuIndexToPlan,
+  type PlannerInput,
+  planGreedy,
+  planPlacement,
+  planToGpuIndex,
+} from "../src/index.js";
+
+/** Power-law activation counts: neuron i of a layer fires with probability ∝ (rank+1)^−alpha. */
+function powerLawCounts(nLayers: number, nFf: number, seed: number, tokens = 10_000): Int32Array[] {
+  let s = seed >>> 0;
+  const rnd = () => {
+    s = (s * 1664525 + 1013904223) >>> 0;
+    return s / 2 ** 32;
+  };
+  return Array.from({ length: nLayers }, () => {
+    const alpha = 0.6 + rnd() * 0.8;
+    const perm = Array.from({ length: nFf }, (_, i) => i).sort(() => rnd() - 0.5);
+    const c = new Int32Array(nFf);
+    perm.forEach((n, rank) => {
+      c[n] = Math.floor(tokens * Math.min(1, 0.9 * (rank + 1) ** -alpha) * (0.5 + rnd()));
+    });
+    return c;
+  });
+}
+
+const objective = (input: PlannerInput, plan: { layers: { hot: Int32Array }[] }) =>
+  plan.layers.reduce((s, L, l) => s + L.hot.reduce((t, n) => t + input.counts[l]![n]!, 0), 0);
+
+describe("placement planner", () => {
+  it("ILP and greedy agree where greedy is optimal (equal bucket bytes, no per-layer minimum)", async () => {
+    for (const seed of [1, 2, 3]) {
+      const counts = powerLawCounts(14, 2048, seed);
+      const input: PlannerInput = {
+        counts,
+        tokenCount: 10_000,
+        bytesPerNeuron: counts.map(() => 3 * 4096 * 2),
+        budgetBytes: 3 * 4096 * 2 * 256 * 37, // room for 37 buckets
+      };
+      const ilp = await planPlacement(input);
+      const greedy = planGreedy(input);
+      expect(ilp.solver).toBe("ilp");
+      expect(objective(input, ilp)).toBe(objective(input, greedy));
+      expect(ilp.layers.map((L) => L.hot.length)).toEqual(greedy.layers.map((L) => L.hot.length));
+      expect(ilp.totalBytes).toBeLessThanOrEqual(input.budgetBytes);
+    }
+  });
+
+  it("never exceeds the budget, and the ILP is at least as good as greedy with a per-layer minimum and mixed dtypes", async () => {
+    for (const seed of [4, 5, 6, 7]) {
+      const counts = powerLawCounts(12, 1024 + 256 * (seed % 3), seed);
+      const input: PlannerInput = {
+        counts,
+        tokenCount: 10_000,
+        bytesPerNeuron: counts.map((_, l) => (l % 3 === 0 ? 3 * 4096 * 2 : 3 * 4096 * 0.5625)),
+        budgetBytes: 5_000_000 + seed * 1_234_567,
+        minNeuronsPerLayer: 512,
+      };
+      const ilp = await planPlacement(input);
+      const greedy = planGreedy(input);
+      for (const plan of [ilp, greedy]) {
+        expect(plan.totalBytes).toBeLessThanOrEqual(input.budgetBytes);
+        for (const L of plan.layers) expect(L.hot.length === 0 || L.hot.length >= 512).toBe(true);
+      }
+      expect(objective(input, ilp)).toBeGreaterThanOrEqual(objective(input, greedy));
+    }
+  });
+
+  it("a zero budget puts everything on the CPU; an ample one everything on the device", async () => {
+    const counts = powerLawCounts(3, 512, 9);
+    const base = { counts, tokenCount: 10_000, bytesPerNeuron: [100, 100, 100] };
+    const none = await planPlacement({ ...base, budgetBytes: 0 });
+    expect(none.layers.every((L) => L.hot.length === 0)).toBe(true);
+    const all = await planPlacement({ ...base, budgetBytes: 10 ** 9 });
+    expect(all.layers.every((L) => L.hot.length === 512)).toBe(true);
+    expect(all.deviceShare).toBe(1);
+  });
+
+  it("hot sets are the hottest neurons, ascending, and the explanation is stable", async () => {
+    const counts = [Int32Array.from([5, 50, 1, 40, 0, 30, 2, 20]), Int32Array.from([9, 9, 9, 9, 1, 1, 1, 1])];
+    const input: PlannerInput = { counts, tokenCount: 100, bytesPerNeuron: [10, 10], budgetBytes: 60, bucketSize: 2 };
+    const plan = await planPlacement(input);
+    // buckets of 2 by count: layer0 {1,3}=90, {5,7}=50, {0,6}=7…; layer1 {0,1}=18, {2,3}=18 — 6 neurons fit
+    expect(Array.from(plan.layers[0]!.hot)).toEqual([1, 3, 5, 7]);
+    expect(Array.from(plan.layers[1]!.hot)).toEqual([0, 1]);
+    expect(plan.layers[0]!.deviceShare).toBeCloseTo(140 / 148, 10);
+    expect(explainPlan(plan, 8)).toBe(
+      [
+        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device; expected share of activations served by the device 84.0 %",
+        "layer | hot neurons | device bytes | device share | CPU share",
+        "    0 |     4 / 8 |     0.00 MiB |       94.6 % |     5.4 %",
+        "    1 |     2 / 8 |     0.00 MiB |       45.0 % |    55.0 %",
+      ].join("\n"),
+    );
+  });
+
+  it("GPU index round-trip keeps numeric layer order (≥ 12 layers) and what the plan was solved for", async () => {
+    const counts = powerLawCounts(13, 1024, 11);
+    const input: PlannerInput = {
+      counts,
+      tokenCount: 1,
+      bytesPerNeuron: counts.map(() => 64),
+      budgetBytes: 64 * 256 * 20,
+    };
+    const plan = await planPlacement(input);
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-plan-"));
+    const path = join(dir, "m.generated.gpuidx");
+    writeGpuIndex(
+      path,
+      planToGpuIndex(plan, 1024, { budgetBytes: input.budgetBytes, backend: "cpu", statsFile: "s.gguf" }),
+    );
+    const back = gpuIndexToPlan(readGpuIndex(path), input.bytesPerNeuron);
+    expect(back.layers.map((L) => Array.from(L.hot))).toEqual(plan.layers.map((L) => Array.from(L.hot)));
+    expect(back.provenance).toEqual({ budgetBytes: input.budgetBytes, backend: "cpu", statsFile: "s.gguf" });
+  });
+
+  it("reads PowerInfer's own GPU index fixture", () => {
+    const idx = readGpuIndex(join(process.env.POWERINFER_TEST_MODELS!, "powerinfer", "tiny.generated.gpuidx"));
+    const plan = gpuIndexToPlan(idx, [1, 1]);
+    expect(plan.layers.map((L) => L.hot.length)).toEqual([512, 256]);
+    expect(plan.provenance).toBeUndefined();
+  });
+});
