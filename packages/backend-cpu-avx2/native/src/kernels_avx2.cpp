@@ -508,6 +508,50 @@ void convert_f16(const float* x, void* dst, int64_t k) {
   for (; i < k; i++) y[i] = h2f(f32_to_f16(x[i]));
 }
 
+// ---- activation quantization (bit-identical with the scalar converters: same F32 operations,
+// round-to-nearest-even via vroundps) -------------------------------------------------------------
+
+inline __m256 abs_ps(__m256 v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v); }
+
+inline float hmax_ps(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+/// 32 floats · id rounded to nearest even → 32 int8 (|values| ≤ 127 by construction); returns Σ.
+inline int quantize32(const float* x, __m256 id, int8_t* q) {
+  const int r = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+  const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x), id), r));
+  const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), id), r));
+  const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 16), id), r));
+  const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 24), id), r));
+  const __m256i s = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+  // pack 32 → 16 → 8 bits (packs works per 128-bit lane: fix the order with a permute)
+  const __m256i p16a = _mm256_packs_epi32(i0, i1);
+  const __m256i p16b = _mm256_packs_epi32(i2, i3);
+  __m256i p8 = _mm256_packs_epi16(p16a, p16b);
+  p8 = _mm256_permutevar8x32_epi32(p8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), p8);
+  return hsum_epi32(s);
+}
+
+template <bool Q1>
+void convert_q8(const float* x, void* dst, int64_t k) {
+  XBlockQ8* b = static_cast<XBlockQ8*>(dst);
+  for (int64_t i = 0; i < k / QK; i++, x += QK) {
+    const __m256 m = _mm256_max_ps(_mm256_max_ps(abs_ps(_mm256_loadu_ps(x)), abs_ps(_mm256_loadu_ps(x + 8))),
+                                   _mm256_max_ps(abs_ps(_mm256_loadu_ps(x + 16)), abs_ps(_mm256_loadu_ps(x + 24))));
+    const float amax = hmax_ps(m);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    const int sum = quantize32(x, _mm256_set1_ps(id), b[i].qs);
+    b[i].d = h2f(f32_to_f16(d));
+    b[i].s = Q1 ? h2f(f32_to_f16(d * static_cast<float>(sum))) : b[i].d * static_cast<float>(sum);
+  }
+}
+
 double sum_f32(const float* x, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -560,6 +604,8 @@ KernelTable make_table() {
   t.axpy_rows[DT_Q5_K] = axpy_rows_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy_rows[DT_Q6_K] = axpy_rows_blocks<DT_Q6_K, QK_K, 210>;
   t.convert[XF_F16] = convert_f16;
+  t.convert[XF_Q8_0] = convert_q8<false>;
+  t.convert[XF_Q8_1] = convert_q8<true>;
   t.store_f16 = store_f16;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
