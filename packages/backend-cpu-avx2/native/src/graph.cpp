@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "ops.h"
@@ -502,7 +503,9 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   const size_t scratch_off = (alloc.top() + 63) / 64 * 64;
   const size_t counters_off = scratch_off + (scratch + 63) / 64 * 64;
   const size_t counters_bytes = sizeof(int64_t) * static_cast<size_t>(nth) * (nn == 0 ? 1 : nn);
-  const size_t need = counters_off + counters_bytes;
+  const size_t chunks_off = (counters_off + counters_bytes + 63) / 64 * 64;
+  const size_t chunks_bytes = 64 * (nn == 0 ? 1 : nn);  // one cache line per node's atomic counter
+  const size_t need = chunks_off + chunks_bytes;
   if (need > arena_size_) {
     size_t grow = arena_size_ * 3 / 2;
     if (grow < need) grow = need;
@@ -515,6 +518,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
   int64_t* counters = reinterpret_cast<int64_t*>(arena_ + counters_off);
   std::memset(counters, 0, counters_bytes);
+  std::vector<std::atomic<int64_t>*> chunk_ctr(nn);
+  for (size_t ni = 0; ni < nn; ni++) chunk_ctr[ni] = new (arena_ + chunks_off + 64 * ni) std::atomic<int64_t>(0);
 
   // ---- bind views ----
   for (size_t i = 0; i < nt; i++) {
@@ -529,6 +534,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     n.scratch = arena_ + scratch_off;
     n.scratch_bytes = scratch;
     n.rows_read = counters + ni * static_cast<size_t>(nth);
+    n.chunk = chunk_ctr[ni];
     n.k = kernels_;
     n.pool = &pool_;
   }

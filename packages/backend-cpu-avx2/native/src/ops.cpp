@@ -1,5 +1,6 @@
 #include "ops.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -32,6 +33,21 @@ inline bool is_quantized(int dt) { return dtype_layout(dt).block > 1; }
 /// hardware prefetcher at every row start).
 inline void prefetch_row(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+/// Takes the next chunk [begin, end) of n items from the node's work queue; false when none is left.
+inline bool next_chunk(const NodeExec& nd, int64_t n, int64_t chunk, int64_t* begin, int64_t* end) {
+  const int64_t b = nd.chunk->fetch_add(chunk, std::memory_order_relaxed);
+  if (b >= n) return false;
+  *begin = b;
+  *end = b + chunk < n ? b + chunk : n;
+  return true;
+}
+
+/// Chunk size: about 8 chunks per thread, at least `min`.
+inline int64_t chunk_size(int64_t n, int nth, int64_t min) {
+  const int64_t c = (n + 8 * nth - 1) / (8 * nth);
+  return c < min ? min : c;
 }
 
 // ---- dense matrix ops -----------------------------------------------------------------------
@@ -72,14 +88,17 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   float* y = n.dst.f32();
   // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
   // token of the tile is dotted with them, so each weight row is read from memory once per tile.
-  const int64_t r0 = lo(N, ith, nth), r1 = hi(N, ith, nth);
-  for (int64_t rb = r0; rb < r1; rb += 16) {
-    const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
-    for (int64_t tb = 0; tb < T; tb += 32) {
-      const int64_t te = tb + 32 < T ? tb + 32 : T;
-      for (int64_t r = rb; r < re; r++) {
-        const uint8_t* w = W.data + r * wrb;
-        for (int64_t t = tb; t < te; t++) y[r + t * N] = dot(K, w, xq + t * xrb);
+  const int64_t chunk = chunk_size(N, nth, 16);
+  int64_t r0, r1;
+  while (next_chunk(n, N, chunk, &r0, &r1)) {
+    for (int64_t rb = r0; rb < r1; rb += 16) {
+      const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
+      for (int64_t tb = 0; tb < T; tb += 32) {
+        const int64_t te = tb + 32 < T ? tb + 32 : T;
+        for (int64_t r = rb; r < re; r++) {
+          const uint8_t* w = W.data + r * wrb;
+          for (int64_t t = tb; t < te; t++) y[r + t * N] = dot(K, w, xq + t * xrb);
+        }
       }
     }
   }
@@ -173,15 +192,18 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   const DotFn dot = n.k->dot[W.dtype];
   int64_t read = 0;
-  const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
-  for (int64_t e = e0; e < e1; e++) {
-    const int64_t i = l.list[2 * e];
-    const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
-    if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
-    for (int64_t t = 0; t < T; t++) {
-      if (logits && !(logits[i + t * n_out] >= thr)) continue;
-      y[i + t * n_out] = dot(K, w, xq + t * xrb);
-      read++;
+  const int64_t chunk = chunk_size(len, nth, 8);
+  int64_t e0, e1;
+  while (next_chunk(n, len, chunk, &e0, &e1)) {
+    for (int64_t e = e0; e < e1; e++) {
+      const int64_t i = l.list[2 * e];
+      const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+      if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
+      for (int64_t t = 0; t < T; t++) {
+        if (logits && !(logits[i + t * n_out] >= thr)) continue;
+        y[i + t * n_out] = dot(K, w, xq + t * xrb);
+        read++;
+      }
     }
   }
   n.rows_read[ith] += read;
@@ -376,7 +398,10 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   float* scores = l.scores + static_cast<size_t>(ith) * static_cast<size_t>(Kc.rows());
   float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
   const AxpyFn vaxpy = n.k->axpy[Vc.dtype];
-  for (int64_t u = lo(T * H, ith, nth); u < hi(T * H, ith, nth); u++) {
+  const int64_t units = T * H;
+  const int64_t chunk = chunk_size(units, nth, 1);
+  int64_t u0, u1;
+  while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
     const int64_t ctx = n_past + t + 1;
     const float* q = Q.f32() + t * hd * H + h * hd;

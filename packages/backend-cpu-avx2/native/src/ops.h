@@ -3,6 +3,7 @@
 // are identical run to run.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -20,6 +21,10 @@ struct NodeExec {
   uint8_t* scratch = nullptr;   // shared scratch of this node (64-byte aligned)
   size_t scratch_bytes = 0;
   int64_t* rows_read = nullptr; // one counter per thread
+  /// Work-queue counter of this node (0 before the node runs): ops whose outputs are independent of
+  /// which thread computes them hand out chunks dynamically, so a thread the OS delays does not hold
+  /// the others up (results stay bit-identical: every output element is computed the same way).
+  std::atomic<int64_t>* chunk = nullptr;
   const KernelTable* k = nullptr;
   ThreadPool* pool = nullptr;
 };
