@@ -2,9 +2,11 @@
  * Tensors (mapped from a real GGUF file, allocated, budget), the descriptor's probe and load, and
  * malformed graphs: every bad input must throw a BackendError, never crash the process.
  */
+import { spawnSync } from "node:child_process";
 import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { type Backend, BackendError, type EncodedGraph, Graph, type TensorHandle } from "@powerinfer/core";
 import { dequantize, type GgufFile, openGguf, readTensorF32 } from "@powerinfer/gguf";
 import { afterAll, describe, expect, it } from "vitest";
@@ -42,6 +44,35 @@ describe("descriptor", () => {
     expect(p.devices[0]!.freeMemory).toBeGreaterThan(0);
     expect(p.devices[0]!.name.length).toBeGreaterThan(0);
   });
+
+  const dist = fileURLToPath(new URL("../dist/index.js", import.meta.url));
+  it.skipIf(!existsSync(dist))(
+    "a missing or broken addon makes probe() report unavailable, import never throws",
+    () => {
+      const dir = mkdtempSync(join(tmpdir(), "pi-cpu-"));
+      try {
+        const broken = join(dir, "broken.node");
+        writeFileSync(broken, "not a shared object");
+        for (const [path, pattern] of [
+          [join(dir, "missing.node"), /^unavailable: native addon not built/],
+          [broken, /^unavailable: native addon failed to load/],
+        ] as const) {
+          const script = `import(${JSON.stringify(dist)}).then(async (m) => { const p = m.cpuBackend.probe(); let e; try { await m.cpuBackend.load(); } catch (x) { e = x.code; } console.log(JSON.stringify({ p, e })); })`;
+          const r = spawnSync(process.execPath, ["-e", script], {
+            env: { ...process.env, POWERINFER_CPU_ADDON: path },
+            encoding: "utf8",
+          });
+          expect(r.status, r.stderr).toBe(0);
+          const out = JSON.parse(r.stdout) as { p: { usable: boolean; reason: string }; e: string };
+          expect(out.p.usable).toBe(false);
+          expect(out.p.reason).toMatch(pattern);
+          expect(out.e).toBe("UNAVAILABLE");
+        }
+      } finally {
+        rmSync(dir, { recursive: true });
+      }
+    },
+  );
 
   it.skipIf(!usable)("rejects bad load options", async () => {
     await expect(cpuBackend.load({ threads: 0 })).rejects.toMatchObject({ code: "UNAVAILABLE" });
