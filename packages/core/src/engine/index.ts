@@ -5,3 +5,4 @@ export * from "./perplexity.js";
 export * from "./sampler.js";
 export * from "./chat.js";
 export * from "./profile.js";
+export * from "./hybrid.js";

@@ -1,2 +1,3 @@
 export * from "./llama.js";
 export * from "./weights.js";
+export * from "./blocks.js";

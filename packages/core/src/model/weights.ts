@@ -1,5 +1,13 @@
 /** Mapping GGUF tensors onto backend tensors. */
-import { type GgufFile, type GgufTensorInfo, ggmlTypeName } from "@powerinfer/gguf";
+import {
+  dequantize,
+  f32ToF16,
+  GGMLType,
+  type GgufFile,
+  type GgufTensorInfo,
+  ggmlTypeName,
+  readTensorBytes,
+} from "@powerinfer/gguf";
 import type { Backend, DType, TensorHandle } from "../backend/types.js";
 import { DTYPE_CODES } from "../backend/graph.js";
 import { EngineError } from "../engine/errors.js";
@@ -59,4 +67,39 @@ export class WeightMapper {
   mapOptional(name: string, ne?: readonly number[]): TensorHandle | undefined {
     return this.has(name) ? this.map(name, ne) : undefined;
   }
+}
+
+/**
+ * Copies selected rows of a row-per-neuron matrix (ne = [row length, n_rows], any dtype: rows are
+ * contiguous runs of whole blocks) into a new tensor on `dst`, in the order given — the compact hot-row
+ * copies a device holds. Source bytes are read back from the backend that holds the matrix.
+ */
+export function gatherRows(src: Backend, t: TensorHandle, rows: Int32Array, dst: Backend): TensorHandle {
+  const rowBytes = t.byteLength / t.ne[1]!;
+  const bytes = src.readTensor(t);
+  const out = new Uint8Array(rows.length * rowBytes);
+  rows.forEach((r, j) => {
+    out.set(bytes.subarray(r * rowBytes, (r + 1) * rowBytes), j * rowBytes);
+  });
+  return dst.createTensor(t.dtype, [t.ne[0]!, Math.max(1, rows.length)], rows.length ? out : new Uint8Array(rowBytes));
+}
+
+/**
+ * The neuron-major copy of a down projection ({n_ff, n_embd} → {n_embd, n_ff}) on `backend`, from
+ * the tensor's bytes in the file: F16 stays F16, every other dtype becomes F32.
+ */
+export function transposeDown(file: GgufFile, backend: Backend, name: string): TensorHandle {
+  const t = file.tensorMap.get(name);
+  if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+  const [nFf, nEmbd] = [t.shape[0]!, t.shape[1]!];
+  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements); // row e holds W[e, 0..n_ff)
+  const f16 = t.type === GGMLType.F16;
+  const out = f16 ? new Uint16Array(nFf * nEmbd) : new Float32Array(nFf * nEmbd);
+  for (let e = 0; e < nEmbd; e++) {
+    for (let i = 0; i < nFf; i++) {
+      const v = w[e * nFf + i]!;
+      out[i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+    }
+  }
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
 }
