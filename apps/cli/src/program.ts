@@ -4,6 +4,7 @@ import { register as backends } from "./commands/backends.js";
 import { register as chat } from "./commands/chat.js";
 import { register as inspect } from "./commands/inspect.js";
 import { register as perplexity } from "./commands/perplexity.js";
+import { register as plan } from "./commands/plan.js";
 import { register as profile } from "./commands/profile.js";
 import { register as run } from "./commands/run.js";
 
@@ -12,6 +13,6 @@ export function createProgram(): Command {
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
     .showHelpAfterError("(run with --help for usage)");
-  for (const reg of [run, chat, perplexity, profile, inspect, backends]) reg(program);
+  for (const reg of [run, chat, perplexity, profile, plan, inspect, backends]) reg(program);
   return program;
 }

@@ -1,15 +1,11 @@
 /** `powerinfer profile`: activation statistics of a ReLU model over real text, and a sparsity report. */
 import { createHash } from "node:crypto";
 import { basename } from "node:path";
-import { checkStatsForModel, profileActivations, summarizeSparsity } from "@powerinfer/core";
+import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSparsity } from "@powerinfer/core";
 import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
 import type { Command } from "commander";
 import { action } from "../errors.js";
 import { int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
-
-export function defaultStatsPath(modelPath: string): string {
-  return `${modelPath.replace(/\.gguf$/i, "")}.activations.gguf`;
-}
 
 export function register(program: Command): void {
   modelOptions(

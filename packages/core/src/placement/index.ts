@@ -1,1 +1,2 @@
 export * from "./planner.js";
+export * from "./resolve.js";

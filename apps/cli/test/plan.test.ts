@@ -1,0 +1,100 @@
+/** `powerinfer plan`: profile → plan → GPU index reuse, on the shared ReLU model. */
+import { spawnSync } from "node:child_process";
+import { mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { readGpuIndex } from "@powerinfer/gguf";
+import { describe, expect, it } from "vitest";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
+const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
+const probe = await cpuBackend.probe();
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, [bin, ...args], { encoding: "utf8", timeout: 300_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe.skipIf(!probe.usable)("powerinfer plan", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-plan-"));
+  const stats = join(dir, "relu.activations.gguf");
+  const idx = join(dir, "relu.generated.gpuidx");
+  const common = ["-m", relu, "--stats", stats, "--gpu-index", idx, "--bucket-size", "64"];
+
+  it("solves within the budget, writes a GPU index, reuses it, and solves again on --reset-gpu-index", () => {
+    const p = cli(
+      "profile",
+      "-m",
+      relu,
+      "-f",
+      join(models, "relu", "tinystories-relu-llama-7m.eval.txt"),
+      "--tokens",
+      "3000",
+      "-o",
+      stats,
+      "-c",
+      "256",
+    );
+    expect(p.code, p.stderr).toBe(0);
+    const budget = 4 / 1024; // GiB: ~1/6 of the FFN weights
+    const first = cli("plan", ...common, "--vram-budget", String(budget), "--json");
+    expect(first.code, first.stderr).toBe(0);
+    const r1 = JSON.parse(first.stdout);
+    expect(r1.reused).toBe(false);
+    expect(r1.plan.totalBytes).toBeLessThanOrEqual(budget * 2 ** 30);
+    expect(r1.plan.totalBytes).toBeGreaterThan(0.9 * budget * 2 ** 30);
+    // hot neurons serve far more than their share of activations (power law)
+    const hotFraction = r1.plan.layers.reduce((s: number, L: { hot: number }) => s + L.hot, 0) / (6 * 1024);
+    expect(r1.plan.deviceShare).toBeGreaterThan(hotFraction * 1.5);
+    const gi = readGpuIndex(idx);
+    expect(gi.blockCount).toBe(6);
+    expect(gi.layers.map((L) => L.gpuBucket.length)).toEqual(r1.plan.layers.map((L: { hot: number }) => L.hot));
+
+    const again = JSON.parse(cli("plan", ...common, "--vram-budget", String(budget), "--json").stdout);
+    expect(again.reused).toBe(true);
+    expect(again.plan.deviceShare).toBeCloseTo(r1.plan.deviceShare, 10);
+    const other = JSON.parse(cli("plan", ...common, "--vram-budget", String(budget / 2), "--json").stdout);
+    expect(other.reused).toBe(false);
+    expect(other.plan.totalBytes).toBeLessThanOrEqual((budget / 2) * 2 ** 30);
+    const reset = JSON.parse(
+      cli("plan", ...common, "--vram-budget", String(budget / 2), "--reset-gpu-index", "--json").stdout,
+    );
+    expect(reset.reused).toBe(false);
+
+    const text = cli("plan", ...common, "--vram-budget", String(budget));
+    expect(text.stdout).toMatch(/^placement \(ilp\): .* expected share of activations served by the device/m);
+    expect(text.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l))).toHaveLength(6);
+  });
+
+  it("refuses statistics of another model and a missing statistics file, naming the problem", () => {
+    const wrong = cli(
+      "plan",
+      "-m",
+      join(models, "powerinfer", "tiny-f16.powerinfer.gguf"),
+      "--stats",
+      stats,
+      "--gpu-index",
+      join(dir, "x.gpuidx"),
+      "--vram-budget",
+      "0.001",
+    );
+    expect(wrong.code).not.toBe(0);
+    expect(wrong.stderr).toMatch(/activation statistics are for a model with 6 layers, this model has 2/);
+    const missing = cli(
+      "plan",
+      "-m",
+      relu,
+      "--stats",
+      join(dir, "none.gguf"),
+      "--gpu-index",
+      join(dir, "y.gpuidx"),
+      "--vram-budget",
+      "0.001",
+    );
+    expect(missing.code).not.toBe(0);
+    expect(missing.stderr).toMatch(/no activation statistics at .*none\.gguf: run `powerinfer profile/);
+  });
+});

@@ -1,0 +1,131 @@
+/**
+ * Finding or making the placement plan of a model: reuse `<model>.generated.gpuidx` when it was solved
+ * for the same budget, backend and statistics; otherwise solve it from `<model>.activations.gguf` and
+ * write it (PowerInfer's GPU index format, readable by PowerInfer).
+ */
+import { existsSync } from "node:fs";
+import {
+  type ActivationStats,
+  type GpuIndex,
+  modelFingerprint,
+  readActivationStats,
+  readGpuIndex,
+  writeGpuIndex,
+} from "@powerinfer/gguf";
+import type { Model } from "../engine/engine.js";
+import { EngineError } from "../engine/errors.js";
+import { hotNeuronBytes } from "../engine/hybrid.js";
+import { checkStatsForModel } from "../engine/profile.js";
+import { gpuIndexToPlan, type PlacementPlan, planPlacement, planToGpuIndex } from "./planner.js";
+
+export const defaultStatsPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.activations.gguf`;
+export const defaultGpuIndexPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.generated.gpuidx`;
+
+export interface ResolvePlanOptions {
+  /** Device bytes for hot neurons. */
+  budgetBytes: number;
+  /** Name of the device backend the plan is for (recorded in the GPU index). */
+  backend: string;
+  /** Activation statistics (default: `<model>.activations.gguf`). */
+  statsPath?: string;
+  /** GPU index to reuse or write (default: `<model>.generated.gpuidx`). */
+  gpuIndexPath?: string;
+  /** Solve again even when a matching GPU index exists. */
+  reset?: boolean;
+  solver?: "ilp" | "greedy";
+  /** Buckets of this many neurons (default 256; smaller for tiny models). */
+  bucketSize?: number;
+  /** Don't write the GPU index (e.g. a read-only model folder). */
+  noWrite?: boolean;
+}
+
+export interface ResolvedPlan {
+  plan: PlacementPlan;
+  /** True when an existing GPU index was used as it was. */
+  reused: boolean;
+  gpuIndexPath: string;
+  /** Why a GPU index was (not) reused or written. */
+  notes: string[];
+}
+
+/**
+ * @throws EngineError 'BAD_INPUT' when statistics are missing or belong to another model, GgufError for bad files.
+ */
+export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<ResolvedPlan> {
+  const cfg = model.config;
+  const path = model.file.path;
+  const gpuIndexPath = o.gpuIndexPath ?? defaultGpuIndexPath(path);
+  const statsPath = o.statsPath ?? defaultStatsPath(path);
+  const bytesPerNeuron = Array.from({ length: cfg.n_layer }, (_, l) => hotNeuronBytes(model, l));
+  const notes: string[] = [];
+  if (!o.reset && existsSync(gpuIndexPath)) {
+    const idx = readGpuIndex(gpuIndexPath);
+    const { layers, provenance } = gpuIndexToPlan(idx, bytesPerNeuron);
+    if (
+      provenance &&
+      provenance.budgetBytes === o.budgetBytes &&
+      provenance.backend === o.backend &&
+      provenance.statsFile === statsPath &&
+      layers.length === cfg.n_layer
+    ) {
+      const totalBytes = layers.reduce((s, L) => s + L.bytes, 0);
+      notes.push(`reusing ${gpuIndexPath} (solved for this budget, backend and statistics)`);
+      // the expected shares come from the statistics the plan was solved with, when they are still there
+      const counts = existsSync(statsPath) ? readActivationStats(statsPath).counts : undefined;
+      let served = 0;
+      let all = 0;
+      const withShare = layers.map((L, l) => {
+        const c = counts?.[l];
+        if (!c) return { ...L, deviceShare: Number.NaN };
+        const total = c.reduce((a, b) => a + b, 0);
+        const hot = L.hot.reduce((a, n) => a + c[n]!, 0);
+        served += hot;
+        all += total;
+        return { ...L, deviceShare: total ? hot / total : 0 };
+      });
+      return {
+        plan: {
+          layers: withShare,
+          totalBytes,
+          budgetBytes: o.budgetBytes,
+          deviceShare: counts && all ? served / all : Number.NaN,
+          solver: String(idx.extra?.find((e) => e.key === "powerinfer.plan.solver")?.value ?? "ilp") as "ilp",
+        },
+        reused: true,
+        gpuIndexPath,
+        notes,
+      };
+    }
+    notes.push(
+      `${gpuIndexPath} was solved for ${provenance ? "another budget, backend or statistics file" : "an unknown budget (written by PowerInfer?)"}; solving again`,
+    );
+  }
+  if (!existsSync(statsPath)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `no activation statistics at ${statsPath}: run \`powerinfer profile -m ${path} -f TEXT\` first`,
+    );
+  }
+  const stats: ActivationStats = readActivationStats(statsPath);
+  checkStatsForModel(stats, cfg, modelFingerprint(model.file));
+  const plan = await planPlacement(
+    {
+      counts: stats.counts,
+      tokenCount: stats.tokenCount,
+      bytesPerNeuron,
+      budgetBytes: o.budgetBytes,
+      bucketSize: o.bucketSize,
+    },
+    { solver: o.solver },
+  );
+  if (!o.noWrite) {
+    const idx: GpuIndex = planToGpuIndex(plan, cfg.n_ff, {
+      budgetBytes: o.budgetBytes,
+      backend: o.backend,
+      statsFile: statsPath,
+    });
+    writeGpuIndex(gpuIndexPath, idx);
+    notes.push(`wrote ${gpuIndexPath}`);
+  }
+  return { plan, reused: false, gpuIndexPath, notes };
+}
