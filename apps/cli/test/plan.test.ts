@@ -1,6 +1,6 @@
 /** `powerinfer plan`: profile → plan → GPU index reuse, on the shared ReLU model. */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { copyFileSync, mkdtempSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -67,6 +67,20 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     const text = cli("plan", ...common, "--vram-budget", String(budget));
     expect(text.stdout).toMatch(/^placement \(ilp\): .* expected share of activations served by the device/m);
     expect(text.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l))).toHaveLength(6);
+  });
+
+  it("inspect reports the statistics found next to the model", () => {
+    const model = join(dir, "m.gguf");
+    copyFileSync(relu, model);
+    copyFileSync(stats, join(dir, "m.activations.gguf"));
+    const r = cli("inspect", model, "--json");
+    expect(r.code, r.stderr).toBe(0);
+    const st = JSON.parse(r.stdout).activationStats;
+    expect(st.tokens).toBeGreaterThanOrEqual(3000);
+    expect(st.layers).toHaveLength(6);
+    expect(st.meanActive).toBeGreaterThan(0.03);
+    expect(st.meanActive).toBeLessThan(0.15);
+    expect(cli("inspect", model).stdout).toMatch(/activations: .* % of FFN neurons fire per token on average/);
   });
 
   it("refuses statistics of another model and a missing statistics file, naming the problem", () => {

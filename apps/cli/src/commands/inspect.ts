@@ -11,8 +11,11 @@ import {
   type ModelConfig,
   openGguf,
   parseModelConfig,
+  readActivationStats,
   valueTypeName,
 } from "@powerinfer/gguf";
+import { existsSync } from "node:fs";
+import { checkStatsForModel, defaultStatsPath, summarizeSparsity } from "@powerinfer/core";
 import type { Command } from "commander";
 import { action } from "../errors.js";
 
@@ -63,6 +66,17 @@ export interface InspectReport {
   /** Metadata in file order: stored type and value (arrays summarised by length and first items). */
   metadata: Array<{ key: string; type: string; value: string | number | boolean }>;
   sparse: { verdict: SparseVerdict; reason: string };
+  /** Summary of `<model>.activations.gguf` when it exists (from `powerinfer profile`). */
+  activationStats?:
+    | {
+        path: string;
+        tokens: number;
+        corpus: string;
+        meanActive: number;
+        hot80: number;
+        layers: { mean: number; hot80: number; dead: number }[];
+      }
+    | { path: string; error: string };
 }
 
 function typeLabel(t: GgufValueTypeInfo): string {
@@ -161,7 +175,29 @@ export function inspectFile(path: string): InspectReport {
       value: summarize(v),
     })),
     sparse: sparseVerdict(file, config, configError),
+    activationStats: statsSummary(path, config),
   };
+}
+
+/** What `<model>.activations.gguf` next to the model says, when it exists and fits the model. */
+function statsSummary(path: string, config: ModelConfig | null): InspectReport["activationStats"] {
+  const statsPath = defaultStatsPath(path);
+  if (!config || !existsSync(statsPath)) return undefined;
+  try {
+    const stats = readActivationStats(statsPath);
+    checkStatsForModel(stats, config);
+    const layers = summarizeSparsity({ counts: stats.counts, tokens: stats.tokenCount });
+    return {
+      path: statsPath,
+      tokens: stats.tokenCount,
+      corpus: stats.corpusName,
+      meanActive: layers.reduce((a, L) => a + L.mean, 0) / layers.length,
+      hot80: layers.reduce((a, L) => a + L.hot80, 0) / layers.length,
+      layers: layers.map((L) => ({ mean: L.mean, hot80: L.hot80, dead: L.dead })),
+    };
+  } catch (e) {
+    return { path: statsPath, error: (e as Error).message };
+  }
 }
 
 function bytesHuman(n: number): string {
@@ -237,6 +273,15 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
     `total:         ${r.tensors.length} tensors${types ? ` (${types})` : ""}, ${num(r.parameters)} elements, ${num(r.tensorBytes)} bytes of tensor data; file ${num(r.fileSize)} bytes (${bytesHuman(r.fileSize)})`,
   );
   out.push(`sparse:        ${r.sparse.reason}`);
+  const st = r.activationStats;
+  if (st && "error" in st) out.push(`activations:   ${st.path} unusable: ${st.error}`);
+  else if (st) {
+    out.push(
+      `activations:   ${st.path}: ${num(st.tokens)} positions of ${st.corpus}; ${(st.meanActive * 100).toFixed(1)} % of FFN neurons fire per token on average, ` +
+        `${(st.hot80 * 100).toFixed(1)} % of neurons carry 80 % of activations` +
+        (r.sparse.verdict === "dense" ? " — yet this FFN is not ReLU, so sparse inference gains nothing" : ""),
+    );
+  }
   return out.join("\n");
 }
 
