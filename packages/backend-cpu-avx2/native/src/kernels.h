@@ -76,6 +76,13 @@ struct KernelTable {
   ConvertFn store_bf16;         // F32 → BF16 storage (round to nearest even)
   float (*dot_f32)(int64_t n, const float* a, const float* b);
   void (*axpy_f32)(int64_t n, float a, const float* x, float* y);
+  /// Attention scores s[j] = scale · dot(k row j, q) for j < n; rows `kstride` bytes apart, F32 keys
+  /// (index 0, q F32) or F16 keys (index 1, q holding F16-rounded values). Same arithmetic per key as
+  /// dot_f32 / dot[DT_F16].
+  void (*attn_scores[2])(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s);
+  /// out[0..hd) = Σ_j p[j] · v row j (F32 or F16 rows `vstride` bytes apart), accumulated in j order
+  /// from 0 with the same per-element operations as successive axpy calls.
+  void (*attn_accum[2])(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out);
   /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.
   double (*sum_f32)(const float* x, int64_t n);
 };

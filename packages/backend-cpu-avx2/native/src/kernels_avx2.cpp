@@ -552,6 +552,66 @@ void convert_q8(const float* x, void* dst, int64_t k) {
   }
 }
 
+// ---- attention: one call per (token, head) instead of one per key ------------------------------
+
+template <int I>
+void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
+  for (int64_t j = 0; j < n; j++) {
+    const uint8_t* kr = k + j * kstride;
+    s[j] = scale * (I == 0 ? dot_f32v(hd, reinterpret_cast<const float*>(kr), q) : dot_f16(hd, kr, q));
+  }
+}
+
+/// Same per-element operations as memset(0) followed by axpy_f32/axpy_f16 for j = 0..n-1 (vector
+/// part: fmadd(p_j, v, acc); tail: acc += p_j·v), with the accumulators held in registers.
+template <int I>
+void attn_accum(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out) {
+  const int64_t hv = hd / 8 * 8;
+  int64_t c = 0;
+  for (; c + 32 <= hv; c += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+      const uint8_t* vr = v + j * vstride;
+      const __m256 pj = _mm256_set1_ps(p[j]);
+      if (I == 0) {
+        const float* f = reinterpret_cast<const float*>(vr) + c;
+        a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f), a0);
+        a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 8), a1);
+        a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 16), a2);
+        a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 24), a3);
+      } else {
+        const uint16_t* h = reinterpret_cast<const uint16_t*>(vr) + c;
+        a0 = _mm256_fmadd_ps(pj, load_f16(h), a0);
+        a1 = _mm256_fmadd_ps(pj, load_f16(h + 8), a1);
+        a2 = _mm256_fmadd_ps(pj, load_f16(h + 16), a2);
+        a3 = _mm256_fmadd_ps(pj, load_f16(h + 24), a3);
+      }
+    }
+    _mm256_storeu_ps(out + c, a0);
+    _mm256_storeu_ps(out + c + 8, a1);
+    _mm256_storeu_ps(out + c + 16, a2);
+    _mm256_storeu_ps(out + c + 24, a3);
+  }
+  for (; c < hv; c += 8) {
+    __m256 a0 = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+      const uint8_t* vr = v + j * vstride;
+      const __m256 x = I == 0 ? _mm256_loadu_ps(reinterpret_cast<const float*>(vr) + c)
+                              : load_f16(reinterpret_cast<const uint16_t*>(vr) + c);
+      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), x, a0);
+    }
+    _mm256_storeu_ps(out + c, a0);
+  }
+  for (; c < hd; c++) {
+    float a = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+      const uint8_t* vr = v + j * vstride;
+      a += p[j] * (I == 0 ? reinterpret_cast<const float*>(vr)[c] : h2f(reinterpret_cast<const uint16_t*>(vr)[c]));
+    }
+    out[c] = a;
+  }
+}
+
 double sum_f32(const float* x, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
   int64_t i = 0;
@@ -609,6 +669,10 @@ KernelTable make_table() {
   t.store_f16 = store_f16;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
+  t.attn_scores[0] = attn_scores<0>;
+  t.attn_scores[1] = attn_scores<1>;
+  t.attn_accum[0] = attn_accum<0>;
+  t.attn_accum[1] = attn_accum<1>;
   t.sum_f32 = sum_f32;
   return t;
 }

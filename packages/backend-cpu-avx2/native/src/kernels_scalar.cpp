@@ -420,6 +420,19 @@ void axpy_blocks(int64_t k, float a, const void* w, float* y) {
   }
 }
 
+template <int I>
+void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
+  for (int64_t j = 0; j < n; j++) {
+    s[j] = scale * (I == 0 ? dot_f32(hd, k + j * kstride, q) : dot_f16(hd, k + j * kstride, q));
+  }
+}
+
+template <int I>
+void attn_accum(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out) {
+  std::memset(out, 0, sizeof(float) * static_cast<size_t>(hd));
+  for (int64_t j = 0; j < n; j++) (I == 0 ? axpy_f32 : axpy_f16)(hd, p[j], v + j * vstride, out);
+}
+
 template <int DT>
 void axpy_rows(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
   for (int r = 0; r < nr; r++) kernels_scalar().axpy[DT](k, a[r], w[r], y);
@@ -494,6 +507,10 @@ KernelTable make_table() {
   t.convert[XF_Q8_K] = convert_q8_K;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
+  t.attn_scores[0] = attn_scores<0>;
+  t.attn_scores[1] = attn_scores<1>;
+  t.attn_accum[0] = attn_accum<0>;
+  t.attn_accum[1] = attn_accum<1>;
   t.sum_f32 = sum_f32;
   return t;
 }

@@ -399,7 +399,6 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   const int64_t kvrow = hd * Hkv;
   float* scores = l.scores + static_cast<size_t>(ith) * static_cast<size_t>(Kc.rows());
   float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
-  const AxpyFn vaxpy = n.k->axpy[Vc.dtype];
   const int64_t units = T * H;
   const int64_t chunk = chunk_size(units, nth, 1);
   int64_t u0, u1;
@@ -408,14 +407,11 @@ void op_attention(const NodeExec& n, int ith, int nth) {
     const int64_t ctx = n_past + t + 1;
     const float* q = Q.f32() + t * hd * H + h * hd;
     if (Kc.dtype == DT_F16) n.k->convert[XF_F16](q, q16, hd);
+    const int ki = Kc.dtype == DT_F16 ? 1 : 0;
+    n.k->attn_scores[ki](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(kvh * hd) * kes,
+                         static_cast<size_t>(kvrow) * kes, ctx, scale, scores);
     float mx = -INFINITY;
-    for (int64_t j = 0; j < ctx; j++) {
-      const uint8_t* kr = Kc.data + static_cast<size_t>(j * kvrow + kvh * hd) * kes;
-      const float s = scale * (Kc.dtype == DT_F16 ? n.k->dot[DT_F16](hd, kr, q16)
-                                                  : n.k->dot_f32(hd, reinterpret_cast<const float*>(kr), q));
-      scores[j] = s;
-      mx = std::fmax(mx, s);
-    }
+    for (int64_t j = 0; j < ctx; j++) mx = std::fmax(mx, scores[j]);
     double sum = 0.0;
     for (int64_t j = 0; j < ctx; j++) {
       const float e = std::exp(scores[j] - mx);
@@ -423,10 +419,8 @@ void op_attention(const NodeExec& n, int ith, int nth) {
       sum += e;
     }
     float* out = n.dst.f32() + t * hd * H + h * hd;
-    std::memset(out, 0, sizeof(float) * static_cast<size_t>(hd));
-    for (int64_t j = 0; j < ctx; j++) {
-      vaxpy(hd, scores[j], Vc.data + static_cast<size_t>(j * kvrow + kvh * hd) * ves, out);
-    }
+    n.k->attn_accum[Vc.dtype == DT_F16 ? 1 : 0](hd, scores, Vc.data + static_cast<size_t>(kvh * hd) * ves,
+                                                 static_cast<size_t>(kvrow) * ves, ctx, out);
     const float inv = static_cast<float>(1.0 / sum);
     for (int64_t i = 0; i < hd; i++) out[i] *= inv;
   }

@@ -244,6 +244,39 @@ void test_dtype_kernels(const KernelTable& kt) {
   }
 }
 
+void test_attention_kernels(const KernelTable& kt) {
+  for (int ki = 0; ki < 2; ki++) {
+    for (int64_t hd : {8, 37, 64, 128}) {
+      const int64_t n = 23, stride_el = hd * 3;  // rows of a [3 heads · hd, n] cache
+      const size_t es = ki ? 2 : 4;
+      std::vector<uint8_t> cache(static_cast<size_t>(n * stride_el) * es);
+      for (int64_t i = 0; i < n * stride_el; i++) {
+        const float f = uni(-1, 1);
+        if (ki) {
+          const uint16_t h = f32_to_f16(f);
+          std::memcpy(cache.data() + i * 2, &h, 2);
+        } else {
+          std::memcpy(cache.data() + i * 4, &f, 4);
+        }
+      }
+      std::vector<float> q(hd), qc(hd), p(n), s(n), out(hd), ref(hd, 0.0f);
+      for (auto& v : q) v = uni(-1, 1);
+      kt.convert[ki ? XF_F16 : XF_F32](q.data(), qc.data(), hd);
+      const uint8_t* base = cache.data() + hd * es;  // head 1
+      kt.attn_scores[ki](hd, qc.data(), base, stride_el * es, n, 0.3f, s.data());
+      for (int64_t j = 0; j < n; j++) {
+        const float d = 0.3f * (ki ? kt.dot[DT_F16](hd, base + j * stride_el * es, qc.data())
+                                   : kt.dot_f32(hd, reinterpret_cast<const float*>(base + j * stride_el * es), qc.data()));
+        CHECK(d == s[static_cast<size_t>(j)], "%s attn_scores[%d] hd %ld key %ld", kt.name, ki, static_cast<long>(hd), static_cast<long>(j));
+        p[static_cast<size_t>(j)] = uni(0, 1);
+      }
+      kt.attn_accum[ki](hd, p.data(), base, stride_el * es, n, out.data());
+      for (int64_t j = 0; j < n; j++) kt.axpy[ki ? DT_F16 : DT_F32](hd, p[static_cast<size_t>(j)], base + j * stride_el * es, ref.data());
+      CHECK(out == ref, "%s attn_accum[%d] hd %ld differs from successive axpy", kt.name, ki, static_cast<long>(hd));
+    }
+  }
+}
+
 void test_thread_pool() {
   for (int n : {1, 2, 3, 5}) {
     ThreadPool pool(n);
@@ -543,6 +576,8 @@ int main() {
   test_conversions();
   test_dtype_kernels(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
+  test_attention_kernels(kernels_scalar());
+  if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2());
   test_thread_pool();
   test_tensor_store();
   test_executor();
