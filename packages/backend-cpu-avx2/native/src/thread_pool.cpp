@@ -11,10 +11,26 @@ inline void cpu_relax() {
 #endif
 }
 
-// Spin this many rounds before blocking / yielding: long enough to cover the gap between two graph
-// calls of one decode step, short enough not to burn a shared core while idle.
-constexpr int kSpinWake = 1 << 14;
+// Waiting for work: spin briefly, then yield the core (so a caller thread building the next graph, or
+// another process, can run), then sleep on the condition variable. Long enough to cover the gap
+// between two graph calls of a decode step, short enough not to burn a shared core while idle.
+constexpr int kSpinWake = 1 << 11;
+constexpr int kYieldWake = 256;
 constexpr int kSpinBarrier = 1 << 10;
+
+/// Waits until done() holds, spinning then yielding; returns false if it still does not hold.
+template <typename F>
+bool spin_then_yield(F done) {
+  for (int s = 0; s < kSpinWake; s++) {
+    if (done()) return true;
+    cpu_relax();
+  }
+  for (int s = 0; s < kYieldWake; s++) {
+    if (done()) return true;
+    sched_yield();
+  }
+  return done();
+}
 
 }  // namespace
 
@@ -36,8 +52,7 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker(int ith) {
   uint64_t seen = 0;
   for (;;) {
-    for (int s = 0; s < kSpinWake && generation_.load(std::memory_order_acquire) == seen; s++) cpu_relax();
-    if (generation_.load(std::memory_order_acquire) == seen) {
+    if (!spin_then_yield([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
       std::unique_lock<std::mutex> lk(mu_);
       wake_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
     }
@@ -65,8 +80,7 @@ void ThreadPool::run(JobFn fn, void* ctx) {
   }
   wake_cv_.notify_all();
   fn(ctx, 0, n_);
-  for (int s = 0; s < kSpinWake && pending_.load(std::memory_order_acquire) != 0; s++) cpu_relax();
-  if (pending_.load(std::memory_order_acquire) != 0) {
+  if (!spin_then_yield([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
