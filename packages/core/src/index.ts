@@ -4,3 +4,4 @@ export * from "./engine/index.js";
 export * from "./model/index.js";
 export * from "./conformance/index.js";
 export * from "./placement/index.js";
+export * from "./synthetic/index.js";
