@@ -64,45 +64,8 @@ inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(static_cast<c
 
 // ---- F32 / F16 / BF16 -----------------------------------------------------------------------
 
-float dot_f32v(int64_t n, const float* a, const float* b) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
-
-float dot_f32(int64_t k, const void* w, const void* x) {
-  return dot_f32v(k, static_cast<const float*>(w), static_cast<const float*>(x));
-}
-
 inline __m256 load_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-// x holds F32 values already rounded to F16 (XF_F16), so only the weights are converted.
-float dot_f16(int64_t k, const void* w, const void* x) {
-  const uint16_t* a = static_cast<const uint16_t*>(w);
-  const float* b = static_cast<const float*>(x);
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    s0 = _mm256_fmadd_ps(load_f16(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(load_f16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(load_f16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(load_f16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_f16(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < k; i++) s += h2f(a[i]) * b[i];
-  return s;
 }
 
 inline __m256 load_bf16(const uint16_t* p) {
@@ -110,22 +73,92 @@ inline __m256 load_bf16(const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-float dot_bf16(int64_t k, const void* w, const void* x) {
-  const uint16_t* a = static_cast<const uint16_t*>(w);
-  const float* b = static_cast<const float*>(x);
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 32 <= k; i += 32) {
-    s0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-    s1 = _mm256_fmadd_ps(load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-    s2 = _mm256_fmadd_ps(load_bf16(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-    s3 = _mm256_fmadd_ps(load_bf16(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
-  }
-  for (; i + 8 <= k; i += 8) s0 = _mm256_fmadd_ps(load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum_ps(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-  for (; i < k; i++) s += bf16_to_f32(a[i]) * b[i];
-  return s;
+/// Float weight rows: KIND 0 = F32, 1 = F16, 2 = BF16 (x holds F32 values, rounded to the weight
+/// type by the activation conversion, so only the weights are converted).
+template <int KIND>
+inline __m256 wload(const uint8_t* w, int64_t i) {
+  if (KIND == 0) return _mm256_loadu_ps(reinterpret_cast<const float*>(w) + i);
+  if (KIND == 1) return load_f16(reinterpret_cast<const uint16_t*>(w) + i);
+  return load_bf16(reinterpret_cast<const uint16_t*>(w) + i);
 }
+
+template <int KIND>
+inline float welem(const uint8_t* w, int64_t i) {
+  if (KIND == 0) return reinterpret_cast<const float*>(w)[i];
+  if (KIND == 1) return h2f(reinterpret_cast<const uint16_t*>(w)[i]);
+  return bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]);
+}
+
+/// NR × NC dot products of float rows. Per output: two accumulators over 16-element chunks (first
+/// and second 8 lanes), one more 8-chunk into the first, then hsum(s0 + s1), then the scalar tail in
+/// order. Every tile shape performs exactly these operations per output, so a 2×2 tile (matrix ×
+/// matrix) and a 1×1 tile (matrix × vector, sparse rows) give bit-identical results.
+template <int KIND, int NR, int NC>
+void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
+  const float* x[NC];
+  for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+  __m256 s0[NR][NC], s1[NR][NC];
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) s0[r][c] = s1[r][c] = _mm256_setzero_ps();
+  }
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    __m256 wa[NR], wb[NR];
+    for (int r = 0; r < NR; r++) {
+      wa[r] = wload<KIND>(w[r], i);
+      wb[r] = wload<KIND>(w[r], i + 8);
+    }
+    for (int c = 0; c < NC; c++) {
+      const __m256 xa = _mm256_loadu_ps(x[c] + i), xb = _mm256_loadu_ps(x[c] + i + 8);
+      for (int r = 0; r < NR; r++) {
+        s0[r][c] = _mm256_fmadd_ps(wa[r], xa, s0[r][c]);
+        s1[r][c] = _mm256_fmadd_ps(wb[r], xb, s1[r][c]);
+      }
+    }
+  }
+  if (i + 8 <= k) {
+    for (int r = 0; r < NR; r++) {
+      const __m256 wa = wload<KIND>(w[r], i);
+      for (int c = 0; c < NC; c++) s0[r][c] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x[c] + i), s0[r][c]);
+    }
+    i += 8;
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) {
+      float s = hsum_ps(_mm256_add_ps(s0[r][c], s1[r][c]));
+      for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
+      out[r * NC + c] = s;
+    }
+  }
+}
+
+template <int KIND>
+void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  if (nr == 2 && nc == 2) {
+    dot_tile_float<KIND, 2, 2>(k, w, x, out);
+  } else if (nr == 2) {
+    dot_tile_float<KIND, 2, 1>(k, w, x, out);
+  } else if (nc == 2) {
+    dot_tile_float<KIND, 1, 2>(k, w, x, out);
+  } else {
+    dot_tile_float<KIND, 1, 1>(k, w, x, out);
+  }
+}
+
+template <int KIND>
+float dot_f(int64_t k, const void* w, const void* x) {
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  const uint8_t* xp = static_cast<const uint8_t*>(x);
+  float out;
+  dot_tile_float<KIND, 1, 1>(k, &wp, &xp, &out);
+  return out;
+}
+
+float dot_f32v(int64_t n, const float* a, const float* b) { return dot_f<0>(n, a, b); }
+
+/// Quantized types: no shared work between outputs yet, so a tile is a loop over the dot.
+template <int DT>
+void dot_tile_loop(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out);
 
 // ---- legacy quants (x in Q8_0 / Q8_1) -------------------------------------------------------
 
@@ -558,7 +591,7 @@ template <int I>
 void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
   for (int64_t j = 0; j < n; j++) {
     const uint8_t* kr = k + j * kstride;
-    s[j] = scale * (I == 0 ? dot_f32v(hd, reinterpret_cast<const float*>(kr), q) : dot_f16(hd, kr, q));
+    s[j] = scale * (I == 0 ? dot_f32v(hd, reinterpret_cast<const float*>(kr), q) : dot_f<1>(hd, kr, q));
   }
 }
 
@@ -626,12 +659,44 @@ double sum_f32(const float* x, int64_t n) {
   return t;
 }
 
+DotFn dot_of(int dt) {
+  switch (dt) {
+    case DT_Q4_0: return dot_q4_0;
+    case DT_Q4_1: return dot_q4_1;
+    case DT_Q5_0: return dot_q5_0;
+    case DT_Q5_1: return dot_q5_1;
+    case DT_Q8_0: return dot_q8_0;
+    case DT_Q4_K: return dot_q4_K;
+    case DT_Q5_K: return dot_q5_K;
+    default: return dot_q6_K;
+  }
+}
+
+template <int DT>
+void dot_tile_loop(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  const DotFn dot = dot_of(DT);
+  for (int r = 0; r < nr; r++) {
+    for (int c = 0; c < nc; c++) out[r * nc + c] = dot(k, w[r], x[c]);
+  }
+}
+
 KernelTable make_table() {
   KernelTable t = kernels_scalar();  // dequant and conversions not specialised here
   t.name = "avx2";
-  t.dot[DT_F32] = dot_f32;
-  t.dot[DT_F16] = dot_f16;
-  t.dot[DT_BF16] = dot_bf16;
+  t.dot[DT_F32] = dot_f<0>;
+  t.dot[DT_F16] = dot_f<1>;
+  t.dot[DT_BF16] = dot_f<2>;
+  t.dot_tile[DT_F32] = dot_tile_f<0>;
+  t.dot_tile[DT_F16] = dot_tile_f<1>;
+  t.dot_tile[DT_BF16] = dot_tile_f<2>;
+  t.dot_tile[DT_Q4_0] = dot_tile_loop<DT_Q4_0>;
+  t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
+  t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
+  t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
+  t.dot_tile[DT_Q8_0] = dot_tile_loop<DT_Q8_0>;
+  t.dot_tile[DT_Q4_K] = dot_tile_loop<DT_Q4_K>;
+  t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
+  t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;
   t.dot[DT_Q4_0] = dot_q4_0;
   t.dot[DT_Q4_1] = dot_q4_1;
   t.dot[DT_Q5_0] = dot_q5_0;

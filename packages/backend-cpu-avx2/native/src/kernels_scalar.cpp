@@ -420,6 +420,13 @@ void axpy_blocks(int64_t k, float a, const void* w, float* y) {
   }
 }
 
+template <int DT>
+void dot_tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  for (int r = 0; r < nr; r++) {
+    for (int c = 0; c < nc; c++) out[r * nc + c] = kernels_scalar().dot[DT](k, w[r], x[c]);
+  }
+}
+
 template <int I>
 void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
   for (int64_t j = 0; j < n; j++) {
@@ -464,6 +471,17 @@ KernelTable make_table() {
   t.dot[DT_Q4_K] = dot_q4_K;
   t.dot[DT_Q5_K] = dot_q5_K;
   t.dot[DT_Q6_K] = dot_q6_K;
+  t.dot_tile[DT_F32] = dot_tile<DT_F32>;
+  t.dot_tile[DT_F16] = dot_tile<DT_F16>;
+  t.dot_tile[DT_BF16] = dot_tile<DT_BF16>;
+  t.dot_tile[DT_Q4_0] = dot_tile<DT_Q4_0>;
+  t.dot_tile[DT_Q4_1] = dot_tile<DT_Q4_1>;
+  t.dot_tile[DT_Q5_0] = dot_tile<DT_Q5_0>;
+  t.dot_tile[DT_Q5_1] = dot_tile<DT_Q5_1>;
+  t.dot_tile[DT_Q8_0] = dot_tile<DT_Q8_0>;
+  t.dot_tile[DT_Q4_K] = dot_tile<DT_Q4_K>;
+  t.dot_tile[DT_Q5_K] = dot_tile<DT_Q5_K>;
+  t.dot_tile[DT_Q6_K] = dot_tile<DT_Q6_K>;
   t.dequant[DT_F32] = dequant_f32;
   t.dequant[DT_F16] = dequant_f16;
   t.dequant[DT_BF16] = dequant_bf16;

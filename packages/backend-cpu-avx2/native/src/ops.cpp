@@ -85,21 +85,41 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   const DotFn dot = n.k->dot[W.dtype];
+  const DotTileFn tile = n.k->dot_tile[W.dtype];
   float* y = n.dst.f32();
-  // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
-  // token of the tile is dotted with them, so each weight row is read from memory once per tile.
   const int64_t chunk = chunk_size(N, nth, 16);
   int64_t r0, r1;
+  if (T == 1) {
+    while (next_chunk(n, N, chunk, &r0, &r1)) {
+      for (int64_t r = r0; r < r1; r++) {
+        const uint8_t* w = W.data + r * wrb;
+        // matrix × vector streams the weights: ask for the next row early (5-15 % on DRAM-bound rows)
+        if (r + 1 < N) prefetch_row(w + wrb, wrb);
+        y[r] = dot(K, w, xq);
+      }
+    }
+    return;
+  }
+  // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
+  // token of the tile is dotted with them, so each weight row is read from memory once per tile;
+  // inside, 2 rows × 2 tokens at a time share their loads (same per-output arithmetic as dot).
   while (next_chunk(n, N, chunk, &r0, &r1)) {
     for (int64_t rb = r0; rb < r1; rb += 16) {
       const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
       for (int64_t tb = 0; tb < T; tb += 32) {
         const int64_t te = tb + 32 < T ? tb + 32 : T;
-        for (int64_t r = rb; r < re; r++) {
-          const uint8_t* w = W.data + r * wrb;
-          // matrix × vector streams the weights: ask for the next row early (5-15 % on DRAM-bound rows)
-          if (T <= 2 && r + 1 < N) prefetch_row(w + wrb, wrb);
-          for (int64_t t = tb; t < te; t++) y[r + t * N] = dot(K, w, xq + t * xrb);
+        for (int64_t r = rb; r < re; r += 2) {
+          const int nr = r + 1 < re ? 2 : 1;
+          const uint8_t* w[2] = {W.data + r * wrb, W.data + (r + 1) * wrb};
+          for (int64_t t = tb; t < te; t += 2) {
+            const int nc = t + 1 < te ? 2 : 1;
+            const uint8_t* x[2] = {xq + t * xrb, xq + (t + 1) * xrb};
+            float out[4];
+            tile(K, nr, nc, w, x, out);
+            for (int i = 0; i < nr; i++) {
+              for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
+            }
+          }
         }
       }
     }

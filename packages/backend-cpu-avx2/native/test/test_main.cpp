@@ -215,6 +215,27 @@ void test_dtype_kernels(const KernelTable& kt) {
     const float got = kt.dot[dt](k, w.data(), xc.data());
     CHECK(std::fabs(got - ref) <= 4 * (std::sqrt(static_cast<double>(k)) + 8) * 0x1p-24 * scale + 1e-30,
           "%s %s dot %g vs %g", kt.name, dtype_name(dt), static_cast<double>(got), ref);
+    // dot_tile (2 rows × 2 columns and the partial shapes) equals dot, bit for bit
+    {
+      const std::vector<uint8_t> w2 = random_row(dt, k);
+      std::vector<float> x2f(k);
+      for (auto& v : x2f) v = uni(-2, 2);
+      std::vector<uint8_t> x2(x_row_bytes(fmt, k));
+      kt.convert[fmt](x2f.data(), x2.data(), k);
+      const uint8_t* ws[2] = {w.data(), w2.data()};
+      const uint8_t* xs[2] = {xc.data(), x2.data()};
+      for (int nr = 1; nr <= 2; nr++) {
+        for (int nc = 1; nc <= 2; nc++) {
+          float out[4];
+          kt.dot_tile[dt](k, nr, nc, ws, xs, out);
+          for (int r = 0; r < nr; r++) {
+            for (int c = 0; c < nc; c++) {
+              CHECK(out[r * nc + c] == kt.dot[dt](k, ws[r], xs[c]), "%s %s dot_tile %dx%d", kt.name, dtype_name(dt), nr, nc);
+            }
+          }
+        }
+      }
+    }
     // axpy_rows over up to 4 rows equals successive axpy calls, bit for bit
     for (int nr = 1; nr <= 4; nr++) {
       std::vector<std::vector<uint8_t>> rows;
