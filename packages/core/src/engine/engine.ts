@@ -12,9 +12,11 @@ import {
   parseModelConfig,
   readTensorBytes,
 } from "@powerinfer/gguf";
-import type { Backend } from "../backend/types.js";
+import { Graph } from "../backend/graph.js";
+import type { Backend, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
 import {
+  buildLlamaBatchGraph,
   buildLlamaGraph,
   checkSparseMode,
   type LayerCapture,
@@ -71,6 +73,8 @@ function checkAbort(signal?: AbortSignal): void {
 /** A model mapped onto a backend. */
 export class Model {
   private disposed = false;
+  /** F32 [head_dim·n_head, capacity] where a multi-sequence batch gathers its attention outputs. */
+  private scratch?: TensorHandle;
 
   private constructor(
     readonly file: GgufFile,
@@ -148,10 +152,84 @@ export class Model {
     return new Session(this, opts);
   }
 
+  /**
+   * Evaluates new tokens of several sessions of this model in one graph (one decode step of continuous
+   * batching): each session's tokens are appended to its own cache, and each gets the logits it asked for.
+   * A session's logits are the same as from {@link Session.evaluate} with the same tokens, whatever else is
+   * in the batch (bit for bit on the dense path; the sparse kernels may sum in another order).
+   * @returns per entry: its logits ([n_vocab] for "last", [n_vocab × T] token-major for "all", undefined
+   *   for "none"), plus the step's token count, compute time and sparse row counters.
+   * @throws EngineError 'BAD_INPUT' (empty batch or entry, a session twice or of another model, a token id
+   *   outside the vocabulary), 'CONTEXT_FULL' (nothing is appended then), 'DISPOSED'.
+   */
+  decodeBatch(entries: readonly BatchEntry[]): BatchResult {
+    if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
+    if (entries.length === 0) throw new EngineError("BAD_INPUT", "empty batch");
+    const seen = new Set<Session>();
+    const nv = this.config.n_vocab;
+    let total = 0;
+    for (const e of entries) {
+      if (e.session.model !== this) throw new EngineError("BAD_INPUT", "a session of another model is in the batch");
+      if (seen.has(e.session)) throw new EngineError("BAD_INPUT", "a session appears twice in the batch");
+      seen.add(e.session);
+      if (e.tokens.length === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
+      for (const t of e.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= nv)
+          throw new EngineError("BAD_INPUT", `token id ${t} outside [0, ${nv})`);
+      }
+      if (e.session.nPast + e.tokens.length > e.session.nCtx) {
+        throw new EngineError(
+          "CONTEXT_FULL",
+          `context full: ${e.session.nPast} + ${e.tokens.length} tokens > n_ctx ${e.session.nCtx}`,
+        );
+      }
+      total += e.tokens.length;
+    }
+    const { graph, logits, sparseNodes } = buildLlamaBatchGraph(
+      this.config,
+      this.weights,
+      entries.map((e) => ({
+        kv: e.session.kv,
+        tokens: Int32Array.from(e.tokens),
+        nPast: e.session.nPast,
+        logits: e.logits ?? "last",
+      })),
+      {
+        sparse: this.sparse,
+        threshold: this.threshold,
+        scratch: entries.length > 1 ? this.batchScratch(total) : undefined,
+      },
+    );
+    const r = this.backend.compute(graph);
+    for (const e of entries) e.session.nPast += e.tokens.length;
+    const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs };
+    if (sparseNodes.layers.length) {
+      result.sparse = {
+        activeRows: sparseNodes.layers.map((nodes) => r.rowsRead[nodes[0]!]!),
+        rowsRead: sparseNodes.layers.reduce((s, nodes) => s + nodes.reduce((a, n) => a + r.rowsRead[n]!, 0), 0),
+      };
+    }
+    return result;
+  }
+
+  /** The batch scratch tensor, grown to hold at least `columns` columns. */
+  private batchScratch(columns: number): TensorHandle {
+    const rows = this.config.head_dim * this.config.n_head;
+    const have = this.scratch?.ne[1] ?? 0;
+    if (have < columns) {
+      if (this.scratch) this.backend.freeTensor(this.scratch);
+      this.scratch = undefined;
+      this.scratch = this.backend.createTensor("f32", [rows, Math.max(columns, 2 * have, 16)]);
+    }
+    return this.scratch!;
+  }
+
   /** Frees the weights on the backend (the backend itself stays loaded). */
   dispose(): void {
     if (this.disposed) return;
     this.disposed = true;
+    if (this.scratch) this.backend.freeTensor(this.scratch);
+    this.scratch = undefined;
     const seen = new Set<number>();
     const free = (t?: { id: number }) => {
       if (t && !seen.has(t.id)) {
@@ -165,6 +243,27 @@ export class Model {
     free(w.outputNorm);
     for (const L of w.layers) for (const t of Object.values(L)) free(t);
   }
+}
+
+/** One session's part of a {@link Model.decodeBatch} step. */
+export interface BatchEntry {
+  session: Session;
+  /** New tokens (at least one), appended at the session's nPast. */
+  tokens: readonly number[] | Int32Array;
+  /** Logits wanted: after the last token ("last", default), after every token ("all"), or none. */
+  logits?: "last" | "all" | "none";
+}
+
+/** What {@link Model.decodeBatch} returns. */
+export interface BatchResult {
+  /** Per entry, in order: its logits, or undefined when it asked for none. */
+  logits: (Float32Array | undefined)[];
+  /** Tokens (graph columns) evaluated in the step. */
+  tokens: number;
+  /** Milliseconds the backend computed. */
+  computeMs: number;
+  /** Sparse mode only: per layer the neurons computed summed over the step's tokens, and all rows read. */
+  sparse?: { activeRows: number[]; rowsRead: number };
 }
 
 /** Options of a {@link Session}. */
@@ -300,6 +399,39 @@ export class Session {
     return all ?? last!;
   }
 
+  /**
+   * Makes this session's cache hold the first `nTokens` positions of `src`'s cache (llama.cpp's
+   * `seq_cp`): a prompt evaluated once can be continued by several sessions. Values are copied exactly.
+   * @throws EngineError 'BAD_INPUT' when `src` is of another model or cache layout, or `nTokens` does not
+   *   fit in either session.
+   */
+  copyFrom(src: Session, nTokens: number = src.nPast): void {
+    if (src === this) return;
+    if (src.model !== this.model || src.kv.nEmbdKv !== this.kv.nEmbdKv)
+      throw new EngineError("BAD_INPUT", "copyFrom: the sessions belong to different models");
+    if (!Number.isInteger(nTokens) || nTokens < 0 || nTokens > src.nPast || nTokens > this.nCtx) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `copyFrom: cannot copy ${nTokens} positions (source holds ${src.nPast}, this context has ${this.nCtx})`,
+      );
+    }
+    if (nTokens > 0) {
+      const g = new Graph();
+      const ids = g.input(
+        "i32",
+        [nTokens],
+        Int32Array.from({ length: nTokens }, (_, i) => i),
+      );
+      // get_rows reads (and widens) the source rows, cpy stores them in this cache's type
+      src.kv.k.forEach((k, l) => {
+        g.cpy(g.getRows(g.handle(k), ids), g.handle(this.kv.k[l]!), 0);
+        g.cpy(g.getRows(g.handle(src.kv.v[l]!), ids), g.handle(this.kv.v[l]!), 0);
+      });
+      this.model.backend.compute(g);
+    }
+    this.nPast = nTokens;
+  }
+
   /** Tokenizes `prompt` (when text), evaluates it, then samples until a stop condition. */
   async *generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
     const tok = this.model.tokenizer;
@@ -314,18 +446,12 @@ export class Session {
         `prompt has ${ids.length} tokens, context has room for ${this.nCtx - this.nPast} (n_ctx ${this.nCtx})`,
       );
     }
-    const sampler = new Sampler(opts);
-    for (const t of ids) sampler.accept(t);
+    const gen = new Generation(tok, ids, opts);
     const timings: Timings = { promptTokens: ids.length, promptMs: 0, generatedTokens: 0, generateMs: 0 };
     this.timings = timings;
     let t0 = performance.now();
     let logits = this.evaluate(ids);
     timings.promptMs = performance.now() - t0;
-    const max = opts.maxTokens ?? -1;
-    const stops = (opts.stop ?? []).filter((s) => s.length > 0);
-    const decoder = new TokenDecoder(tok);
-    let text = "";
-    let emitted = 0;
     let reason: StopReason;
     t0 = performance.now();
     for (;;) {
@@ -333,52 +459,117 @@ export class Session {
         reason = "aborted";
         break;
       }
-      if (max >= 0 && timings.generatedTokens >= max) {
+      if (gen.exhausted) {
         reason = "length";
         break;
       }
-      const id = sampler.sample(logits);
-      sampler.accept(id);
-      timings.generatedTokens++;
-      if (!opts.ignoreEos && tok.isEog(id)) {
+      const t = gen.next(logits);
+      timings.generatedTokens = gen.generated;
+      if (t.stop === "eos") {
         reason = "eos";
         break;
       }
-      text += decoder.push(id);
-      if (stops.length) {
-        const hits = stops.map((s) => text.indexOf(s, Math.max(0, emitted - s.length))).filter((i) => i >= 0);
-        if (hits.length) {
-          const hit = Math.min(...hits);
-          if (hit > emitted) yield { id, text: text.slice(emitted, hit) };
-          emitted = text.length;
-          reason = "stop";
-          break;
-        }
-        // hold back a tail that could be the start of a stop string
-        const hold = Math.max(...stops.map((s) => s.length - 1));
-        const safe = Math.max(emitted, text.length - hold);
-        yield { id, text: text.slice(emitted, safe) };
-        emitted = safe;
-      } else {
-        yield { id, text: text.slice(emitted) };
-        emitted = text.length;
+      if (t.stop === "stop") {
+        if (t.text) yield { id: t.id, text: t.text };
+        reason = "stop";
+        break;
       }
+      yield { id: t.id, text: t.text };
       if (this.nPast >= this.nCtx) {
         reason = "context";
         break;
       }
-      logits = this.evaluate([id]);
+      logits = this.evaluate([t.id]);
       timings.generateMs = performance.now() - t0;
       // let the event loop breathe between tokens (abort signals, streaming consumers)
       await new Promise((r) => setImmediate(r));
     }
     timings.generateMs = performance.now() - t0;
     timings.stopReason = reason;
-    const tail = text.slice(emitted) + decoder.flush();
+    const tail = gen.flush();
     if (tail) yield { id: -1, text: tail };
   }
 
   dispose(): void {
     this.kv.dispose();
+  }
+}
+
+/** What {@link Generation.next} returns: the sampled token, the text it releases, and whether it ends. */
+export interface GenerationStep extends GeneratedToken {
+  /** "eos": an end-of-generation token (not part of the text); "stop": a stop string was reached. */
+  stop?: "eos" | "stop";
+  /** With stop "stop": the stop string found. */
+  stopWord?: string;
+}
+
+/**
+ * The per-sequence state of text generation: the sampler (fed the prompt for its penalties), the token
+ * budget, stop strings, and the text decoded so far. {@link Session.generate} and the batch scheduler both
+ * drive one per sequence, so a sequence yields the same tokens and text alone as in a batch.
+ */
+export class Generation {
+  readonly sampler: Sampler;
+  /** Tokens sampled so far (including an end-of-generation token). */
+  generated = 0;
+  private readonly max: number;
+  private readonly stops: string[];
+  private readonly decoder: TokenDecoder;
+  private text = "";
+  private emitted = 0;
+
+  constructor(
+    readonly tokenizer: Tokenizer,
+    promptIds: readonly number[],
+    readonly options: GenerateOptions = {},
+  ) {
+    this.sampler = new Sampler(options);
+    for (const t of promptIds) this.sampler.accept(t);
+    this.max = options.maxTokens ?? -1;
+    this.stops = (options.stop ?? []).filter((s) => s.length > 0);
+    this.decoder = new TokenDecoder(tokenizer);
+  }
+
+  /** True when `maxTokens` tokens have been sampled: the next call to {@link next} must not happen. */
+  get exhausted(): boolean {
+    return this.max >= 0 && this.generated >= this.max;
+  }
+
+  /**
+   * Samples the next token from `logits` and returns it with the text it completes. Text that could be
+   * the start of a stop string, or an incomplete UTF-8 character, is held back until it is decided.
+   */
+  next(logits: Float32Array): GenerationStep {
+    const id = this.sampler.sample(logits);
+    this.sampler.accept(id);
+    this.generated++;
+    if (!this.options.ignoreEos && this.tokenizer.isEog(id)) return { id, text: "", stop: "eos" };
+    this.text += this.decoder.push(id);
+    const stops = this.stops;
+    if (stops.length === 0) {
+      const out = this.text.slice(this.emitted);
+      this.emitted = this.text.length;
+      return { id, text: out };
+    }
+    const emitted = this.emitted;
+    const hits = stops.map((s) => this.text.indexOf(s, Math.max(0, emitted - s.length))).filter((i) => i >= 0);
+    if (hits.length) {
+      const hit = Math.min(...hits);
+      const word = stops.find((s) => this.text.indexOf(s, Math.max(0, emitted - s.length)) === hit)!;
+      this.emitted = this.text.length;
+      return { id, text: hit > emitted ? this.text.slice(emitted, hit) : "", stop: "stop", stopWord: word };
+    }
+    // hold back a tail that could be the start of a stop string
+    const hold = Math.max(...stops.map((s) => s.length - 1));
+    const safe = Math.max(emitted, this.text.length - hold);
+    this.emitted = safe;
+    return { id, text: this.text.slice(emitted, safe) };
+  }
+
+  /** The text still held back (a possible stop-string start, an incomplete character); call once at the end. */
+  flush(): string {
+    const tail = this.text.slice(this.emitted) + this.decoder.flush();
+    this.emitted = this.text.length;
+    return tail;
   }
 }

@@ -7,6 +7,7 @@ export type EngineErrorCode =
   | "BAD_SHAPE"
   | "BAD_INPUT"
   | "ABORTED"
+  | "QUEUE_FULL"
   | "DISPOSED";
 
 /** Every error the engine throws on purpose; `message` is one line naming the problem. */

@@ -1,3 +1,4 @@
+export * from "./batch.js";
 export * from "./engine.js";
 export * from "./errors.js";
 export * from "./kv-cache.js";

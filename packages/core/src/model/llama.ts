@@ -140,6 +140,39 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
   }
 }
 
+/** One sequence of a batched forward pass ({@link buildLlamaBatchGraph}). */
+export interface BatchSequence {
+  /** The sequence's own KV cache. */
+  kv: KvCache;
+  /** New tokens (at least one), at positions nPast, nPast+1, … of this sequence. */
+  tokens: Int32Array;
+  /** Tokens already in this sequence's cache. */
+  nPast: number;
+  /** Logits wanted: after the last new token ("last", default), after every new token ("all"), or none. */
+  logits?: "last" | "all" | "none";
+}
+
+/** Options of {@link buildLlamaBatchGraph}. */
+export interface BatchForwardOptions extends Omit<ForwardOptions, "allLogits"> {
+  /**
+   * An F32 backend tensor [head_dim·n_head, ≥ total new tokens] in which the per-sequence attention outputs
+   * are gathered before W_o. Needed when the batch holds more than one sequence; its contents are scratch.
+   */
+  scratch?: TensorHandle;
+}
+
+/** What {@link buildLlamaBatchGraph} returns. */
+export interface BatchGraph {
+  graph: Graph;
+  /**
+   * Per sequence: its logits ([n_vocab] for "last", [n_vocab × T_s] token-major for "all") or undefined
+   * for "none"; views into one output array, filled by the compute.
+   */
+  logits: (Float32Array | undefined)[];
+  sparseNodes: SparseNodes;
+  captures: LayerCapture[];
+}
+
 /**
  * Builds the forward graph for `tokens` at positions nPast.. and the array its logits land in
  * ([n_vocab] or [n_vocab × T] column-major by token).
@@ -153,9 +186,54 @@ export function buildLlamaGraph(
   nPast: number,
   opts: ForwardOptions = {},
 ): { graph: Graph; logits: Float32Array; sparseNodes: SparseNodes; captures: LayerCapture[] } {
-  const T = tokens.length;
-  if (nPast + T > kv.nCtx) {
-    throw new EngineError("CONTEXT_FULL", `context full: ${nPast} tokens in the cache + ${T} new > n_ctx ${kv.nCtx}`);
+  const r = buildLlamaBatchGraph(cfg, w, [{ kv, tokens, nPast, logits: opts.allLogits ? "all" : "last" }], opts);
+  return { graph: r.graph, logits: r.logits[0]!, sparseNodes: r.sparseNodes, captures: r.captures };
+}
+
+/**
+ * Builds one forward graph for several sequences (continuous batching). The batch's columns are the new
+ * tokens of every sequence, sequence after sequence; every matrix product runs once over all columns, each
+ * column roped at its own position. Attention is per sequence: its columns of Q, K and V are selected with
+ * get_rows, K and V written into its own cache at its n_past, and its attention output copied into the
+ * scratch tensor at its column offset, from which W_o reads all columns again. Every column's result
+ * depends only on its token, its position and its own cache, so a sequence gets the same logits in any
+ * batch as alone (bit for bit on the dense path). With one sequence the graph is the plain single-sequence
+ * graph (no selection, no scratch).
+ * @throws EngineError 'CONTEXT_FULL' when a sequence's nPast + T exceeds its cache, 'BAD_INPUT' for an empty
+ *   batch or sequence, a missing or too small scratch, or capture with several sequences.
+ */
+export function buildLlamaBatchGraph(
+  cfg: ModelConfig,
+  w: LlamaWeights,
+  seqs: readonly BatchSequence[],
+  opts: BatchForwardOptions = {},
+): BatchGraph {
+  if (seqs.length === 0) throw new EngineError("BAD_INPUT", "empty batch");
+  const multi = seqs.length > 1;
+  const offsets: number[] = [];
+  let T = 0;
+  for (const s of seqs) {
+    const n = s.tokens.length;
+    if (n === 0) throw new EngineError("BAD_INPUT", "a sequence of the batch has no tokens");
+    if (s.nPast + n > s.kv.nCtx) {
+      throw new EngineError(
+        "CONTEXT_FULL",
+        `context full: ${s.nPast} tokens in the cache + ${n} new > n_ctx ${s.kv.nCtx}`,
+      );
+    }
+    offsets.push(T);
+    T += n;
+  }
+  const dH = cfg.head_dim * cfg.n_head;
+  if (multi) {
+    const sc = opts.scratch;
+    if (sc?.dtype !== "f32" || sc.ne[0] !== dH || (sc.ne[1] ?? 1) < T) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `a batch of ${seqs.length} sequences needs an f32 scratch tensor of [${dH}, ≥ ${T}]${sc ? `, got ${sc.dtype} [${sc.ne.join(", ")}]` : ""}`,
+      );
+    }
+    if (opts.capture) throw new EngineError("BAD_INPUT", "capture works on one sequence only");
   }
   const g = new Graph();
   const sparseNodes: SparseNodes = { layers: [] };
@@ -170,32 +248,54 @@ export function buildLlamaGraph(
     freqBase: cfg.rope.freq_base,
     freqScale: cfg.rope.freq_scale,
   };
-  const pos = g.input(
-    "i32",
-    [T],
-    Int32Array.from({ length: T }, (_, i) => nPast + i),
-  );
-  const ids = g.input("i32", [T], tokens);
+  const posData = new Int32Array(T);
+  const idsData = new Int32Array(T);
+  seqs.forEach((s, i) => {
+    for (let j = 0; j < s.tokens.length; j++) posData[offsets[i]! + j] = s.nPast + j;
+    idsData.set(s.tokens, offsets[i]!);
+  });
+  const pos = g.input("i32", [T], posData);
+  const ids = g.input("i32", [T], idsData);
+  const iota = (from: number, n: number) => Int32Array.from({ length: n }, (_, i) => from + i);
+  // per sequence: the ids of its columns (several sequences only)
+  const cols = multi ? seqs.map((s, i) => g.input("i32", [s.tokens.length], iota(offsets[i]!, s.tokens.length))) : [];
+  const allCols = multi ? g.input("i32", [T], iota(0, T)) : -1;
   let x: TensorId = g.getRows(g.handle(w.tokEmbd), ids);
   const act = cfg.ffn.activation;
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
+  const attnParams = (nPast: number) => ({
+    headDim: cfg.head_dim,
+    nHead: cfg.n_head,
+    nHeadKv: cfg.n_head_kv,
+    nPast,
+    scale: 1 / Math.sqrt(cfg.head_dim),
+  });
   for (let l = 0; l < w.layers.length; l++) {
     const L = w.layers[l]!;
     let h = g.mul(g.rmsNorm(x, eps), g.handle(L.attnNorm));
     const q = g.rope(g.mulMat(g.handle(L.wq), h), pos, rope);
     const k = g.rope(g.mulMat(g.handle(L.wk), h), pos, rope);
     const v = g.mulMat(g.handle(L.wv), h);
-    const kc = g.cpy(k, g.handle(kv.k[l]!), nPast);
-    const vc = g.cpy(v, g.handle(kv.v[l]!), nPast);
-    const att = g.attention(q, kc, vc, {
-      headDim: cfg.head_dim,
-      nHead: cfg.n_head,
-      nHeadKv: cfg.n_head_kv,
-      nPast,
-      scale: 1 / Math.sqrt(cfg.head_dim),
-    });
+    let att: TensorId;
+    if (!multi) {
+      const s = seqs[0]!;
+      const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
+      const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
+      att = g.attention(q, kc, vc, attnParams(s.nPast));
+    } else {
+      const scratch = g.handle(opts.scratch!);
+      seqs.forEach((s, i) => {
+        const c = cols[i]!;
+        const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
+        const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
+        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast));
+        g.cpy(a, scratch, offsets[i]!);
+      });
+      // the nodes run in order: every copy above is done before this read
+      att = g.getRows(g.handle(opts.scratch!), allCols);
+    }
     const ffnInp = g.add(g.mulMat(g.handle(L.wo), att), x);
     h = g.mul(g.rmsNorm(ffnInp, eps), g.handle(L.ffnNorm));
     const mode = opts.sparse ?? "off";
@@ -217,7 +317,8 @@ export function buildLlamaGraph(
       }
       down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
     } else {
-      // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle).
+      // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle),
+      // per column, so every sequence of a batch keeps its own active set.
       const first = g.nodes.length;
       let logits: TensorId;
       let threshold: number;
@@ -250,9 +351,28 @@ export function buildLlamaGraph(
     }
     x = g.add(down, ffnInp);
   }
-  if (!opts.allLogits && T > 1) x = g.getRows(x, g.input("i32", [1], Int32Array.of(T - 1)));
-  const out = g.mul(g.rmsNorm(x, eps), g.handle(w.outputNorm));
-  const logitsT = g.mulMat(g.handle(w.output), out);
-  const logits = g.output(logitsT);
-  return { graph: g, logits, sparseNodes, captures };
+  // the columns whose logits are wanted, in sequence order
+  const outCols: number[] = [];
+  const outStart: number[] = [];
+  seqs.forEach((s, i) => {
+    outStart.push(outCols.length);
+    const mode = s.logits ?? "last";
+    if (mode === "all") for (let j = 0; j < s.tokens.length; j++) outCols.push(offsets[i]! + j);
+    else if (mode === "last") outCols.push(offsets[i]! + s.tokens.length - 1);
+  });
+  const nv = cfg.n_vocab;
+  const result: (Float32Array | undefined)[] = seqs.map(() => undefined);
+  if (outCols.length > 0) {
+    const identity = outCols.length === T; // every column, in order
+    if (!identity) x = g.getRows(x, g.input("i32", [outCols.length], Int32Array.from(outCols)));
+    const out = g.mul(g.rmsNorm(x, eps), g.handle(w.outputNorm));
+    const all = g.output(g.mulMat(g.handle(w.output), out));
+    seqs.forEach((s, i) => {
+      const mode = s.logits ?? "last";
+      if (mode === "none") return;
+      const n = mode === "all" ? s.tokens.length : 1;
+      result[i] = all.subarray(outStart[i]! * nv, (outStart[i]! + n) * nv);
+    });
+  }
+  return { graph: g, logits: result, sparseNodes, captures };
 }
