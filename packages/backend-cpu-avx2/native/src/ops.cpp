@@ -217,10 +217,12 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   const int64_t chunk = chunk_size(len, nth, 8);
   int64_t e0, e1;
   while (next_chunk(n, len, chunk, &e0, &e1)) {
+    // two rows ahead: a small row (Q4_0: 2.3 KB at n_embd 4096) takes less time than a DRAM round trip
+    if (e0 + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e0 + 3]) * wrb, wrb);
     for (int64_t e = e0; e < e1; e++) {
       const int64_t i = l.list[2 * e];
       const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
-      if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
+      if (e + 2 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 5]) * wrb, wrb);
       for (int64_t t = 0; t < T; t++) {
         if (logits && !(logits[i + t * n_out] >= thr)) continue;
         y[i + t * n_out] = dot(K, w, xq + t * xrb);
