@@ -1,7 +1,9 @@
 /** The `powerinfer` command tree: each command lives in commands/<name>.ts as a thin layer over the packages. */
 import { Command } from "commander";
 import { register as backends } from "./commands/backends.js";
+import { register as bench } from "./commands/bench.js";
 import { register as chat } from "./commands/chat.js";
+import { register as genModel } from "./commands/gen-model.js";
 import { register as inspect } from "./commands/inspect.js";
 import { register as perplexity } from "./commands/perplexity.js";
 import { register as plan } from "./commands/plan.js";
@@ -13,6 +15,6 @@ export function createProgram(): Command {
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
     .showHelpAfterError("(run with --help for usage)");
-  for (const reg of [run, chat, perplexity, profile, plan, inspect, backends]) reg(program);
+  for (const reg of [run, chat, perplexity, profile, plan, inspect, genModel, bench, backends]) reg(program);
   return program;
 }

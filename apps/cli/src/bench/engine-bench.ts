@@ -1,180 +1,129 @@
 /**
- * `pnpm bench` (apps/cli): llama-bench-style rows (model, size, params, backend, threads, test, t/s ± sd)
- * for prompt processing (ppN) and generation (tgN), ours and llama.cpp's (through the node-llama-cpp
- * package, CPU build, gpu: false) in the same run, alternating repetitions so machine drift cancels.
+ * `pnpm bench` (apps/cli): the benchmark suite recorded in BENCHMARKS.md.
  *
- * Usage: node dist/bench/engine-bench.js [-m MODEL]... [-p 64] [-n 64] [-t THREADS] [-r REPS]
+ * 1. stories260K (pp64/tg64: its context is 128) — per-token host overhead against llama.cpp;
+ * 2. generated 7B-shaped slices (`gen-model`: relu-llama, 10 % active neurons, 25 % of neurons giving
+ *    80 % of activations), for each weight type a GGUF (llama.cpp and our dense mode run it) and the PWRI
+ *    file with the same weights plus predictors (our sparse mode), pp512/tg128. The files are written to
+ *    a temporary directory and deleted afterwards.
+ *
+ * Usage: node dist/bench/engine-bench.js [--layers 2] [--dtypes F16,Q4_0] [-t 2] [-r 5] [--dir DIR]
+ *   [--keep] [--no-stories] [--no-synthetic] [--quick] [--json]
  */
-import { statSync } from "node:fs";
-import { availableParallelism, cpus } from "node:os";
+import { mkdtempSync, rmSync } from "node:fs";
+import { availableParallelism, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { argmax, Model } from "@powerinfer/core";
+import { generateSyntheticModel, type SyntheticDType, type SyntheticModelReport } from "@powerinfer/core";
 import { Command } from "commander";
+import { intList } from "../commands/bench.js";
+import { formatHeader, formatJson, formatMarkdown } from "./format.js";
+import { type BenchOptions, type BenchResult, runBench } from "./harness.js";
 
-interface Row {
-  model: string;
-  size: number;
-  params: number;
-  backend: string;
-  threads: number;
-  test: string;
-  samples: number[];
+interface SuiteOptions {
+  layers: number;
+  dtypes: string;
+  threads: number[];
+  repetitions: number;
+  dir: string;
+  keep?: boolean;
+  stories: boolean;
+  synthetic: boolean;
+  quick?: boolean;
+  json?: boolean;
+  models: string;
 }
-
-const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / xs.length;
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2]! : (s[s.length / 2 - 1]! + s[s.length / 2]!) / 2;
-};
-const sd = (xs: number[]) => {
-  const m = mean(xs);
-  return Math.sqrt(xs.reduce((a, b) => a + (b - m) ** 2, 0) / Math.max(1, xs.length - 1));
-};
 
 async function main(): Promise<void> {
   const repoRoot = resolve(import.meta.dirname, "../../../..");
-  const models = process.env.POWERINFER_TEST_MODELS ?? join(repoRoot, "../shared/models");
-  const o = new Command()
-    .option("-m, --model <file...>", "models", [join(models, "stories260K.gguf")])
-    .option("-p, --n-prompt <n>", "prompt tokens", (v) => Number(v), 64)
-    .option("-n, --n-gen <n>", "generated tokens", (v) => Number(v), 64)
-    .option("-t, --threads <n>", "threads", (v) => Number(v), Math.min(2, availableParallelism()))
-    .option("-r, --repetitions <n>", "repetitions after one warm-up", (v) => Number(v), 5)
-    .option("--json", "JSON output")
-    .option("--no-peer", "skip llama.cpp")
+  const o = new Command("bench")
+    .option("--layers <n>", "layers of the generated 7B slices", (v) => Number(v), 2)
+    .option("--dtypes <list>", "weight types of the generated slices", "F16,Q4_0")
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [Math.min(2, availableParallelism())])
+    .option("-r, --repetitions <n>", "measured repetitions after one warm-up", (v) => Number(v), 5)
+    .option("--dir <dir>", "where to write the generated models (deleted afterwards)", tmpdir())
+    .option("--keep", "keep the generated models")
+    .option("--no-stories", "skip stories260K")
+    .option("--no-synthetic", "skip the generated slices")
+    .option("--quick", "1 repetition, pp64/tg16, 1-layer slices (a check, not a measurement)")
+    .option("--json", "JSON rows instead of markdown")
+    .option(
+      "--models <dir>",
+      "shared test models",
+      process.env.POWERINFER_TEST_MODELS ?? join(repoRoot, "../shared/models"),
+    )
     .parse()
-    .opts<{
-      model: string[];
-      nPrompt: number;
-      nGen: number;
-      threads: number;
-      repetitions: number;
-      json?: boolean;
-      peer: boolean;
-    }>();
-
-  let peer: typeof import("node-llama-cpp") | undefined;
-  if (o.peer) {
+    .opts<SuiteOptions>();
+  const log = (line: string) => process.stderr.write(`bench: ${line}\n`);
+  const reps = o.quick ? 1 : o.repetitions;
+  const results: BenchResult[] = [];
+  let bandwidth: Record<number, number> | undefined;
+  const run = async (opts: Omit<BenchOptions, "log" | "threads" | "repetitions" | "bandwidth">) => {
+    const r = await runBench({ ...opts, threads: o.threads, repetitions: reps, bandwidth, log });
+    bandwidth = r.bandwidth;
+    results.push(r);
+  };
+  if (o.stories) {
+    await run({
+      models: [{ path: join(o.models, "stories260K.gguf") }],
+      nPrompt: [64],
+      nGen: [o.quick ? 16 : 64],
+      sparse: "auto",
+    });
+  }
+  const generated: SyntheticModelReport[] = [];
+  if (o.synthetic) {
+    const dir = mkdtempSync(join(o.dir, "powerinfer-bench-"));
     try {
-      peer = await import("node-llama-cpp");
-    } catch (e) {
-      console.error(`llama.cpp peer unavailable (node-llama-cpp): ${(e as Error).message}`);
-    }
-  }
-  const llama = peer
-    ? await peer.getLlama({ gpu: false, build: "never", logLevel: peer.LlamaLogLevel.error })
-    : undefined;
-  if (llama && peer) {
-    console.error(
-      `peer: node-llama-cpp ${llama.buildType} build, llama.cpp release ${llama.llamaCppRelease.release}, gpu: ${llama.gpu}`,
-    );
-  }
-  console.error(`machine: ${cpus()[0]?.model ?? "?"}, ${availableParallelism()} logical cores`);
-
-  const backend = await cpuBackend.load({ threads: o.threads });
-  const rows: Row[] = [];
-  for (const path of o.model) {
-    const model = await Model.load(path, { backend });
-    const cfg = model.config;
-    const name = `${cfg.arch} ${path.split("/").pop()}`;
-    const size = statSync(path).size;
-    const params = model.file.tensors.reduce((s, t) => s + t.nElements, 0);
-    const nCtx = Math.max(o.nPrompt, o.nGen + 1);
-    const promptIds = Array.from({ length: o.nPrompt }, (_, i) => (i === 0 ? 1 : 3 + ((i * 7919) % (cfg.n_vocab - 3))));
-    // generation tokens: our greedy continuation of BOS, fed to both engines one at a time
-    const genIds: number[] = [];
-    {
-      const s0 = model.createSession({ nCtx });
-      let l = s0.evaluate([1]);
-      for (let i = 0; i < o.nGen; i++) {
-        genIds.push(argmax(l));
-        if (i < o.nGen - 1) l = s0.evaluate([genIds[i]!]);
-      }
-      s0.dispose();
-    }
-    const ours = { pp: [] as number[], tg: [] as number[] };
-    const theirs = { pp: [] as number[], tg: [] as number[] };
-
-    const pModel = llama ? await llama.loadModel({ modelPath: path }) : undefined;
-    const pCtx = pModel
-      ? await pModel.createContext({ contextSize: nCtx, threads: o.threads, batchSize: o.nPrompt })
-      : undefined;
-    const pSeq = pCtx?.getSequence();
-
-    const session = model.createSession({ nCtx });
-    for (let rep = 0; rep <= o.repetitions; rep++) {
-      // ours: pp
-      session.reset();
-      let t0 = performance.now();
-      session.evaluate(promptIds);
-      const pp = performance.now() - t0;
-      // ours: tg (after BOS, one token at a time, the same token sequence as the peer)
-      session.reset();
-      session.evaluate([1]);
-      t0 = performance.now();
-      for (let i = 0; i < o.nGen; i++) argmax(session.evaluate([genIds[i]!]));
-      const tg = performance.now() - t0;
-      if (rep > 0) {
-        ours.pp.push((o.nPrompt * 1000) / pp);
-        ours.tg.push((o.nGen * 1000) / tg);
-      }
-      if (pSeq) {
-        await pSeq.clearHistory();
-        t0 = performance.now();
-        await pSeq.evaluateWithoutGeneratingNewTokens(promptIds as never);
-        const ppP = performance.now() - t0;
-        await pSeq.clearHistory();
-        await pSeq.evaluateWithoutGeneratingNewTokens([1] as never);
-        t0 = performance.now();
-        for (let i = 0; i < o.nGen; i++) await pSeq.evaluateWithoutGeneratingNewTokens([genIds[i]!] as never);
-        const tgP = performance.now() - t0;
-        if (rep > 0) {
-          theirs.pp.push((o.nPrompt * 1000) / ppP);
-          theirs.tg.push((o.nGen * 1000) / tgP);
+      for (const dtype of o.dtypes.split(",") as SyntheticDType[]) {
+        const base = { preset: "7b" as const, arch: "relu-llama" as const, layers: o.quick ? 1 : o.layers, dtype };
+        const gguf = join(dir, `relu-llama-7b-${base.layers}L-${dtype}.gguf`);
+        const pwri = join(dir, `relu-llama-7b-${base.layers}L-${dtype}.powerinfer.gguf`);
+        for (const [path, format] of [
+          [gguf, "GGUF"],
+          [pwri, "PWRI"],
+        ] as const) {
+          log(`generating ${path}`);
+          const rep = await generateSyntheticModel(path, { ...base, format }, {});
+          log(`generated ${(rep.bytes / 2 ** 30).toFixed(2)} GiB in ${rep.seconds?.toFixed(1)} s`);
+          generated.push(rep);
+        }
+        await run({
+          models: [{ path: pwri, twin: gguf }],
+          nPrompt: [o.quick ? 64 : 512],
+          nGen: [o.quick ? 16 : 128],
+          sparse: "auto",
+        });
+        if (!o.keep) {
+          rmSync(gguf, { force: true });
+          rmSync(pwri, { force: true });
         }
       }
+    } finally {
+      if (!o.keep) rmSync(dir, { recursive: true, force: true });
     }
-    session.dispose();
-    const base = { model: name, size, params, threads: o.threads };
-    rows.push({ ...base, backend: "powerinfer-ts cpu", test: `pp${o.nPrompt}`, samples: ours.pp });
-    rows.push({ ...base, backend: "powerinfer-ts cpu", test: `tg${o.nGen}`, samples: ours.tg });
-    if (pSeq) {
-      rows.push({ ...base, backend: "llama.cpp cpu", test: `pp${o.nPrompt}`, samples: theirs.pp });
-      rows.push({ ...base, backend: "llama.cpp cpu", test: `tg${o.nGen}`, samples: theirs.tg });
-    }
-    await pCtx?.dispose();
-    await pModel?.dispose();
-    model.dispose();
   }
-  backend.dispose();
-
+  const merged: BenchResult = {
+    ...results[0]!,
+    rows: results.flatMap((r) => r.rows),
+    sparseSummary: results.flatMap((r) => r.sparseSummary),
+    notes: [...new Set(results.flatMap((r) => r.notes))],
+  };
   if (o.json) {
-    console.log(
-      JSON.stringify(
-        rows.map((r) => ({ ...r, avg_ts: mean(r.samples), stddev_ts: sd(r.samples) })),
-        null,
-        2,
-      ),
-    );
+    process.stdout.write(`${formatJson(merged)}\n`);
     return;
   }
-  const fmtSize = (b: number) => (b < 2 ** 20 ? `${(b / 1024).toFixed(2)} KiB` : `${(b / 2 ** 20).toFixed(2)} MiB`);
-  const fmtParams = (p: number) => (p < 1e6 ? `${(p / 1e3).toFixed(2)} K` : `${(p / 1e6).toFixed(2)} M`);
-  console.log(
-    "| model | size | params | backend | threads | test | t/s (mean ± sd) | median | ratio of medians vs llama.cpp |",
-  );
-  console.log("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |");
-  for (const r of rows) {
-    const peerRow = rows.find((x) => x.model === r.model && x.test === r.test && x.backend.startsWith("llama.cpp"));
-    const ratio = peerRow && r !== peerRow ? (median(r.samples) / median(peerRow.samples)).toFixed(2) : "";
-    console.log(
-      `| ${r.model} | ${fmtSize(r.size)} | ${fmtParams(r.params)} | ${r.backend} | ${r.threads} | ${r.test} | ${mean(r.samples).toFixed(2)} ± ${sd(r.samples).toFixed(2)} | ${median(r.samples).toFixed(2)} | ${ratio} |`,
+  const cmd = `pnpm bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(" ")}` : ""}`;
+  process.stdout.write(`${formatHeader(merged, cmd)}\n`);
+  for (const g of generated) {
+    if (g.format !== "PWRI") continue;
+    process.stdout.write(
+      `- generated: ${g.arch} ${g.preset} ${g.layers}/${g.shape.n_layer} layers ${g.dtype}, design ${(100 * g.design.activeFraction).toFixed(0)} % active / ${(100 * g.design.hotShare).toFixed(0)} % hot share, predictor rank ${g.predictorRank} ${g.predictorDType}, threshold ${g.threshold?.toFixed(3)} (sampled recall ${g.stats?.recall?.toFixed(3)}, predicted ${(100 * (g.stats?.predictedFraction ?? 0)).toFixed(1)} %); ${(g.bytes / 2 ** 30).toFixed(2)} GiB written in ${g.seconds?.toFixed(1)} s\n`,
     );
   }
+  process.stdout.write(`\n${formatMarkdown(merged)}\n`);
 }
 
 main().catch((e) => {
-  console.error(`bench: ${(e as Error).message}`);
+  process.stderr.write(`bench: ${(e as Error).message}\n`);
   process.exitCode = 1;
 });

@@ -1,0 +1,426 @@
+/**
+ * The benchmark harness behind `powerinfer bench` and `pnpm bench`: llama-bench's protocol (random
+ * tokens; ppN = N tokens from an empty context in one batch, tgN = N tokens one at a time from an empty
+ * context; t/s mean ± sd over repetitions after one warm-up) for llama.cpp (node-llama-cpp) and for
+ * powerinfer-ts in each FFN mode, all in the same process with the repetitions interleaved (every
+ * engine runs each test once per round, in alternating order) so machine drift cancels out.
+ *
+ * Each decode row also gets the bytes of weights a token reads (sparse modes: from the kernels' row
+ * counters) and the share of this machine's measured memory bandwidth that implies.
+ */
+import { execFileSync } from "node:child_process";
+import { statSync } from "node:fs";
+import { availableParallelism, totalmem } from "node:os";
+import { basename, dirname } from "node:path";
+import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
+import { type Backend, Model, type SparseMode } from "@powerinfer/core";
+import { type GgufFile, getOptionalNumber, getOptionalString, ggmlTypeName, openGguf } from "@powerinfer/gguf";
+import { bytesPerToken } from "./bytes.js";
+import { type LlamaCppInfo, type LlamaCppPeer, type LlamaCppRunner, loadLlamaCpp } from "./llama-cpp.js";
+
+/** One model to benchmark. */
+export interface BenchModel {
+  path: string;
+  /**
+   * A GGUF with the same weights (e.g. the `--format gguf` twin of a generated PWRI file): llama.cpp
+   * and our dense mode run it, since llama.cpp cannot load PWRI files.
+   */
+  twin?: string;
+}
+
+export interface BenchOptions {
+  models: BenchModel[];
+  /** Prompt sizes (ppN tests); [] for none. */
+  nPrompt: number[];
+  /** Generation sizes (tgN tests); [] for none. */
+  nGen: number[];
+  threads: number[];
+  /** Measured repetitions (after one warm-up round). */
+  repetitions: number;
+  /** Our FFN modes; "auto": off, plus predictor for files with predictors. */
+  sparse: "auto" | SparseMode[];
+  /** Run llama.cpp. Default true. */
+  llamaCpp?: boolean;
+  /** Run powerinfer-ts. Default true. */
+  ours?: boolean;
+  /** MiB read by the bandwidth probe (0: no probe). Default 512. */
+  bandwidthMiB?: number;
+  /** Bandwidth already measured (GB/s by thread count): no probe for these thread counts. */
+  bandwidth?: Record<number, number>;
+  /** Seed of the random token ids. Default 1. */
+  seed?: number;
+  /** Progress lines (to stderr). */
+  log?: (line: string) => void;
+}
+
+/** One result row; llama-bench's JSON fields plus ours. */
+export interface BenchRow {
+  model: string;
+  model_filename: string;
+  model_type: string;
+  model_size: number;
+  model_n_params: number;
+  engine: "llama.cpp" | "powerinfer-ts";
+  backend: string;
+  n_threads: number;
+  /** Our FFN mode; null for llama.cpp. */
+  sparse: SparseMode | null;
+  /** Neurons computed / n_ff over the measured tokens (sparse modes), else null. */
+  active_fraction: number | null;
+  test: string;
+  n_prompt: number;
+  n_gen: number;
+  samples_ns: number[];
+  samples_ts: number[];
+  avg_ns: number;
+  stddev_ns: number;
+  avg_ts: number;
+  stddev_ts: number;
+  /** Weight bytes read per decoded token (tg rows). */
+  bytes_per_token: number | null;
+  /** bytes_per_token × t/s / measured bandwidth at this thread count (tg rows). */
+  bandwidth_fraction: number | null;
+  /** avg_ts / llama.cpp's avg_ts for the same model, threads and test. */
+  vs_llama_cpp: number | null;
+}
+
+/** Sparse decode vs llama.cpp: the speed-up and what the bytes read predict. */
+export interface SparseSummary {
+  model: string;
+  n_threads: number;
+  test: string;
+  sparse: SparseMode;
+  speedup: number;
+  bytes_ratio: number;
+  /** speedup / bytes_ratio (issue 6's target: ≥ 0.9). */
+  efficiency: number;
+}
+
+export interface BenchResult {
+  date: string;
+  commit: string;
+  machine: { cpu: string; logicalCpus: number; memoryGiB: number; kernels: string };
+  llamaCpp: LlamaCppInfo | { unavailable: string } | null;
+  /** GB/s by thread count. */
+  bandwidth: Record<number, number>;
+  rows: BenchRow[];
+  sparseSummary: SparseSummary[];
+  notes: string[];
+}
+
+const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+const sd = (xs: number[]) => {
+  if (xs.length < 2) return 0;
+  const m = mean(xs);
+  return Math.sqrt(xs.reduce((a, b) => a + (b - m) ** 2, 0) / (xs.length - 1));
+};
+
+/** The repository's commit (with "+dirty" when tracked files differ), or "unknown". */
+export function gitCommit(cwd = dirname(new URL(import.meta.url).pathname)): string {
+  try {
+    const head = execFileSync("git", ["rev-parse", "--short", "HEAD"], { cwd, encoding: "utf8" }).trim();
+    const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
+      cwd,
+      encoding: "utf8",
+    }).trim();
+    return dirty ? `${head}+dirty` : head;
+  } catch {
+    return "unknown";
+  }
+}
+
+/** A short description of the model: synthetic ones by their recipe, others by architecture and file type. */
+export function describeModel(file: GgufFile, path: string, twin = false): { model: string; type: string } {
+  const arch = getOptionalString(file, "general.architecture") ?? "?";
+  const counts = new Map<string, number>();
+  for (const t of file.tensors) {
+    if (t.shape.length < 2) continue;
+    const n = ggmlTypeName(t.type);
+    counts.set(n, (counts.get(n) ?? 0) + t.byteLength);
+  }
+  const ftype = [...counts].sort((a, b) => b[1] - a[1])[0]?.[0] ?? "?";
+  const synth = getOptionalString(file, "powerinfer.synthetic.arch");
+  const fmt = file.format === "PWRI" && !twin ? " PWRI" : "";
+  if (synth) {
+    const preset = getOptionalString(file, "powerinfer.synthetic.preset") ?? "";
+    const layers = getOptionalNumber(file, `${arch}.block_count`);
+    const full = getOptionalNumber(file, "powerinfer.synthetic.full_block_count");
+    const slice = layers !== undefined && full !== undefined && layers < full ? ` ${layers}/${full}L` : "";
+    return { model: `${synth} ${preset}${slice} ${ftype}${fmt}`, type: `${arch} ${preset} ${ftype}` };
+  }
+  return { model: `${arch} ${basename(path).replace(/\.gguf$/, "")}${fmt}`, type: `${arch} ${ftype}` };
+}
+
+/** Seeded random token ids in [3, nVocab) (llama-bench uses random tokens). */
+export function randomTokens(n: number, nVocab: number, seed: number): number[] {
+  let s = seed >>> 0 || 1;
+  return Array.from({ length: n }, () => {
+    s ^= s << 13;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    return 3 + ((s >>> 0) % Math.max(1, nVocab - 3));
+  });
+}
+
+interface Engine {
+  label: string;
+  engine: BenchRow["engine"];
+  sparse: SparseMode | null;
+  file: GgufFile;
+  path: string;
+  pp(tokens: number[]): Promise<{ ms: number; active?: number }>;
+  tg(tokens: number[]): Promise<{ ms: number; active?: number; rowsPerToken?: number[] }>;
+  dispose(): Promise<void>;
+}
+
+function ourEngine(model: Model, path: string, sparse: SparseMode, nCtx: number, nBatch: number): Engine {
+  const session = model.createSession({ nCtx, nBatch });
+  const cfg = model.config;
+  const snapshot = () => ({ tokens: session.stats.tokens, rows: [...session.stats.activeRows] });
+  const delta = (a: ReturnType<typeof snapshot>) => {
+    const b = snapshot();
+    const n = b.tokens - a.tokens;
+    if (n === 0) return {};
+    const rowsPerToken = b.rows.map((r, l) => (r - (a.rows[l] ?? 0)) / n);
+    return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (cfg.n_ff * cfg.n_layer), rowsPerToken };
+  };
+  return {
+    label: `powerinfer-ts ${sparse}`,
+    engine: "powerinfer-ts",
+    sparse,
+    file: model.file,
+    path,
+    async pp(tokens) {
+      session.reset();
+      const s0 = snapshot();
+      const t0 = performance.now();
+      session.evaluate(tokens);
+      const ms = performance.now() - t0;
+      return { ms, active: delta(s0).active };
+    },
+    async tg(tokens) {
+      session.reset();
+      const s0 = snapshot();
+      const t0 = performance.now();
+      for (const t of tokens) session.evaluate([t]);
+      const ms = performance.now() - t0;
+      return { ms, ...delta(s0) };
+    },
+    async dispose() {
+      session.dispose();
+      model.dispose();
+    },
+  };
+}
+
+function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string): Engine {
+  return {
+    label: "llama.cpp",
+    engine: "llama.cpp",
+    sparse: null,
+    file,
+    path,
+    pp: async (t) => ({ ms: await r.pp(t) }),
+    tg: async (t) => ({ ms: await r.tg(t) }),
+    dispose: () => r.dispose(),
+  };
+}
+
+/** Memory read bandwidth (GB/s) with `threads` threads over `mib` MiB, best of 5; undefined without the addon. */
+export function measureBandwidth(mib: number, threads: number): number | undefined {
+  const { addon } = loadAddon();
+  if (!addon || mib <= 0) return undefined;
+  return addon.benchReadBandwidth(mib * 2 ** 20, threads, mib >= 256 ? 5 : 2) / 1e9;
+}
+
+/** Runs the benchmark. Never throws for an engine that cannot run a model: it says so in `notes`. */
+export async function runBench(o: BenchOptions): Promise<BenchResult> {
+  const log = o.log ?? (() => {});
+  const notes: string[] = [];
+  const probe = cpuBackend.probe() as Awaited<ReturnType<typeof cpuBackend.probe>>;
+  const result: BenchResult = {
+    date: new Date().toISOString(),
+    commit: gitCommit(),
+    machine: {
+      cpu: cpuModelName(),
+      logicalCpus: availableParallelism(),
+      memoryGiB: Math.round(totalmem() / 2 ** 30),
+      kernels: probe.reason,
+    },
+    llamaCpp: null,
+    bandwidth: {},
+    rows: [],
+    sparseSummary: [],
+    notes,
+  };
+  const bwMiB = o.bandwidthMiB ?? 512;
+  for (const t of o.threads) {
+    const bw = o.bandwidth?.[t] ?? measureBandwidth(bwMiB, t);
+    if (bw !== undefined) {
+      result.bandwidth[t] = bw;
+      log(`bandwidth: ${bw.toFixed(1)} GB/s with ${t} thread(s)`);
+    }
+  }
+  let peer: LlamaCppPeer | undefined;
+  if (o.llamaCpp ?? true) {
+    const p = await loadLlamaCpp();
+    if ("unavailable" in p) {
+      result.llamaCpp = p;
+      notes.push(`llama.cpp: ${p.unavailable}`);
+    } else {
+      peer = p;
+      result.llamaCpp = p.info;
+      log(`llama.cpp: node-llama-cpp ${p.info.packageVersion} (${p.info.buildType}), llama.cpp ${p.info.release}`);
+    }
+  }
+  const ours = o.ours ?? true;
+  if (ours && !probe.usable) notes.push(`powerinfer-ts: CPU backend ${probe.reason}`);
+  try {
+    for (const m of o.models) {
+      const file = openGguf(m.path);
+      const twinFile = m.twin ? openGguf(m.twin) : undefined;
+      const { model: name, type } = describeModel(file, m.path, !!m.twin);
+      const size = statSync(m.path).size;
+      const params = file.tensors.reduce((s, t) => s + t.nElements, 0);
+      const nVocab = (file.metadata.get("tokenizer.ggml.tokens") as unknown[] | undefined)?.length ?? 0;
+      const maxPp = Math.max(0, ...o.nPrompt);
+      const maxTg = Math.max(0, ...o.nGen);
+      const nCtx = Math.max(maxPp, maxTg, 1);
+      const ctxTrain =
+        getOptionalNumber(file, `${getOptionalString(file, "general.architecture")}.context_length`) ?? nCtx;
+      if (nCtx > ctxTrain)
+        notes.push(`${name}: tests use ${nCtx} tokens of context, more than its trained ${ctxTrain}`);
+      const ppTokens = new Map(o.nPrompt.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + n)]));
+      const tgTokens = new Map(o.nGen.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + 7919 * n)]));
+      for (const threads of o.threads) {
+        const engines: Engine[] = [];
+        log(`${name}: loading engines (${threads} thread(s))`);
+        if (peer) {
+          const path = file.format === "PWRI" ? m.twin : m.path;
+          if (!path) {
+            notes.push(`${name}: llama.cpp cannot load PWRI files and no GGUF twin was given (--twin)`);
+          } else {
+            try {
+              const r = await peer.open(path, { contextSize: nCtx, batchSize: Math.max(1, maxPp), threads });
+              engines.push(peerEngine(r, twinFile ?? file, path));
+            } catch (e) {
+              notes.push(`${name}: llama.cpp cannot run ${basename(path)}: ${(e as Error).message.split("\n")[0]}`);
+            }
+          }
+        }
+        let backend: Backend | undefined;
+        if (ours && probe.usable) {
+          backend = await cpuBackend.load({ threads });
+          const hasPred = file.tensors.some((t) => t.name.endsWith(".fc1.weight"));
+          const modes: SparseMode[] = o.sparse === "auto" ? (hasPred ? ["off", "predictor"] : ["off"]) : o.sparse;
+          for (const mode of modes) {
+            // dense runs the GGUF twin when there is one (the file llama.cpp runs)
+            const path = mode === "off" && m.twin ? m.twin : m.path;
+            try {
+              const model = await Model.load(path, { backend, sparse: mode });
+              engines.push(ourEngine(model, path, mode, nCtx, Math.max(1, maxPp)));
+            } catch (e) {
+              const why = (e as Error).message.split("\n")[0];
+              notes.push(`${name}: powerinfer-ts --sparse ${mode} cannot run ${basename(path)}: ${why}`);
+            }
+          }
+        }
+        const tests = [
+          ...o.nPrompt.map((n) => ({ kind: "pp" as const, n, tokens: ppTokens.get(n)! })),
+          ...o.nGen.map((n) => ({ kind: "tg" as const, n, tokens: tgTokens.get(n)! })),
+        ];
+        const samples = engines.map(() =>
+          tests.map(() => ({ ms: [] as number[], active: [] as number[], rows: [] as number[][] })),
+        );
+        for (let rep = 0; rep <= o.repetitions; rep++) {
+          for (let ti = 0; ti < tests.length; ti++) {
+            const t = tests[ti]!;
+            const order = engines.map((_, i) => i);
+            if (rep % 2 === 1) order.reverse();
+            for (const ei of order) {
+              const e = engines[ei]!;
+              const r: { ms: number; active?: number; rowsPerToken?: number[] } =
+                t.kind === "pp" ? await e.pp(t.tokens) : await e.tg(t.tokens);
+              log(
+                `${rep === 0 ? "warm-up" : `rep ${rep}`}: ${e.label} ${t.kind}${t.n} ${((t.n * 1000) / r.ms).toFixed(2)} t/s`,
+              );
+              if (rep === 0) continue;
+              const s = samples[ei]![ti]!;
+              s.ms.push(r.ms);
+              if (r.active !== undefined) s.active.push(r.active);
+              if (r.rowsPerToken) s.rows.push(r.rowsPerToken);
+            }
+          }
+        }
+        const rows: BenchRow[] = [];
+        engines.forEach((e, ei) => {
+          tests.forEach((t, ti) => {
+            const s = samples[ei]![ti]!;
+            const ts = s.ms.map((ms) => (t.n * 1000) / ms);
+            const nLayer = e.file.tensors.filter((x) => /^blk\.\d+\.attn_norm\.weight$/.test(x.name)).length;
+            let bpt: number | null = null;
+            if (t.kind === "tg") {
+              const mode = e.sparse ?? "off";
+              const rowsPerToken =
+                mode === "off"
+                  ? undefined
+                  : Array.from({ length: nLayer }, (_, l) => mean(s.rows.map((r) => r[l] ?? 0)));
+              bpt = bytesPerToken(e.file, nLayer, mode, rowsPerToken);
+            }
+            const bw = result.bandwidth[threads];
+            const avgTs = mean(ts);
+            rows.push({
+              model: name,
+              model_filename: e.path,
+              model_type: type,
+              model_size: size,
+              model_n_params: params,
+              engine: e.engine,
+              backend: "CPU",
+              n_threads: threads,
+              sparse: e.sparse,
+              active_fraction: e.sparse && e.sparse !== "off" && s.active.length ? mean(s.active) : null,
+              test: `${t.kind}${t.n}`,
+              n_prompt: t.kind === "pp" ? t.n : 0,
+              n_gen: t.kind === "tg" ? t.n : 0,
+              samples_ns: s.ms.map((ms) => Math.round(ms * 1e6)),
+              samples_ts: ts,
+              avg_ns: Math.round(mean(s.ms) * 1e6),
+              stddev_ns: Math.round(sd(s.ms) * 1e6),
+              avg_ts: avgTs,
+              stddev_ts: sd(ts),
+              bytes_per_token: bpt,
+              bandwidth_fraction: bpt !== null && bw ? (bpt * avgTs) / (bw * 1e9) : null,
+              vs_llama_cpp: null,
+            });
+          });
+        });
+        for (const r of rows) {
+          const ref = rows.find((x) => x.engine === "llama.cpp" && x.test === r.test);
+          if (ref && r !== ref) r.vs_llama_cpp = r.avg_ts / ref.avg_ts;
+          if (ref && r !== ref && r.test.startsWith("tg") && r.sparse && r.sparse !== "off") {
+            const bytesRatio = ref.bytes_per_token! / r.bytes_per_token!;
+            result.sparseSummary.push({
+              model: name,
+              n_threads: threads,
+              test: r.test,
+              sparse: r.sparse,
+              speedup: r.vs_llama_cpp!,
+              bytes_ratio: bytesRatio,
+              efficiency: r.vs_llama_cpp! / bytesRatio,
+            });
+          }
+        }
+        result.rows.push(...rows);
+        for (const e of engines) await e.dispose();
+        backend?.dispose();
+      }
+      if (getOptionalString(file, "general.architecture") === "falcon" && ours) {
+        notes.push(`${name}: powerinfer-ts has no falcon graph yet; only llama.cpp ran it`);
+      }
+    }
+  } finally {
+    await peer?.dispose();
+  }
+  return result;
+}

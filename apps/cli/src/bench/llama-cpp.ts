@@ -1,0 +1,113 @@
+/**
+ * llama.cpp as a benchmark peer, through the `node-llama-cpp` npm package (a devDependency of the CLI:
+ * benchmarks only), CPU build with `gpu: false`, never building from source.
+ */
+import { readFileSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+
+type NodeLlamaCpp = typeof import("node-llama-cpp");
+type Llama = Awaited<ReturnType<NodeLlamaCpp["getLlama"]>>;
+
+/** What was loaded, for the report. */
+export interface LlamaCppInfo {
+  /** node-llama-cpp package version. */
+  packageVersion: string;
+  /** llama.cpp release the binary was built from (e.g. "b6xxx"). */
+  release: string;
+  /** "prebuilt" or "localBuild". */
+  buildType: string;
+  /** llama.cpp's system info line (CPU features). */
+  systemInfo: string;
+}
+
+export interface LlamaCppPeer {
+  info: LlamaCppInfo;
+  /** Loads a model with a context for benchmarking; throws when llama.cpp cannot load the file. */
+  open(path: string, opts: { contextSize: number; batchSize: number; threads: number }): Promise<LlamaCppRunner>;
+  dispose(): Promise<void>;
+}
+
+export interface LlamaCppRunner {
+  /** Evaluates tokens from an empty context as one batch; milliseconds. */
+  pp(tokens: number[]): Promise<number>;
+  /** Evaluates tokens one at a time from an empty context; milliseconds. */
+  tg(tokens: number[]): Promise<number>;
+  dispose(): Promise<void>;
+}
+
+function packageVersion(): string {
+  try {
+    const require = createRequire(import.meta.url);
+    let dir = dirname(require.resolve("node-llama-cpp"));
+    for (let i = 0; i < 5; i++) {
+      try {
+        const pkg = JSON.parse(readFileSync(join(dir, "package.json"), "utf8"));
+        if (pkg.name === "node-llama-cpp") return String(pkg.version);
+      } catch {
+        // go up
+      }
+      dir = dirname(dir);
+    }
+  } catch {
+    // not resolvable
+  }
+  return "unknown";
+}
+
+/** Loads the llama.cpp peer, or returns why it is unavailable (never throws). */
+export async function loadLlamaCpp(): Promise<LlamaCppPeer | { unavailable: string }> {
+  let lib: NodeLlamaCpp;
+  try {
+    lib = await import("node-llama-cpp");
+  } catch (e) {
+    return { unavailable: `node-llama-cpp is not installed (${(e as Error).message.split("\n")[0]})` };
+  }
+  let llama: Llama;
+  try {
+    // maxThreads 0: a context's `threads` is then the exact thread count, not a hint
+    llama = await lib.getLlama({ gpu: false, build: "never", maxThreads: 0, logLevel: lib.LlamaLogLevel.error });
+  } catch (e) {
+    return { unavailable: `node-llama-cpp has no usable CPU binary here (${(e as Error).message.split("\n")[0]})` };
+  }
+  const info: LlamaCppInfo = {
+    packageVersion: packageVersion(),
+    release: llama.llamaCppRelease.release,
+    buildType: llama.buildType,
+    systemInfo: llama.systemInfo,
+  };
+  return {
+    info,
+    async open(path, { contextSize, batchSize, threads }) {
+      const model = await llama.loadModel({ modelPath: path });
+      try {
+        const ctx = await model.createContext({ contextSize, batchSize, threads: { ideal: threads, min: threads } });
+        const seq = ctx.getSequence();
+        return {
+          async pp(tokens) {
+            await seq.clearHistory();
+            const t0 = performance.now();
+            await seq.evaluateWithoutGeneratingNewTokens(tokens as never);
+            return performance.now() - t0;
+          },
+          async tg(tokens) {
+            await seq.clearHistory();
+            const t0 = performance.now();
+            for (const t of tokens) await seq.evaluateWithoutGeneratingNewTokens([t] as never);
+            return performance.now() - t0;
+          },
+          async dispose() {
+            await ctx.dispose();
+            await model.dispose();
+          },
+        };
+      } catch (e) {
+        await model.dispose();
+        throw e;
+      }
+    },
+    async dispose() {
+      await llama.dispose();
+    },
+  };
+}

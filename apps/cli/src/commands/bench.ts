@@ -1,0 +1,115 @@
+/**
+ * `powerinfer bench -m FILE [-m FILE…] [--twin GGUF…] [-p 512] [-n 128] [-t 2] [-r 5] [--sparse …] [--json]`:
+ * llama-bench-style speed comparison of powerinfer-ts (each FFN mode) and llama.cpp (node-llama-cpp) on
+ * the same files in the same process, with bytes of weights per token and the share of the machine's
+ * memory bandwidth for every decode row.
+ */
+import type { SparseMode } from "@powerinfer/core";
+import { type Command, InvalidArgumentError } from "commander";
+import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
+import { type BenchOptions, runBench } from "../bench/harness.js";
+import { action } from "../errors.js";
+import { int } from "./common.js";
+
+/** "512,1024" → [512, 1024] (llama-bench's list syntax); "" or "0" → []. */
+export function intList(name: string, min = 1) {
+  return (v: string): number[] => {
+    if (v.trim() === "" || v.trim() === "0") return [];
+    return v.split(",").map((x) => {
+      const n = Number(x.trim());
+      if (!Number.isInteger(n) || n < min)
+        throw new InvalidArgumentError(`${name} must be integers ≥ ${min}, got "${v}"`);
+      return n;
+    });
+  };
+}
+
+export function sparseList(v: string): "auto" | SparseMode[] {
+  if (v === "auto") return "auto";
+  return v.split(",").map((x) => {
+    const m = x.trim();
+    if (m !== "off" && m !== "predictor" && m !== "oracle") {
+      throw new InvalidArgumentError(`--sparse must be auto or a list of off, predictor, oracle; got "${v}"`);
+    }
+    return m;
+  });
+}
+
+const collect = (v: string, prev: string[] = []) => [...prev, v];
+
+export interface BenchCliOptions {
+  model: string[];
+  twin?: string[];
+  nPrompt: number[];
+  nGen: number[];
+  threads: number[];
+  repetitions: number;
+  sparse: "auto" | SparseMode[];
+  llamaCpp: boolean;
+  ours: boolean;
+  bandwidthMib: number;
+  seed: number;
+  json?: boolean;
+  quiet?: boolean;
+}
+
+export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
+  if (o.twin && o.twin.length > o.model.length) throw new InvalidArgumentError("more --twin files than models");
+  if (o.repetitions < 1) throw new InvalidArgumentError("--repetitions must be ≥ 1");
+  return {
+    models: o.model.map((path, i) => ({ path, twin: o.twin?.[i] || undefined })),
+    nPrompt: o.nPrompt,
+    nGen: o.nGen,
+    threads: o.threads,
+    repetitions: o.repetitions,
+    sparse: o.sparse,
+    llamaCpp: o.llamaCpp,
+    ours: o.ours,
+    bandwidthMiB: o.bandwidthMib,
+    seed: o.seed,
+    log,
+  };
+}
+
+export function register(program: Command): void {
+  program
+    .command("bench")
+    .description(
+      "llama-bench-style speed comparison with llama.cpp (node-llama-cpp), bytes per token and bandwidth share",
+    )
+    .requiredOption("-m, --model <file>", "model file (repeat for several)", collect)
+    .option(
+      "--twin <file>",
+      "GGUF with the same weights as the -m PWRI file at the same position, for llama.cpp and our dense mode",
+      collect,
+    )
+    .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), [512])
+    .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), [128])
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [2])
+    .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions"), 5)
+    .option(
+      "--sparse <modes>",
+      "our FFN modes: auto (off, plus predictor when the file has predictors) or a list of off, predictor, oracle",
+      sparseList,
+      "auto",
+    )
+    .option("--no-llama-cpp", "do not run llama.cpp")
+    .option("--no-ours", "do not run powerinfer-ts")
+    .option("--bandwidth-mib <n>", "MiB read by the memory-bandwidth probe (0: skip)", int("bandwidth-mib"), 512)
+    .option("--seed <n>", "seed of the random token ids", int("seed"), 1)
+    .option("--json", "print llama-bench-style JSON rows")
+    .option("-q, --quiet", "no progress lines on stderr")
+    .action(
+      action(async (o: BenchCliOptions) => {
+        const log = o.quiet ? undefined : (line: string) => process.stderr.write(`bench: ${line}\n`);
+        const res = await runBench(benchOptions(o, log));
+        if (o.json) {
+          process.stdout.write(`${formatJson(res)}\n`);
+          for (const n of res.notes) process.stderr.write(`bench: note: ${n}\n`);
+        } else {
+          const cmd = `powerinfer ${process.argv.slice(2).join(" ")}`;
+          process.stdout.write(`${formatHeader(res, cmd)}\n\n${formatMarkdown(res)}\n`);
+        }
+      }),
+    );
+}

@@ -1,0 +1,155 @@
+/**
+ * Smoke test of the benchmark harness (benchmarks are not tests: this only checks that the harness runs
+ * and reports what it should, with 1 repetition and tiny sizes).
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { generateSyntheticModel } from "@powerinfer/core";
+import { openGguf } from "@powerinfer/gguf";
+import { InvalidArgumentError } from "commander";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { bytesPerToken, fixedBytesPerToken } from "../src/bench/bytes.js";
+import { formatHeader, formatJson, formatMarkdown } from "../src/bench/format.js";
+import { type BenchResult, randomTokens, runBench } from "../src/bench/harness.js";
+import { intList, sparseList } from "../src/commands/bench.js";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const stories = join(models, "stories260K.gguf");
+const probe = cpuBackend.probe() as Awaited<ReturnType<typeof cpuBackend.probe>>;
+const dir = mkdtempSync(join(tmpdir(), "bench-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+describe("bytes of weights per decoded token", () => {
+  it("dense: every weight once, one row of the token embedding", () => {
+    const f = openGguf(stories);
+    const all = f.tensors.reduce((s, t) => s + t.byteLength, 0);
+    const embd = f.tensorMap.get("token_embd.weight")!;
+    expect(fixedBytesPerToken(f, "off")).toBe(all - embd.byteLength + embd.shape[0]! * 4);
+    expect(bytesPerToken(f, 5, "off")).toBe(fixedBytesPerToken(f, "off"));
+  });
+
+  it("sparse: FFN matrices by rows read (predictor), the gate stays dense (oracle)", async () => {
+    const path = join(dir, "b.pwri.gguf");
+    await generateSyntheticModel(path, { preset: "tiny", format: "PWRI", statsTokens: 0 }, { fsync: false });
+    const f = openGguf(path);
+    const dense = bytesPerToken(f, 2, "off");
+    const ffn = f.tensors.filter((t) => /ffn_(gate|up|down_t)/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    const row = 256 * 2; // one F16 row of n_embd
+    expect(bytesPerToken(f, 2, "predictor", [0, 0])).toBe(dense - ffn);
+    expect(bytesPerToken(f, 2, "predictor", [100, 50])).toBe(dense - ffn + 150 * 3 * row);
+    const gate = 2 * 1024 * row;
+    expect(bytesPerToken(f, 2, "oracle", [100, 50])).toBe(dense - ffn + gate + 150 * 2 * row);
+  });
+});
+
+describe("options", () => {
+  it("parses llama-bench-style lists", () => {
+    expect(intList("-p")("512,1024")).toEqual([512, 1024]);
+    expect(intList("-p")("0")).toEqual([]);
+    expect(() => intList("-p")("12,x")).toThrow(InvalidArgumentError);
+    expect(sparseList("auto")).toBe("auto");
+    expect(sparseList("off,oracle")).toEqual(["off", "oracle"]);
+    expect(() => sparseList("dense")).toThrow(/--sparse must be/);
+    expect(randomTokens(5, 512, 1)).toEqual(randomTokens(5, 512, 1));
+    expect(randomTokens(100, 512, 1).every((t) => t >= 3 && t < 512)).toBe(true);
+  });
+});
+
+describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () => {
+  let stories260K: BenchResult;
+  let sparse: BenchResult;
+  beforeAll(async () => {
+    stories260K = await runBench({
+      models: [{ path: stories }],
+      nPrompt: [16],
+      nGen: [8],
+      threads: [1],
+      repetitions: 1,
+      sparse: "auto",
+      bandwidthMiB: 16,
+    });
+    const pwri = join(dir, "s.pwri.gguf");
+    const gguf = join(dir, "s.gguf");
+    const opts = { preset: "tiny", layers: 1, statsTokens: 16 } as const;
+    await generateSyntheticModel(pwri, { ...opts, format: "PWRI" }, { fsync: false });
+    await generateSyntheticModel(gguf, opts, { fsync: false });
+    sparse = await runBench({
+      models: [{ path: pwri, twin: gguf }],
+      nPrompt: [8],
+      nGen: [8],
+      threads: [1],
+      repetitions: 1,
+      sparse: ["off", "predictor", "oracle"],
+      bandwidth: stories260K.bandwidth,
+    });
+  }, 120_000);
+
+  it("stories260K: llama-bench rows for ours (and llama.cpp when its binary is there), bytes per token, bandwidth share", () => {
+    const r = stories260K;
+    expect(r.bandwidth[1]).toBeGreaterThan(0.1);
+    expect(r.machine.logicalCpus).toBeGreaterThan(0);
+    const ours = r.rows.filter((x) => x.engine === "powerinfer-ts");
+    expect(ours.map((x) => x.test)).toEqual(["pp16", "tg8"]);
+    for (const row of r.rows) {
+      expect(row.samples_ts).toHaveLength(1);
+      expect(row.avg_ts).toBeGreaterThan(0);
+      expect(row.model).toBe("llama stories260K");
+      expect(row.model_n_params).toBe(292800);
+    }
+    const tg = ours.find((x) => x.test === "tg8")!;
+    expect(tg.sparse).toBe("off");
+    expect(tg.bytes_per_token).toBe(fixedBytesPerToken(openGguf(stories), "off"));
+    expect(tg.bandwidth_fraction).toBeGreaterThan(0);
+    if (r.llamaCpp && !("unavailable" in r.llamaCpp)) {
+      expect(r.rows.filter((x) => x.engine === "llama.cpp")).toHaveLength(2);
+      expect(tg.vs_llama_cpp).toBeGreaterThan(0);
+      expect(r.llamaCpp.packageVersion).toMatch(/^\d+\.\d+/);
+    } else {
+      expect(r.notes.join("\n")).toMatch(/llama\.cpp: /);
+    }
+    const md = formatMarkdown(r).split("\n");
+    expect(md[0]).toBe(
+      "| model | size | params | backend | threads | sparse | active | test | t/s | vs llama.cpp | weights/token | % of BW |",
+    );
+    expect(
+      md.some((l) =>
+        /^\| llama stories260K \| 1\.13 MiB \| 292\.80 K \| powerinfer-ts CPU \| 1 \| off \| – \| tg8 \| [\d.]+ ± 0\.00 \|/.test(
+          l,
+        ),
+      ),
+    ).toBe(true);
+    expect(formatHeader(r, "powerinfer bench -m x")).toMatch(
+      /- machine: .*\n- memory read bandwidth.*GB\/s at 1 thread/,
+    );
+    const json = JSON.parse(formatJson(r));
+    expect(json[0]).toMatchObject({ model_filename: stories, n_threads: 1, build_commit: r.commit });
+    expect(json[0].samples_ns).toHaveLength(1);
+  });
+
+  it("a PWRI file with its GGUF twin: sparse rows with active fraction from the row counters, fewer bytes, a summary", () => {
+    const rows = sparse.rows.filter((x) => x.engine === "powerinfer-ts");
+    expect(rows.map((x) => `${x.sparse} ${x.test}`)).toEqual([
+      "off pp8",
+      "off tg8",
+      "predictor pp8",
+      "predictor tg8",
+      "oracle pp8",
+      "oracle tg8",
+    ]);
+    const tg = (mode: string) => rows.find((x) => x.sparse === mode && x.test === "tg8")!;
+    expect(tg("off").model_filename).toMatch(/s\.gguf$/); // dense runs the twin
+    expect(tg("predictor").model_filename).toMatch(/s\.pwri\.gguf$/);
+    expect(tg("off").active_fraction).toBeNull();
+    expect(tg("oracle").active_fraction).toBeGreaterThan(0.03);
+    expect(tg("oracle").active_fraction).toBeLessThan(0.2);
+    expect(tg("predictor").active_fraction).toBeGreaterThan(tg("oracle").active_fraction!);
+    expect(tg("predictor").bytes_per_token).toBeLessThan(tg("off").bytes_per_token!);
+    if (sparse.rows.some((x) => x.engine === "llama.cpp")) {
+      expect(sparse.sparseSummary.map((s) => s.sparse)).toEqual(["predictor", "oracle"]);
+      expect(sparse.sparseSummary[0]!.bytes_ratio).toBeGreaterThan(1.2);
+      expect(formatMarkdown(sparse)).toContain("| speed-up vs llama.cpp | bytes ratio (llama.cpp / ours) |");
+    }
+  });
+});
