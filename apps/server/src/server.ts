@@ -1,0 +1,196 @@
+/**
+ * The HTTP server (fastify): OpenAI's API and llama.cpp's, over one model whose slots are decoded together
+ * by a {@link BatchScheduler} (continuous batching). It answers as soon as it is created: `/health` (and
+ * everything else) says 503 until the model has loaded.
+ */
+import { basename } from "node:path";
+import { BatchScheduler, ChatTemplate, type KvCacheType, type Model } from "@powerinfer/core";
+import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
+import type { ServerContext } from "./context.js";
+import { ApiError, toApiError } from "./errors.js";
+import { registerLlamaCpp } from "./llamacpp.js";
+import { prometheusText } from "./metrics.js";
+import { registerOpenAi } from "./openai.js";
+
+/** Options of {@link createServer}; every field but `model` is optional. */
+export interface ServerOptions {
+  /** The model, or a promise of it while it loads (requests get 503 until it resolves). The caller keeps ownership. */
+  model: Model | Promise<Model>;
+  /** The model id reported by the API. Default: the file name. */
+  alias?: string;
+  /** Slots: requests decoded together in one batch. Default 1. */
+  slots?: number;
+  /**
+   * KV cache budget in tokens, split evenly over the slots (as llama.cpp's `-c` with `-np`).
+   * Default: slots × the model's trained context (at most 4096 each).
+   */
+  ctxSize?: number;
+  /** Most tokens per decode step. Default 512. */
+  nBatch?: number;
+  /** KV cache type. Default "f16". */
+  kvType?: KvCacheType;
+  /** Requests that may wait for a slot before the server answers 503. Default 64. */
+  queueLimit?: number;
+  /** When set, every endpoint but `/health` and `/models` needs `Authorization: Bearer <key>`. */
+  apiKey?: string;
+  /** Serve `GET /metrics`. Default false (501). */
+  metrics?: boolean;
+  /** fastify's request log. Default false. */
+  logger?: boolean;
+}
+
+/** A created server. */
+export interface PowerinferServer {
+  readonly app: FastifyInstance;
+  /** Resolves when the model has loaded and the slots are allocated; rejects when loading failed. */
+  readonly ready: Promise<void>;
+  /** The scheduler, once ready. */
+  readonly scheduler: BatchScheduler | undefined;
+  /** Starts listening; resolves to the address, e.g. "http://127.0.0.1:8080". */
+  listen(opts?: { host?: string; port?: number }): Promise<string>;
+  /** Aborts every request, frees the slots, and stops listening. The model is not disposed. */
+  close(): Promise<void>;
+}
+
+/** Endpoints reachable without the API key (as llama.cpp's server). */
+const PUBLIC = new Set(["/health", "/v1/health", "/models", "/v1/models"]);
+
+function pathOf(req: FastifyRequest): string {
+  const q = req.url.indexOf("?");
+  return q < 0 ? req.url : req.url.slice(0, q);
+}
+
+/** Creates the server (not yet listening). */
+export function createServer(opts: ServerOptions): PowerinferServer {
+  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 8 * 1024 * 1024, forceCloseConnections: true });
+  let ctx: ServerContext | undefined;
+  let loadError: unknown;
+  let closed = false;
+
+  const ready = (async () => {
+    try {
+      const model = await opts.model;
+      const slots = opts.slots ?? 1;
+      const perSlot =
+        opts.ctxSize !== undefined ? Math.floor(opts.ctxSize / slots) : Math.min(model.config.n_ctx_train, 4096);
+      if (perSlot < 1)
+        throw new ApiError(500, "server_error", `-c ${opts.ctxSize} leaves no context for ${slots} slots`);
+      const scheduler = new BatchScheduler(model, {
+        slots,
+        nCtx: perSlot,
+        kvType: opts.kvType,
+        nBatch: opts.nBatch,
+        queueLimit: opts.queueLimit,
+      });
+      if (closed) {
+        await scheduler.close();
+        return;
+      }
+      const tok = model.tokenizer;
+      const template = ChatTemplate.fromGguf(
+        model.file,
+        tok.bosId === undefined ? "" : tok.tokenText(tok.bosId),
+        tok.eosId === undefined ? "" : tok.tokenText(tok.eosId),
+      );
+      ctx = {
+        model,
+        scheduler,
+        template,
+        alias: opts.alias ?? basename(model.file.path),
+        modelPath: model.file.path,
+        created: Math.floor(Date.now() / 1000),
+      };
+    } catch (e) {
+      loadError = e;
+      throw e;
+    }
+  })();
+  ready.catch(() => {}); // reported through /health and to whoever awaits `ready`
+
+  const getCtx = (): ServerContext => {
+    if (!ctx) throw new ApiError(503, "unavailable_error", "Loading model");
+    return ctx;
+  };
+
+  // llama.cpp accepts a JSON body whatever the content type says (curl -d sends form encoding, fetch text/plain)
+  app.removeContentTypeParser("text/plain");
+  app.addContentTypeParser("*", { parseAs: "string" }, (_req, body, done) => {
+    const text = typeof body === "string" ? body : body.toString("utf8");
+    if (text.trim() === "") return done(null, undefined);
+    try {
+      done(null, JSON.parse(text));
+    } catch (e) {
+      done(
+        new ApiError(400, "invalid_request_error", `the body is not valid JSON: ${(e as Error).message}`),
+        undefined,
+      );
+    }
+  });
+
+  app.addHook("onRequest", async (req, reply) => {
+    const path = pathOf(req);
+    if (opts.apiKey !== undefined && !PUBLIC.has(path)) {
+      const auth = req.headers.authorization;
+      const key = auth?.startsWith("Bearer ") ? auth.slice(7).trim() : req.headers["x-api-key"];
+      if (key !== opts.apiKey) {
+        const e = new ApiError(401, "authentication_error", key === undefined ? "Missing API key" : "Invalid API key");
+        return reply.code(401).send(e.body());
+      }
+    }
+    if (path === "/health" || path === "/v1/health") return;
+    if (!ctx) {
+      const e = loadError
+        ? new ApiError(500, "server_error", `the model failed to load: ${(loadError as Error).message ?? loadError}`)
+        : new ApiError(503, "unavailable_error", "Loading model");
+      return reply.code(e.status).send(e.body());
+    }
+  });
+
+  app.setErrorHandler((err, _req, reply) => {
+    const e = toApiError(err);
+    if (e.status >= 500 && e.type === "server_error") app.log.error(err);
+    if (!reply.sent && !reply.raw.headersSent) reply.code(e.status).send(e.body());
+  });
+
+  app.setNotFoundHandler((req, reply) => {
+    const e = new ApiError(404, "not_found_error", `no route ${req.method} ${pathOf(req)}`);
+    reply.code(404).send(e.body());
+  });
+
+  const health = async (_req: FastifyRequest, reply: import("fastify").FastifyReply) => {
+    if (ctx) return { status: "ok" };
+    const e = loadError
+      ? new ApiError(500, "server_error", `the model failed to load: ${(loadError as Error).message ?? loadError}`)
+      : new ApiError(503, "unavailable_error", "Loading model");
+    return reply.code(e.status).send(e.body());
+  };
+  app.get("/health", health);
+  app.get("/v1/health", health);
+
+  app.get("/metrics", async (_req, reply) => {
+    if (!opts.metrics) {
+      throw new ApiError(501, "not_supported_error", "this server does not serve metrics; start it with --metrics");
+    }
+    reply.type("text/plain; version=0.0.4; charset=utf-8");
+    return prometheusText(getCtx().scheduler);
+  });
+
+  registerOpenAi(app, getCtx);
+  registerLlamaCpp(app, getCtx);
+
+  return {
+    app,
+    ready,
+    get scheduler() {
+      return ctx?.scheduler;
+    },
+    async listen(o = {}) {
+      return app.listen({ host: o.host ?? "127.0.0.1", port: o.port ?? 8080 });
+    },
+    async close() {
+      closed = true;
+      await ctx?.scheduler.close();
+      await app.close();
+    },
+  };
+}

@@ -1,0 +1,418 @@
+/**
+ * The HTTP server driven by the official `openai` client (and plain fetch for llama.cpp's endpoints and for
+ * malformed requests) on stories260K, listening on 127.0.0.1 only.
+ */
+import { readFileSync } from "node:fs";
+import { join } from "node:path";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { type Backend, Model } from "@powerinfer/core";
+import OpenAI from "openai";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { createServer, type PowerinferServer } from "../src/index.js";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const stories = join(models, "stories260K.gguf");
+const reference = JSON.parse(readFileSync(join(models, "reference", "stories260K.greedy32.json"), "utf8")) as {
+  results: { prompt: string; prompt_token_ids: number[]; greedy_text: string }[];
+};
+const probe = await cpuBackend.probe();
+const MODEL = "stories260K.gguf";
+
+/** 16 distinct prompts. */
+const PROMPTS = [
+  "Once upon a time",
+  "Tim had a red ball",
+  "The sun was hot",
+  "Lily wanted to",
+  "One day, a little",
+  "The dog ran to",
+  "Mom said that",
+  "Sam and Sue",
+  "There was a big tree",
+  "The cat saw a bird",
+  "Ben liked to",
+  "In the park",
+  "She looked at the sky",
+  "The little boat",
+  "A girl named Amy",
+  "They went to the",
+];
+
+/** Parses Prometheus text into name{labels} → value. */
+function parseMetrics(text: string): Map<string, number> {
+  const m = new Map<string, number>();
+  for (const line of text.split("\n")) {
+    if (!line || line.startsWith("#")) continue;
+    const i = line.lastIndexOf(" ");
+    m.set(line.slice(0, i), Number(line.slice(i + 1)));
+  }
+  return m;
+}
+
+async function waitFor(cond: () => Promise<boolean>, ms = 2000): Promise<void> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (await cond()) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+  throw new Error("timed out waiting");
+}
+
+describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
+  let backend: Backend;
+  let model: Model;
+  let server: PowerinferServer;
+  let url: string;
+  let client: OpenAI;
+
+  beforeAll(async () => {
+    backend = await cpuBackend.load({ threads: 1 });
+    model = await Model.load(stories, { backend });
+    server = createServer({ model, slots: 16, ctxSize: 16 * 128, metrics: true });
+    url = await server.listen({ host: "127.0.0.1", port: 0 });
+    client = new OpenAI({ baseURL: `${url}/v1`, apiKey: "unused", maxRetries: 0, timeout: 30_000 });
+  });
+  afterAll(async () => {
+    await server?.close();
+    model?.dispose();
+    backend?.dispose();
+  });
+
+  const metrics = async () => parseMetrics(await (await fetch(`${url}/metrics`)).text());
+
+  it("greedy completion gives llama.cpp's reference text", async () => {
+    const ref = reference.results[0]!;
+    const r = await client.completions.create({
+      model: MODEL,
+      prompt: ref.prompt,
+      max_tokens: 32,
+      temperature: 0,
+    });
+    expect(r.object).toBe("text_completion");
+    expect(r.choices[0]!.text).toBe(ref.greedy_text);
+    expect(r.choices[0]!.finish_reason).toBe("length");
+    expect(r.usage).toEqual({ prompt_tokens: 5, completion_tokens: 32, total_tokens: 37 });
+  });
+
+  it("llama.cpp's /completion gives the same text, with token log-probabilities", async () => {
+    const ref = reference.results[1]!;
+    const res = await fetch(`${url}/completion`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: ref.prompt, n_predict: 32, temperature: 0, n_probs: 3 }),
+    });
+    const r = (await res.json()) as Record<string, unknown> & {
+      completion_probabilities: { id: number; logprob: number; top_logprobs: { logprob: number }[] }[];
+    };
+    expect(r.content).toBe(ref.greedy_text);
+    expect(r.stop_type).toBe("limit");
+    expect(r.tokens_predicted).toBe(32);
+    expect(r.completion_probabilities).toHaveLength(32);
+    const p0 = r.completion_probabilities[0]!;
+    expect(p0.top_logprobs).toHaveLength(3);
+    expect(p0.logprob).toBe(p0.top_logprobs[0]!.logprob); // greedy picks the most likely token
+    expect(r.timings).toMatchObject({ prompt_n: ref.prompt_token_ids.length, predicted_n: 32 });
+  });
+
+  it("streamed completions equal non-streamed ones, with a final chunk carrying finish_reason and usage", async () => {
+    for (const params of [
+      { model: MODEL, prompt: "Tim had a red ball", max_tokens: 40, temperature: 0 },
+      { model: MODEL, prompt: "The sun was hot", max_tokens: 40, temperature: 0.9, seed: 7 },
+    ]) {
+      const whole = await client.completions.create(params);
+      const stream = await client.completions.create({ ...params, stream: true });
+      let text = "";
+      let last: OpenAI.Completions.Completion | undefined;
+      for await (const chunk of stream) {
+        text += chunk.choices[0]?.text ?? "";
+        last = chunk;
+      }
+      expect(text).toBe(whole.choices[0]!.text);
+      expect(last!.choices[0]!.finish_reason).toBe(whole.choices[0]!.finish_reason);
+      expect(last!.usage).toEqual(whole.usage);
+    }
+  });
+
+  it("chat uses llama.cpp's fallback template (ChatML), says so in /props, and streams the same text", async () => {
+    const props = (await (await fetch(`${url}/props`)).json()) as Record<string, unknown>;
+    expect(props.chat_template_is_fallback).toBe(true);
+    expect(props.chat_template).toContain("<|im_start|>");
+    expect(props.total_slots).toBe(16);
+    const params = {
+      model: MODEL,
+      messages: [
+        { role: "system" as const, content: "You tell stories." },
+        { role: "user" as const, content: "Tell me about a cat." },
+      ],
+      max_tokens: 48,
+      temperature: 0.7,
+      seed: 42,
+    };
+    const whole = await client.chat.completions.create(params);
+    expect(whole.object).toBe("chat.completion");
+    expect(whole.choices[0]!.message.role).toBe("assistant");
+    expect(whole.choices[0]!.message.content!.length).toBeGreaterThan(0);
+    const prompt = (await (
+      await fetch(`${url}/tokenize`, {
+        method: "POST",
+        body: JSON.stringify({
+          content:
+            "<|im_start|>system\nYou tell stories.<|im_end|>\n<|im_start|>user\nTell me about a cat.<|im_end|>\n<|im_start|>assistant\n",
+          add_special: true,
+        }),
+      })
+    ).json()) as { tokens: number[] };
+    expect(whole.usage!.prompt_tokens).toBe(prompt.tokens.length);
+    const stream = await client.chat.completions.create({ ...params, stream: true });
+    let text = "";
+    const chunks: OpenAI.Chat.Completions.ChatCompletionChunk[] = [];
+    for await (const c of stream) {
+      chunks.push(c);
+      text += c.choices[0]?.delta.content ?? "";
+    }
+    expect(chunks[0]!.object).toBe("chat.completion.chunk");
+    expect(chunks[0]!.choices[0]!.delta.role).toBe("assistant");
+    expect(text).toBe(whole.choices[0]!.message.content);
+    const final = chunks[chunks.length - 1]!;
+    expect(final.choices[0]!.finish_reason).toBe(whole.choices[0]!.finish_reason);
+    expect(final.usage).toEqual(whole.usage);
+  });
+
+  it("16 parallel streams each equal their single-request output, decoded together", async () => {
+    const params = (i: number) => ({
+      model: MODEL,
+      prompt: PROMPTS[i]!,
+      max_tokens: 48,
+      temperature: i % 3 === 0 ? 0 : 0.8,
+      seed: 1000 + i,
+    });
+    const single: string[] = [];
+    for (let i = 0; i < PROMPTS.length; i++) single.push((await client.completions.create(params(i))).choices[0]!.text);
+    expect(new Set(single).size).toBe(PROMPTS.length);
+    const before = await metrics();
+    const streamed = await Promise.all(
+      PROMPTS.map(async (_, i) => {
+        let text = "";
+        for await (const c of await client.completions.create({ ...params(i), stream: true }))
+          text += c.choices[0]?.text ?? "";
+        return text;
+      }),
+    );
+    expect(streamed).toEqual(single);
+    const after = await metrics();
+    const d = (k: string) => after.get(k)! - (before.get(k) ?? 0);
+    const steps = d("llamacpp:n_decode_total");
+    const tokens = d("llamacpp:tokens_predicted_total");
+    // one after another would need a step per token; together the steps carried several sequences
+    expect(steps).toBeLessThan(tokens / 4);
+    expect(d("powerinfer:shared_decode_steps_total")).toBeGreaterThan(20);
+    expect(after.get("powerinfer:max_sequences_per_decode")).toBeGreaterThanOrEqual(8);
+    let wide = 0;
+    for (const [k, v] of after) {
+      const m = /^powerinfer:decode_steps_by_sequences_total\{sequences="(\d+)"\}$/.exec(k);
+      if (m && Number(m[1]) >= 8) wide += v - (before.get(k) ?? 0);
+    }
+    expect(wide).toBeGreaterThan(10);
+  });
+
+  it("a client that disconnects mid-stream frees its slot at the next step, without disturbing others", async () => {
+    const ref = reference.results[0]!;
+    const other = client.completions.create({ model: MODEL, prompt: ref.prompt, max_tokens: 32, temperature: 0 });
+    const before = await metrics();
+    const stream = await client.completions.create({
+      model: MODEL,
+      prompt: "Tim had a red ball",
+      max_tokens: 120,
+      temperature: 0,
+      ignore_eos: true,
+      stream: true,
+    } as OpenAI.Completions.CompletionCreateParamsStreaming);
+    let n = 0;
+    for await (const _ of stream) {
+      if (++n === 3) break; // leaving the loop aborts the HTTP request
+    }
+    await waitFor(async () => {
+      const slots = (await (await fetch(`${url}/slots`)).json()) as { is_processing: boolean }[];
+      return slots.every((s) => !s.is_processing);
+    });
+    const after = await metrics();
+    expect(
+      after.get('powerinfer:requests_total{outcome="aborted"}')! -
+        (before.get('powerinfer:requests_total{outcome="aborted"}') ?? 0),
+    ).toBe(1);
+    // stopped long before its 120 tokens
+    expect(after.get("llamacpp:tokens_predicted_total")! - before.get("llamacpp:tokens_predicted_total")!).toBeLessThan(
+      32 + 60,
+    );
+    expect((await other).choices[0]!.text).toBe(ref.greedy_text);
+    const again = await client.completions.create({ model: MODEL, prompt: ref.prompt, max_tokens: 32, temperature: 0 });
+    expect(again.choices[0]!.text).toBe(ref.greedy_text);
+  });
+
+  describe("malformed input gets OpenAI-shaped errors", () => {
+    const post = async (path: string, body: string, headers: Record<string, string> = {}) => {
+      const r = await fetch(`${url}${path}`, {
+        method: "POST",
+        body,
+        headers: { "content-type": "application/json", ...headers },
+      });
+      return { status: r.status, body: (await r.json()) as { error: { code: number; message: string; type: string } } };
+    };
+
+    it("broken JSON, a non-object body, a missing field", async () => {
+      for (const [body, pattern] of [
+        ['{"prompt": "x", ', /not valid JSON/],
+        ["[1, 2]", /must be a JSON object/],
+        ['{"max_tokens": 3}', /prompt: /],
+        ['{"messages": []}', /messages: /],
+      ] as const) {
+        const path = body.includes("messages") ? "/v1/chat/completions" : "/v1/completions";
+        const r = await post(path, body);
+        expect(r.status, body).toBe(400);
+        expect(r.body.error.type).toBe("invalid_request_error");
+        expect(r.body.error.code).toBe(400);
+        expect(r.body.error.message).toMatch(pattern);
+      }
+    });
+
+    it("a wrong type names the field; unknown fields are ignored", async () => {
+      await expect(
+        client.completions.create({
+          model: MODEL,
+          prompt: "Once",
+          max_tokens: 2,
+          temperature: "hot" as unknown as number,
+        }),
+      ).rejects.toMatchObject({
+        status: 400,
+        type: "invalid_request_error",
+        message: expect.stringMatching(/temperature/),
+      });
+      await expect(
+        client.chat.completions.create({
+          model: MODEL,
+          messages: [{ role: "user", content: "hi" }],
+          max_tokens: "5" as unknown as number,
+        }),
+      ).rejects.toMatchObject({ status: 400, message: expect.stringMatching(/max_tokens/) });
+      const ok = await client.completions.create({
+        model: MODEL,
+        prompt: "Once upon a time",
+        max_tokens: 4,
+        temperature: 0,
+        some_future_field: { a: 1 },
+        user: "me",
+      } as OpenAI.Completions.CompletionCreateParamsNonStreaming);
+      expect(ok.choices[0]!.text).toBe(", there was a");
+    });
+
+    it("a prompt longer than a slot's context: 400 with the numbers", async () => {
+      const err = await client.completions
+        .create({ model: MODEL, prompt: "Once upon a time there was a dog. ".repeat(20), max_tokens: 4 })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      const e = err as InstanceType<typeof OpenAI.BadRequestError>;
+      expect(e.type).toBe("exceed_context_size_error");
+      expect(e.message).toMatch(/the prompt has \d+ tokens, more than the 128 of a slot's context \(n_ctx 128\)/);
+      expect((e.error as { n_ctx: number }).n_ctx).toBe(128);
+      expect((e.error as { n_prompt_tokens: number }).n_prompt_tokens).toBeGreaterThan(128);
+    });
+
+    it("unknown routes and endpoints that are off", async () => {
+      expect((await fetch(`${url}/v2/nothing`)).status).toBe(404);
+      const r = await post(
+        "/v1/chat/completions",
+        JSON.stringify({ messages: [{ role: "user", content: [{ type: "image_url" }] }] }),
+      );
+      expect(r.status).toBe(400);
+      expect(r.body.error.message).toMatch(/only text parts/);
+    });
+  });
+
+  it("tokenize, detokenize, models and slots", async () => {
+    const t = (await (
+      await fetch(`${url}/tokenize`, {
+        method: "POST",
+        body: JSON.stringify({ content: "Once upon a time", with_pieces: true }),
+      })
+    ).json()) as { tokens: { id: number; piece: string }[] };
+    expect(t.tokens.map((x) => x.id)).toEqual([403, 407, 261, 378]);
+    expect(t.tokens[0]!.piece).toBe(" Once");
+    const d = (await (
+      await fetch(`${url}/detokenize`, { method: "POST", body: JSON.stringify({ tokens: [403, 407] }) })
+    ).json()) as {
+      content: string;
+    };
+    expect(d.content).toBe(" Once upon");
+    const list = await client.models.list();
+    expect(list.data.map((m) => m.id)).toEqual(["stories260K.gguf"]);
+    const slots = (await (await fetch(`${url}/slots`)).json()) as { id: number; n_ctx: number }[];
+    expect(slots).toHaveLength(16);
+    expect(slots[15]).toMatchObject({ id: 15, n_ctx: 128 });
+  });
+
+  it("an API key: missing or wrong gives 401, the right one passes, /health stays public", async () => {
+    const keyed = createServer({ model, slots: 1, ctxSize: 128, apiKey: "sekrit" });
+    const u = await keyed.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const wrong = new OpenAI({ baseURL: `${u}/v1`, apiKey: "wrong", maxRetries: 0 });
+      await expect(wrong.completions.create({ model: MODEL, prompt: "Once", max_tokens: 1 })).rejects.toMatchObject({
+        status: 401,
+        type: "authentication_error",
+        message: expect.stringMatching(/Invalid API key/),
+      });
+      const missing = await fetch(`${u}/completion`, { method: "POST", body: "{}" });
+      expect(missing.status).toBe(401);
+      expect(await missing.json()).toEqual({
+        error: { code: 401, message: "Missing API key", type: "authentication_error" },
+      });
+      const c = new OpenAI({ baseURL: `${u}/v1`, apiKey: "sekrit", maxRetries: 0 });
+      expect(
+        (await c.completions.create({ model: MODEL, prompt: "Once upon a time", max_tokens: 3, temperature: 0 }))
+          .choices[0]!.text,
+      ).toBe(", there was");
+      expect((await fetch(`${u}/health`)).status).toBe(200);
+    } finally {
+      await keyed.close();
+    }
+  });
+
+  it("a full server queues up to its bound, then answers 503", async () => {
+    const small = createServer({ model, slots: 1, ctxSize: 256, queueLimit: 1 });
+    const u = await small.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const body = JSON.stringify({ prompt: "Once upon a time", max_tokens: 150, temperature: 0, ignore_eos: true });
+      const send = () =>
+        fetch(`${u}/v1/completions`, { method: "POST", body, headers: { "content-type": "application/json" } });
+      const statuses = await Promise.all(
+        [send(), send(), send(), send()].map(async (p) => {
+          const r = await p;
+          return { status: r.status, body: (await r.json()) as { error?: { message: string; type: string } } };
+        }),
+      );
+      const refused = statuses.filter((s) => s.status === 503);
+      expect(statuses.filter((s) => s.status === 200)).toHaveLength(2);
+      expect(refused).toHaveLength(2);
+      expect(refused[0]!.body.error!.type).toBe("unavailable_error");
+      expect(refused[0]!.body.error!.message).toMatch(/all 1 slots are in use and 1 requests are waiting \(limit 1\)/);
+    } finally {
+      await small.close();
+    }
+  });
+
+  it("answers 503 while the model loads, then serves", async () => {
+    let resolve!: (m: Model) => void;
+    const loading = createServer({ model: new Promise<Model>((r) => (resolve = r)), slots: 1, ctxSize: 128 });
+    const u = await loading.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const h = await fetch(`${u}/health`);
+      expect(h.status).toBe(503);
+      expect(await h.json()).toEqual({ error: { code: 503, message: "Loading model", type: "unavailable_error" } });
+      expect((await fetch(`${u}/v1/models`)).status).toBe(503);
+      resolve(model);
+      await loading.ready;
+      expect(await (await fetch(`${u}/health`)).json()).toEqual({ status: "ok" });
+    } finally {
+      await loading.close();
+    }
+  });
+});
