@@ -27,3 +27,23 @@ export async function loadBackend(
   const { backend } = await reg.load({ prefer, log }, options);
   return backend;
 }
+
+/**
+ * The backend that holds hot neurons: with "auto", the best usable GPU backend (none → undefined, all
+ * FFN on the CPU); with a name, that backend (e.g. "cpu" as a stand-in device for tests).
+ */
+export async function loadDeviceBackend(
+  choice: string,
+  options: BackendLoadOptions,
+  log: (line: string) => void,
+): Promise<Backend | undefined> {
+  const reg = registerBackends();
+  if (choice !== "auto") return (await reg.load({ prefer: [choice], log, env: {} }, options)).backend;
+  for (const b of await reg.list()) {
+    if (b.probe.usable && b.probe.devices.some((d) => d.kind === "gpu")) {
+      return (await reg.load({ prefer: [b.name], env: {} }, options)).backend;
+    }
+    if (!b.probe.usable) log(`${b.name}: ${b.probe.reason}`);
+  }
+  return undefined;
+}

@@ -69,6 +69,43 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     expect(text.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l))).toHaveLength(6);
   });
 
+  it("run with the plan (hot neurons on a stand-in device) prints the same greedy text as the CPU alone", () => {
+    const args = [
+      "run",
+      "-m",
+      relu,
+      "-p",
+      "once upon a time",
+      "-n",
+      "24",
+      "--temp",
+      "0",
+      "--sparse",
+      "oracle",
+      "-c",
+      "128",
+    ];
+    const cpu = cli(...args, "--disable-gpu-index");
+    const hybrid = cli(
+      ...args,
+      "--device-backend",
+      "cpu",
+      "--vram-budget",
+      String(4 / 1024),
+      "--stats",
+      stats,
+      "--gpu-index",
+      idx,
+      "--bucket-size",
+      "64",
+      "--kv-type",
+      "f32",
+    );
+    expect(hybrid.code, hybrid.stderr).toBe(0);
+    expect(hybrid.stderr).toMatch(/hybrid: \d+ hot neurons .* on cpu/);
+    expect(hybrid.stdout).toBe(cpu.stdout);
+  });
+
   it("inspect reports the statistics found next to the model", () => {
     const model = join(dir, "m.gguf");
     copyFileSync(relu, model);

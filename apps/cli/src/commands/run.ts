@@ -1,9 +1,13 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
+import { HybridSession, resolvePlan, type Session } from "@powerinfer/core";
+import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
+import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
 import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
 
-interface RunOptions extends ModelCliOptions {
+interface RunOptions extends ModelCliOptions, PlanCliOptions {
+  disableGpuIndex?: boolean;
   prompt?: string;
   file?: string;
   nPredict: number;
@@ -28,7 +32,8 @@ function perf(label: string, ms: number, n: number): string {
 }
 
 export function register(program: Command): void {
-  modelOptions(program.command("run").description("generate text from a prompt"))
+  planOptions(modelOptions(program.command("run").description("generate text from a prompt")))
+    .option("--disable-gpu-index", "keep every FFN neuron on the CPU (no hot/cold split)")
     .option("-p, --prompt <text>", "prompt text")
     .option("-f, --file <file>", "read the prompt from a file")
     .option("-n, --n-predict <n>", "tokens to generate (-1 = until end of text or context full)", int("n-predict"), -1)
@@ -50,8 +55,36 @@ export function register(program: Command): void {
           throw new InvalidArgumentError("give a prompt with -p or -f");
         const prompt = o.prompt ?? readTextFile(o.file!);
         const { backend, model } = await loadModelFromCli(o);
-        const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
-        for (const w of [...model.config.warnings, ...session.warnings]) process.stderr.write(`warning: ${w}\n`);
+        // Hot neurons on a device when one is there (or named), cold ones on the CPU.
+        const device = o.disableGpuIndex
+          ? undefined
+          : await loadDeviceBackend(
+              o.deviceBackend,
+              { threads: 1, memoryBudget: o.vramBudget && o.vramBudget * 2 ** 30 },
+              () => {},
+            );
+        let session: Session | HybridSession;
+        if (device) {
+          const r = await resolvePlan(model, {
+            budgetBytes: budgetBytes(o, device.devices[0]?.freeMemory ?? 0),
+            backend: device.name,
+            statsPath: o.stats,
+            gpuIndexPath: o.gpuIndex,
+            reset: o.resetGpuIndex,
+            solver: o.solver as "ilp",
+            bucketSize: o.bucketSize,
+          });
+          for (const n of r.notes) process.stderr.write(`${n}\n`);
+          session = new HybridSession(model, { device, plan: r.plan, nCtx: o.ctxSize, kvType: o.kvType as "f16" });
+          process.stderr.write(
+            `hybrid: ${r.plan.layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons (${(session.deviceBytes() / 2 ** 20).toFixed(2)} MiB) on ${device.name}, the rest on ${backend.name}\n`,
+          );
+        } else {
+          const s = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+          for (const w of s.warnings) process.stderr.write(`warning: ${w}\n`);
+          session = s;
+        }
+        for (const w of model.config.warnings) process.stderr.write(`warning: ${w}\n`);
         if (o.displayPrompt) process.stdout.write(prompt);
         const ac = new AbortController();
         const onSigint = () => ac.abort();
@@ -85,7 +118,9 @@ export function register(program: Command): void {
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
             `backend: ${backend.name}, ${backend.threads} threads\n`,
         );
-        if (model.sparse !== "off" && session.stats.tokens > 0) {
+        if (!("stats" in session)) {
+          // hybrid: the per-layer counters live in the single-backend session only
+        } else if (model.sparse !== "off" && session.stats.tokens > 0) {
           const nff = model.config.n_ff;
           const frac = session.stats.activeRows.map((r) => r / session.stats.tokens / nff);
           const mean = frac.reduce((a, b) => a + b, 0) / frac.length;
@@ -100,6 +135,7 @@ export function register(program: Command): void {
         session.dispose();
         model.dispose();
         backend.dispose();
+        device?.dispose();
       }),
     );
 }

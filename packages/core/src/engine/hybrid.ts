@@ -13,8 +13,9 @@ import { Graph, type TensorId } from "../backend/graph.js";
 import type { Backend, TensorHandle } from "../backend/types.js";
 import { attentionBlock, F32_MIN_POSITIVE, type SparseFfnWeights, sparseFfn } from "../model/blocks.js";
 import { gatherRows, transposeDown } from "../model/weights.js";
-import type { Model } from "./engine.js";
+import type { GeneratedToken, GenerateOptions, Model, Timings } from "./engine.js";
 import { EngineError } from "./errors.js";
+import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 
 /** Hot neurons per layer (ascending ids), e.g. from `planPlacement` or a GPU index. */
@@ -199,6 +200,14 @@ export class HybridSession {
     main.compute(g);
     this.nPast += T;
     return logits;
+  }
+
+  timings: Timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+
+  /** Tokenizes `prompt` (when text), evaluates it, then samples until a stop condition (as Session.generate). */
+  generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
+    this.timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+    return generateTokens(this, this.model.tokenizer, prompt, opts, this.timings);
   }
 
   /** Device bytes this session allocated for hot neurons. */

@@ -7,3 +7,4 @@ export * from "./sampler.js";
 export * from "./chat.js";
 export * from "./profile.js";
 export * from "./hybrid.js";
+export * from "./generate.js";
