@@ -1,6 +1,7 @@
 /** The `powerinfer` command tree: each command lives in commands/<name>.ts as a thin layer over the packages. */
 import { Command } from "commander";
 import { register as backends } from "./commands/backends.js";
+import { register as batched } from "./commands/batched.js";
 import { register as bench } from "./commands/bench.js";
 import { register as chat } from "./commands/chat.js";
 import { register as genModel } from "./commands/gen-model.js";
@@ -9,12 +10,14 @@ import { register as perplexity } from "./commands/perplexity.js";
 import { register as plan } from "./commands/plan.js";
 import { register as profile } from "./commands/profile.js";
 import { register as run } from "./commands/run.js";
+import { register as serve } from "./commands/serve.js";
 
 export function createProgram(): Command {
   const program = new Command("powerinfer")
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
     .showHelpAfterError("(run with --help for usage)");
-  for (const reg of [run, chat, perplexity, profile, plan, inspect, genModel, bench, backends]) reg(program);
+  for (const reg of [run, batched, chat, serve, perplexity, profile, plan, inspect, genModel, bench, backends])
+    reg(program);
   return program;
 }

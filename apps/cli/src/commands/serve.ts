@@ -1,0 +1,129 @@
+/**
+ * `powerinfer serve`: the HTTP server (OpenAI's API and llama.cpp's server API, continuous batching over
+ * `-np` slots). It listens at once and answers 503 until the model has loaded.
+ */
+import { accessSync, constants } from "node:fs";
+import { availableParallelism } from "node:os";
+import type { KvCacheType } from "@powerinfer/core";
+import { createServer } from "@powerinfer/server";
+import { type Command, InvalidArgumentError } from "commander";
+import { action } from "../errors.js";
+import { float, int, loadModelFromCli } from "./common.js";
+
+interface ServeOptions {
+  model: string;
+  host: string;
+  port: number;
+  ctxSize?: number;
+  parallel: number;
+  apiKey?: string;
+  metrics?: boolean;
+  queue: number;
+  alias?: string;
+  threads?: number;
+  batchSize: number;
+  backend: string;
+  kvType: string;
+  sparse?: string;
+  sparseThreshold?: number;
+  log?: boolean;
+}
+
+/** Lets llama.cpp's `-np N` through (commander's short flags are one character). */
+export function acceptNp(cmd: Command): Command {
+  const parse = cmd.parseOptions.bind(cmd);
+  cmd.parseOptions = (argv: string[]) => parse(argv.map((a) => (a === "-np" ? "--parallel" : a)));
+  return cmd;
+}
+
+export function register(program: Command): void {
+  const cmd = program
+    .command("serve")
+    .description("serve a model over HTTP: OpenAI's API and llama.cpp's server API, with continuous batching")
+    .requiredOption("-m, --model <file>", "GGUF or PowerInfer GGUF model file")
+    .option("--host <address>", "address to listen on", "127.0.0.1")
+    .option("--port <n>", "port to listen on (0 = any free port)", int("port"), 8080)
+    .option(
+      "-c, --ctx-size <n>",
+      "KV cache budget in tokens, split evenly over the slots (default: slots × the model's trained context, at most 4096 each)",
+      int("ctx-size"),
+    )
+    .option("--np, --parallel <n>", "slots: requests decoded together in one batch (also -np)", int("parallel"), 1)
+    .option("--api-key <key>", "require this key (Authorization: Bearer KEY); env POWERINFER_API_KEY")
+    .option("--metrics", "serve Prometheus metrics at /metrics")
+    .option("--queue <n>", "requests that may wait for a slot before the server answers 503", int("queue"), 64)
+    .option("--alias <name>", "model id reported by the API (default: the file name)")
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
+    .option("-b, --batch-size <n>", "most tokens per decode step", int("batch-size"), 512)
+    .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
+    .option("--kv-type <type>", "KV cache type: f16 or f32", "f16")
+    .option("--sparse <mode>", "FFN mode: predictor (default when the model has predictors), oracle or off")
+    .option("--sparse-threshold <x>", "predictor threshold", float("sparse-threshold"))
+    .option("--log", "log every request (JSON lines on stdout)")
+    .action(
+      action(async (o: ServeOptions) => {
+        if (o.parallel < 1) throw new InvalidArgumentError("--parallel must be ≥ 1");
+        if (o.port < 0 || o.port > 65535) throw new InvalidArgumentError("--port must be in 0..65535");
+        accessSync(o.model, constants.R_OK); // a missing file is reported before listening
+        const apiKey = o.apiKey ?? process.env.POWERINFER_API_KEY;
+        const loaded = loadModelFromCli(
+          { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
+          true,
+        );
+        const server = createServer({
+          model: loaded.then((l) => l.model),
+          alias: o.alias,
+          slots: o.parallel,
+          ctxSize: o.ctxSize,
+          nBatch: o.batchSize,
+          kvType: o.kvType as KvCacheType,
+          queueLimit: o.queue,
+          apiKey,
+          metrics: o.metrics ?? false,
+          logger: o.log ?? false,
+        });
+        const url = await server.listen({ host: o.host, port: o.port });
+        process.stderr.write(`powerinfer serve: listening on ${url}, loading ${o.model}\n`);
+        let stopping: Promise<void> | undefined;
+        const stop = () => {
+          stopping ??= (async () => {
+            process.stderr.write("powerinfer serve: stopping\n");
+            await server.close();
+          })();
+          return stopping;
+        };
+        const done = new Promise<void>((resolve) => {
+          const onSignal = () => {
+            process.off("SIGINT", onSignal);
+            process.off("SIGTERM", onSignal);
+            void stop().then(resolve);
+          };
+          process.on("SIGINT", onSignal);
+          process.on("SIGTERM", onSignal);
+        });
+        try {
+          await server.ready;
+        } catch (e) {
+          await stop();
+          throw e;
+        }
+        const { backend, model } = await loaded;
+        const s = server.scheduler;
+        if (!s) {
+          // stopped while loading
+          await done;
+          model.dispose();
+          backend.dispose();
+          return;
+        }
+        for (const w of [...model.config.warnings, ...s.warnings]) process.stderr.write(`warning: ${w}\n`);
+        process.stderr.write(
+          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads), FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
+        );
+        await done;
+        model.dispose();
+        backend.dispose();
+      }),
+    );
+  acceptNp(cmd);
+}

@@ -1,0 +1,84 @@
+/** `powerinfer serve` and `powerinfer batched` as a user runs them: the built CLI in real processes. */
+import { spawn, spawnSync } from "node:child_process";
+import { readFileSync } from "node:fs";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { describe, expect, it } from "vitest";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
+const stories = join(models, "stories260K.gguf");
+const probe = await cpuBackend.probe();
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, [bin, ...args], { encoding: "utf8", timeout: 120_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`, () => {
+  it("batched: every sequence equals `run` with seed S+i", () => {
+    const common = ["-m", stories, "-p", "The sun was", "-n", "24", "--temp", "0.9", "-t", "1"];
+    const b = cli("batched", ...common, "-np", "2", "--seed", "42", "--json");
+    expect(b.code, b.stderr).toBe(0);
+    const out = JSON.parse(b.stdout) as { sequences: { seed: number; text: string }[]; decode_steps: number };
+    expect(out.sequences.map((s) => s.seed)).toEqual([42, 43]);
+    expect(new Set(out.sequences.map((s) => s.text)).size).toBe(2);
+    out.sequences.forEach((s, i) => {
+      const r = cli("run", ...common, "--seed", String(42 + i));
+      expect(r.code).toBe(0);
+      expect(`The sun was${s.text}\n`).toBe(r.stdout);
+    });
+  });
+
+  it("batched: greedy sequences are llama.cpp's reference text; plain output names each sequence", () => {
+    const ref = JSON.parse(readFileSync(join(models, "reference", "stories260K.greedy32.json"), "utf8"));
+    const b = cli("batched", "-m", stories, "-p", "Once upon a time", "-np", "2", "-n", "32", "--temp", "0", "-t", "1");
+    expect(b.code, b.stderr).toBe(0);
+    const text = `Once upon a time${ref.results[0].greedy_text}`;
+    expect(b.stdout).toBe(
+      `sequence 0 (seed ${/seed (\d+)/.exec(b.stdout)![1]}):\n\n${text}\n\nsequence 1 (seed ${
+        Number(/seed (\d+)/.exec(b.stdout)![1]) + 1
+      }):\n\n${text}\n\n`,
+    );
+    expect(b.stderr).toMatch(/decoded 64 tokens in .* 32 decode steps of 2\.00 sequences/);
+  });
+
+  it("serve: listens, answers, and stops cleanly on SIGTERM", async () => {
+    const child = spawn(
+      process.execPath,
+      [bin, "serve", "-m", stories, "--port", "0", "-np", "2", "-t", "1", "--metrics"],
+      {
+        stdio: ["ignore", "pipe", "pipe"],
+      },
+    );
+    let stderr = "";
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d.toString();
+    });
+    const exited = new Promise<number | null>((r) => child.on("exit", (code) => r(code)));
+    try {
+      const end = Date.now() + 30_000;
+      while (!/ready/.test(stderr) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+      const url = /listening on (http:\/\/127\.0\.0\.1:\d+)/.exec(stderr)?.[1];
+      expect(url, stderr).toBeDefined();
+      expect(stderr).toMatch(/2 slots × 128 tokens/);
+      const r = await fetch(`${url}/v1/completions`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "Once upon a time", max_tokens: 5, temperature: 0 }),
+      });
+      expect(((await r.json()) as { choices: { text: string }[] }).choices[0]!.text).toBe(", there was a little");
+      expect(await (await fetch(`${url}/metrics`)).text()).toMatch(/llamacpp:tokens_predicted_total 5/);
+    } finally {
+      child.kill("SIGTERM");
+    }
+    expect(await exited).toBe(0);
+  });
+
+  it("serve: a bad model file is one line on stderr and a non-zero exit", () => {
+    const r = cli("serve", "-m", join(models, "nope.gguf"), "--port", "0");
+    expect(r.code).not.toBe(0);
+    expect(r.stderr).toMatch(/nope\.gguf/);
+    expect(r.stderr.trim().split("\n"), r.stderr).toHaveLength(1);
+  });
+});
