@@ -1,0 +1,141 @@
+// Element types the GPU backends hold (ggml's numbering, as on the wire) and their block layouts,
+// with F16/BF16 conversions usable on the host and, through PI_HD, in kernels.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#ifndef PI_HD
+#define PI_HD
+#endif
+
+namespace pigpu {
+
+enum DType : int {
+  DT_F32 = 0,
+  DT_F16 = 1,
+  DT_Q4_0 = 2,
+  DT_Q4_1 = 3,
+  DT_Q5_0 = 6,
+  DT_Q5_1 = 7,
+  DT_Q8_0 = 8,
+  DT_Q4_K = 12,
+  DT_Q5_K = 13,
+  DT_Q6_K = 14,
+  DT_I32 = 26,
+  DT_BF16 = 30,
+};
+
+/// Elements per block and bytes per block, or {0, 0} for a code this backend does not know.
+struct Layout {
+  int block;
+  int bytes;
+};
+
+inline Layout dtype_layout(int dt) {
+  switch (dt) {
+    case DT_F32: return {1, 4};
+    case DT_F16: return {1, 2};
+    case DT_BF16: return {1, 2};
+    case DT_I32: return {1, 4};
+    case DT_Q8_0: return {32, 34};
+    case DT_Q4_0: return {32, 18};
+    case DT_Q4_1: return {32, 20};
+    case DT_Q5_0: return {32, 22};
+    case DT_Q5_1: return {32, 24};
+    case DT_Q4_K: return {256, 144};
+    case DT_Q5_K: return {256, 176};
+    case DT_Q6_K: return {256, 210};
+    default: return {0, 0};
+  }
+}
+
+inline const char* dtype_name(int dt) {
+  switch (dt) {
+    case DT_F32: return "f32";
+    case DT_F16: return "f16";
+    case DT_BF16: return "bf16";
+    case DT_I32: return "i32";
+    case DT_Q8_0: return "q8_0";
+    case DT_Q4_0: return "q4_0";
+    case DT_Q4_1: return "q4_1";
+    case DT_Q5_0: return "q5_0";
+    case DT_Q5_1: return "q5_1";
+    case DT_Q4_K: return "q4_K";
+    case DT_Q5_K: return "q5_K";
+    case DT_Q6_K: return "q6_K";
+    default: return "unknown";
+  }
+}
+
+/// Weight dtypes the kernels compute with (the others stay on the CPU through supportsOp).
+inline bool is_gpu_weight_dtype(int dt) {
+  return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16 || dt == DT_Q8_0 || dt == DT_Q4_0;
+}
+
+/// Bytes of a row of `n` elements (n a multiple of the block size).
+inline uint64_t row_bytes(int dt, int64_t n) {
+  const Layout l = dtype_layout(dt);
+  return static_cast<uint64_t>(n / l.block) * static_cast<uint64_t>(l.bytes);
+}
+
+PI_HD inline float pi_bits_to_float(uint32_t b) {
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+PI_HD inline uint32_t pi_float_to_bits(float f) {
+  uint32_t b;
+  memcpy(&b, &f, 4);
+  return b;
+}
+
+/// binary16 → float (exact, subnormals included).
+PI_HD inline float pi_half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 31) return pi_bits_to_float(sign | 0x7f800000u | (mant << 13));
+  if (exp != 0) return pi_bits_to_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  if (mant == 0) return pi_bits_to_float(sign);
+  uint32_t e = 113;  // normalise the subnormal: value = mant · 2^-24
+  while (!(mant & 0x400u)) {
+    mant <<= 1;
+    e--;
+  }
+  return pi_bits_to_float(sign | (e << 23) | ((mant & 0x3ffu) << 13));
+}
+
+/// float → binary16, round to nearest even; overflow → ±Inf, NaN → quiet NaN.
+PI_HD inline uint16_t pi_float_to_half(float f) {
+  const uint32_t x = pi_float_to_bits(f);
+  const uint32_t sign = (x >> 16) & 0x8000u;
+  const uint32_t a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+  if (a >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // ≥ 65520 rounds to Inf
+  if (a < 0x38800000u) {                                                  // below 2^-14: subnormal half
+    if (a < 0x33000000u) return static_cast<uint16_t>(sign);             // below 2^-25: rounds to 0
+    const uint32_t e = a >> 23;
+    const uint32_t m = (a & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126u - e;  // 14..24
+    uint32_t q = m >> shift;
+    const uint32_t rem = m & ((1u << shift) - 1u);
+    const uint32_t half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (q & 1u))) q++;
+    return static_cast<uint16_t>(sign | q);
+  }
+  const uint32_t r = a + 0xfffu + ((a >> 13) & 1u) - 0x38000000u;
+  return static_cast<uint16_t>(sign | (r >> 13));
+}
+
+PI_HD inline float pi_bf16_to_float(uint16_t b) { return pi_bits_to_float(static_cast<uint32_t>(b) << 16); }
+
+/// float → bfloat16, round to nearest even; NaN stays a quiet NaN.
+PI_HD inline uint16_t pi_float_to_bf16(float f) {
+  const uint32_t x = pi_float_to_bits(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);
+  return static_cast<uint16_t>((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+}
+
+}  // namespace pigpu
