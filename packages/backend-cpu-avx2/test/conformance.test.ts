@@ -2,6 +2,10 @@ import { formatConformanceReport, runConformance } from "@powerinfer/core";
 import { describe, expect, it } from "vitest";
 import { cpuBackend } from "../src/index.js";
 
+// Every graph on the whole pool (small graphs would otherwise run on one thread), so that the
+// 2-thread runs check the threaded paths.
+process.env.POWERINFER_CPU_SERIAL_BYTES = "0";
+
 const usable = cpuBackend.probe() as { usable: boolean; reason: string };
 
 describe.skipIf(!usable.usable)("conformance kit (core)", () => {

@@ -16,6 +16,10 @@ import {
 import { dequantize, GGMLType, quantize } from "@powerinfer/gguf";
 import { cpuBackend } from "../src/index.js";
 
+// Small test graphs would otherwise run on one thread (see POWERINFER_CPU_SERIAL_BYTES in graph.cpp):
+// make every graph use the whole pool so the threaded paths are what the tests check.
+process.env.POWERINFER_CPU_SERIAL_BYTES = "0";
+
 export const usable = (cpuBackend.probe() as { usable: boolean; reason: string }).usable;
 export const probeReason = (cpuBackend.probe() as { usable: boolean; reason: string }).reason;
 

@@ -123,15 +123,58 @@ class OffsetAllocator {
 
 struct RunCtx {
   std::vector<NodeExec>* nodes;
-  ThreadPool* pool;
+  ThreadPool* pool;  // null when the whole graph runs on the calling thread
 };
 
+/// Every thread runs every node; a small node (NodeExec::pool == null) runs on thread 0 alone, and a
+/// run of consecutive small nodes needs no barrier between its nodes (one thread, program order),
+/// only one before the next node that all threads share.
 void run_graph(void* ctx, int ith, int nth) {
   RunCtx* rc = static_cast<RunCtx*>(ctx);
-  for (const NodeExec& n : *rc->nodes) {
+  const std::vector<NodeExec>& nodes = *rc->nodes;
+  for (size_t i = 0; i < nodes.size(); i++) {
+    const NodeExec& n = nodes[i];
+    if (!rc->pool) {
+      exec_node(n, 0, 1);
+      continue;
+    }
+    if (!n.pool) {
+      if (ith == 0) exec_node(n, 0, 1);
+      if (i + 1 < nodes.size() && nodes[i + 1].pool) rc->pool->barrier();
+      continue;
+    }
     exec_node(n, ith, nth);
     rc->pool->barrier();
   }
+}
+
+/// Rough bytes a node touches (weights read plus activations); used to keep tiny graphs on one thread.
+double node_work(const NodeExec& n) {
+  switch (n.op) {
+    case OP_MUL_MAT:
+    case OP_MUL_MAT_SPARSE:
+    case OP_AXPY_SPARSE:
+      return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].rows()) +
+             4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
+    case OP_ATTENTION: {
+      const double ctx = static_cast<double>(n.p[0]) + static_cast<double>(n.src[0].rows());
+      return 2.0 * 4.0 * ctx * static_cast<double>(n.src[1].ne[0]) * (n.p[4] / n.p[1]) * static_cast<double>(n.src[0].rows());
+    }
+    default: return 8.0 * static_cast<double>(n.dst.nel);
+  }
+}
+
+/// Graphs that touch less than this run on the calling thread alone: waking the pool and a barrier
+/// per node would cost more than the threads save. POWERINFER_CPU_SERIAL_BYTES overrides it (tests
+/// set 0 so that every graph exercises the threaded paths).
+double serial_work_default() {
+  const char* e = std::getenv("POWERINFER_CPU_SERIAL_BYTES");
+  if (e && *e) {
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    if (end != e && v >= 0) return v;
+  }
+  return 256.0 * 1024;
 }
 
 int64_t checked_int_param(double v, const char* what, int node, int64_t min, int64_t max) {
@@ -173,7 +216,8 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
 void Executor::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
 Executor::Executor(TensorStore& store, int threads, bool force_scalar)
-    : store_(store), pool_(threads), kernels_(&select_kernels(force_scalar, &reason_)) {}
+    : store_(store), pool_(threads), kernels_(&select_kernels(force_scalar, &reason_)),
+      serial_work_bytes_(serial_work_default()) {}
 
 void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   // ---- parse and validate tensors ----
@@ -476,7 +520,15 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
 
   std::lock_guard<std::mutex> lk(mu_);
-  const int nth = pool_.size();
+  double work = 0;
+  std::vector<char> small(nn, 0);
+  for (size_t ni = 0; ni < nn; ni++) {
+    const double w = node_work(ex[ni]);
+    work += w;
+    small[ni] = w < serial_work_bytes_ / 8 ? 1 : 0;  // default: nodes under 32 KiB run on one thread
+  }
+  const bool serial = pool_.size() == 1 || work < serial_work_bytes_;
+  const int nth = serial ? 1 : pool_.size();
 
   // ---- plan the arena: intermediates by lifetime, then the largest node scratch, then counters ----
   std::vector<std::vector<int>> frees(nn);
@@ -497,7 +549,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
   size_t scratch = 0;
   for (size_t ni = 0; ni < nn; ni++) {
-    const size_t s = node_scratch_bytes(ex[ni], nth);
+    const size_t s = node_scratch_bytes(ex[ni], small[ni] ? 1 : nth);
     if (s > scratch) scratch = s;
   }
   const size_t scratch_off = (alloc.top() + 63) / 64 * 64;
@@ -536,13 +588,17 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     n.rows_read = counters + ni * static_cast<size_t>(nth);
     n.chunk = chunk_ctr[ni];
     n.k = kernels_;
-    n.pool = &pool_;
+    n.pool = serial || small[ni] ? nullptr : &pool_;
   }
 
   // ---- run: one pool job for the whole graph, a barrier after each node ----
   if (nn > 0) {
-    RunCtx rc{&ex, &pool_};
-    pool_.run(run_graph, &rc);
+    RunCtx rc{&ex, serial ? nullptr : &pool_};
+    if (serial) {
+      run_graph(&rc, 0, 1);
+    } else {
+      pool_.run(run_graph, &rc);
+    }
   }
 
   rows_read.assign(nn, 0.0);

@@ -97,6 +97,10 @@ class Executor {
   /// @throws BackendErr BAD_GRAPH (malformed graph), BAD_TENSOR (freed handle), OUT_OF_MEMORY (arena).
   void compute(const EncodedGraph& g, std::vector<double>& rows_read);
 
+  /// Graphs estimated to touch fewer bytes run on the calling thread alone (default 256 KiB, or
+  /// POWERINFER_CPU_SERIAL_BYTES); 0 = always use the whole pool.
+  void set_serial_work_bytes(double b) { serial_work_bytes_ = b; }
+
   /// Bytes currently reserved by the intermediate arena.
   size_t arena_bytes() const { return arena_size_; }
 
@@ -105,6 +109,7 @@ class Executor {
   ThreadPool pool_;
   const char* reason_ = "";  // declared before kernels_: select_kernels() sets it
   const KernelTable* kernels_;
+  double serial_work_bytes_;
   std::mutex mu_;
   uint8_t* arena_ = nullptr;
   size_t arena_size_ = 0;

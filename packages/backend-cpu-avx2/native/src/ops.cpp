@@ -24,6 +24,11 @@ struct Bump {
   }
 };
 
+/// Barrier between the phases of a node (a no-op when the graph runs on the calling thread alone).
+inline void sync(const NodeExec& n) {
+  if (n.pool) n.pool->barrier();
+}
+
 inline int64_t lo(int64_t n, int ith, int nth) { return split_begin(n, ith, nth); }
 inline int64_t hi(int64_t n, int ith, int nth) { return split_begin(n, ith + 1, nth); }
 
@@ -81,7 +86,7 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   const TensorView& W = n.src[0];
   const int64_t K = W.ne[0], N = W.rows(), T = n.src[1].rows();
   const uint8_t* xq = convert_x(n, l.xq, ith, nth);
-  n.pool->barrier();
+  sync(n);
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   const DotFn dot = n.k->dot[W.dtype];
@@ -208,7 +213,7 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   const uint8_t* xq = convert_x(n, l.xq, ith, nth);
   const int64_t ny = n.dst.nel;
   std::memset(y + lo(ny, ith, nth), 0, sizeof(float) * static_cast<size_t>(hi(ny, ith, nth) - lo(ny, ith, nth)));
-  n.pool->barrier();
+  sync(n);
   const int64_t len = *l.count;
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
@@ -244,7 +249,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   const float* a = n.src[1].f32();
   float* y = n.dst.f32();
   if (ith == 0) build_active_list(n, l);
-  n.pool->barrier();
+  sync(n);
   const int64_t len = *l.count;
   const size_t wrb = row_bytes(W.dtype, E);
   const AxpyFn axpy = n.k->axpy[W.dtype];
@@ -291,7 +296,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   }
   n.rows_read[ith] += read;
   if (nth == 1) return;
-  n.pool->barrier();
+  sync(n);
   const int64_t ny = E * T;
   for (int64_t e = lo(ny, ith, nth); e < hi(ny, ith, nth); e++) {
     float s = l.acc[e];

@@ -26,7 +26,7 @@ struct NodeExec {
   /// the others up (results stay bit-identical: every output element is computed the same way).
   std::atomic<int64_t>* chunk = nullptr;
   const KernelTable* k = nullptr;
-  ThreadPool* pool = nullptr;
+  ThreadPool* pool = nullptr;   // null: the graph runs on the calling thread alone
 };
 
 /// Scratch bytes the node needs when run with nth threads.

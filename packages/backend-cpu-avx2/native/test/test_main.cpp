@@ -478,8 +478,12 @@ struct Fixture {
 void test_executor() {
   Fixture fx;
   std::vector<std::vector<float>> runs;
+  // threshold 0: every node on the whole pool; 24000: the small nodes (norm, relu, rope, slice, cpy,
+  // get_rows) on thread 0 alone between pooled nodes (mixed segments)
+  for (double serial_bytes : {0.0, 24000.0})
   for (int threads : {1, 2, 3}) {
     Executor ex(fx.store, threads, false);
+    ex.set_serial_work_bytes(serial_bytes);
     for (int rep = 0; rep < 2; rep++) {
       GraphBuilder b = fx.build();
       std::vector<double> rows;
@@ -501,7 +505,7 @@ void test_executor() {
       for (float v : fx.y1) CHECK(std::isfinite(v), "finite output");
       std::vector<float> all(fx.y1);
       all.insert(all.end(), fx.y3.begin(), fx.y3.end());
-      if (threads == 2) all.insert(all.end(), fx.y2.begin(), fx.y2.end());
+      if (threads == 2 && serial_bytes == 0) all.insert(all.end(), fx.y2.begin(), fx.y2.end());
       runs.push_back(all);
     }
   }
@@ -527,6 +531,7 @@ bool throws_bad_graph(Executor& ex, const GraphBuilder& b) {
 void test_bad_graphs() {
   Fixture fx;
   Executor ex(fx.store, 2, false);
+  ex.set_serial_work_bytes(0);
   {
     GraphBuilder b = fx.build();
     b.nodes[0] = 42;
