@@ -1,0 +1,317 @@
+/**
+ * A layer's activation predictor, as PowerInfer (Song et al. 2023) runs it after Deja Vu (Liu et al.
+ * 2023, "Deja Vu: Contextual Sparsity for Efficient LLMs at Inference Time"): a two-layer MLP without
+ * biases from the FFN input x (n_embd) to one logit per FFN neuron,
+ *
+ *     z = fc2 · ReLU(fc1 · x),   neuron i is computed iff z_i ≥ threshold.
+ *
+ * Storage, float32 row-major: `fc1` is [rank × n_embd] (row j = hidden unit j; GGUF `blk.N.fc1.weight`
+ * ne {n_embd, rank}), `fc2` is [n_ff × rank] (row i = neuron i; GGUF `blk.N.fc2.weight` ne {rank, n_ff}).
+ */
+import { f16ToF32, f32ToF16 } from "@powerinfer/gguf";
+import { type MatMul, transpose } from "./matmul.js";
+import { Rng } from "./rng.js";
+
+/** One layer's predictor weights. */
+export interface LayerPredictor {
+  rank: number;
+  nEmbd: number;
+  nFf: number;
+  /** [rank × nEmbd] float32. */
+  fc1: Float32Array;
+  /** [nFf × rank] float32. */
+  fc2: Float32Array;
+}
+
+/** Multiply-adds per token of a rank-r predictor: r·(n_embd + n_ff). */
+export function predictorCost(rank: number, nEmbd: number, nFf: number): number {
+  return rank * (nEmbd + nFf);
+}
+
+/** Rounds every element to the nearest F16 value (kept as float32), in place. */
+export function roundF16InPlace(a: Float32Array): Float32Array {
+  for (let i = 0; i < a.length; i++) a[i] = f16ToF32(f32ToF16(a[i]!));
+  return a;
+}
+
+/**
+ * Logits for `n` tokens: `z[t·nFf + i]` ([n × nFf] token-major) from inputs `x` ([n × nEmbd]).
+ * Works in blocks of `block` tokens to bound memory. With `f16Activations` the input and the hidden
+ * activations are rounded to F16 before each product, as the CPU backend does for F16 weights — use it
+ * to calibrate and evaluate predictors that will be stored as F16.
+ */
+export function predictLogits(
+  p: LayerPredictor,
+  x: Float32Array,
+  n: number,
+  mm: MatMul,
+  opts: { out?: Float32Array; block?: number; f16Activations?: boolean } = {},
+): Float32Array {
+  const z = opts.out ?? new Float32Array(n * p.nFf);
+  const block = opts.block ?? 1024;
+  const h = new Float32Array(Math.min(block, n) * p.rank);
+  const xr = opts.f16Activations ? new Float32Array(Math.min(block, n) * p.nEmbd) : undefined;
+  for (let t0 = 0; t0 < n; t0 += block) {
+    const m = Math.min(block, n - t0);
+    const hv = h.subarray(0, m * p.rank);
+    let xv = x.subarray(t0 * p.nEmbd, (t0 + m) * p.nEmbd);
+    if (xr) {
+      const r = xr.subarray(0, xv.length);
+      r.set(xv);
+      xv = roundF16InPlace(r);
+    }
+    mm.gemmNT(xv, p.fc1, m, p.rank, p.nEmbd, hv);
+    for (let i = 0; i < hv.length; i++) if (!(hv[i]! > 0)) hv[i] = 0;
+    if (xr) roundF16InPlace(hv);
+    mm.gemmNT(hv, p.fc2, m, p.nFf, p.rank, z.subarray(t0 * p.nFf, (t0 + m) * p.nFf));
+  }
+  return z;
+}
+
+/** A copy with both matrices rounded to F16 and back (what an F16 file holds). */
+export function roundPredictorF16(p: LayerPredictor): LayerPredictor {
+  return { ...p, fc1: roundF16InPlace(p.fc1.slice()), fc2: roundF16InPlace(p.fc2.slice()) };
+}
+
+/** He-style random initialisation: fc1 ~ N(0, 2/n_embd), fc2 ~ N(0, 1/rank). */
+export function randomPredictor(rank: number, nEmbd: number, nFf: number, seed: number): LayerPredictor {
+  const rng = new Rng(seed);
+  const fc1 = new Float32Array(rank * nEmbd);
+  const fc2 = new Float32Array(nFf * rank);
+  const s1 = Math.sqrt(2 / nEmbd);
+  const s2 = Math.sqrt(1 / rank);
+  for (let i = 0; i < fc1.length; i++) fc1[i] = rng.normal() * s1;
+  for (let i = 0; i < fc2.length; i++) fc2[i] = rng.normal() * s2;
+  return { rank, nEmbd, nFf, fc1, fc2 };
+}
+
+/**
+ * The data-aware principal subspace of a layer's gate, from which {@link gatePredictor} builds
+ * predictors of any rank up to 2·`k`.
+ */
+export interface GateSubspace {
+  nEmbd: number;
+  nFf: number;
+  /** Directions kept, in order of importance. */
+  k: number;
+  /** [k × nEmbd]: row j = the input direction p_j (already divided by the mean rms(x)). */
+  p: Float64Array;
+  /** [nFf × k]: column j = the orthonormal neuron-space direction q_j. */
+  q: Float64Array;
+  /** Eigenvalues of W'·C·W'ᵀ for the k directions (descending): the gate variance each explains. */
+  values: Float64Array;
+}
+
+/**
+ * The rank-k approximation of a layer's gate that is best on the data — the warm start that makes a few
+ * epochs of training enough.
+ *
+ * For a Llama-style FFN the gate is W_gate·(ffn_norm ⊙ x / rms(x)); rms(x) > 0 does not change its
+ * sign, so neuron i fires iff (W'x)_i > 0 with W' = W_gate·diag(ffn_norm) [nFf × nEmbd] — a linear
+ * function of the predictor's input x. The best rank-k approximation of W'x over the data in the
+ * least-squares sense is Q_k Q_kᵀ W'x, with Q_k the top-k eigenvectors of A = W'·C·W'ᵀ
+ * (C = E[x xᵀ]). They are found by simultaneous (subspace) iteration in the n_embd-dimensional space:
+ * with K = W'ᵀW', Q = W'V is orthonormal iff VᵀKV = I, and A·W'V = W'·(C·K·V), so V ← C·K·V followed by
+ * K-orthonormalisation (Gram–Schmidt, which keeps the columns in order of convergence: column j tends
+ * to the j-th eigenvector). The large products run on `mm` in float32, the orthonormalisation in
+ * float64. Cost O(n_ff·n_embd² + iterations·n_embd²·k + k³).
+ * @param gate W_gate (or W_up for an ungated FFN) [nFf × nEmbd] float32 row-major
+ * @param norm ffn_norm weights [nEmbd] (undefined: all ones)
+ * @param x sample FFN inputs [n × nEmbd] (at most 4096 of them, evenly spaced, are used)
+ * @param k directions to keep, ≤ nEmbd
+ */
+export function gateSubspace(
+  gate: Float32Array,
+  norm: Float32Array | undefined,
+  x: Float32Array,
+  n: number,
+  nEmbd: number,
+  nFf: number,
+  k: number,
+  mm: MatMul,
+  seed = 1,
+  iterations = 12,
+): GateSubspace {
+  const e = nEmbd;
+  if (!(k >= 1 && k <= e)) throw new RangeError(`subspace size ${k} must be in [1, n_embd ${e}]`);
+  const w = new Float32Array(nFf * e);
+  for (let i = 0; i < nFf; i++) for (let c = 0; c < e; c++) w[i * e + c] = gate[i * e + c]! * (norm ? norm[c]! : 1);
+  const wt = transpose(w, nFf, e);
+  const kk = mm.gemmNT(wt, wt, e, e, nFf); // K = W'ᵀW' [e×e], symmetric
+  // C = E[x xᵀ] and the mean rms(x) over ≤ 4096 evenly spaced samples
+  const ns = Math.min(n, 4096);
+  const xs = new Float32Array(ns * e);
+  let rmsSum = 0;
+  for (let s = 0; s < ns; s++) {
+    const t = Math.floor((s * n) / ns);
+    let sq = 0;
+    for (let c = 0; c < e; c++) {
+      const v = x[t * e + c]!;
+      xs[s * e + c] = v;
+      sq += v * v;
+    }
+    rmsSum += Math.sqrt(sq / e);
+  }
+  const xt = transpose(xs, ns, e);
+  const cov = mm.gemmNT(xt, xt, e, e, ns);
+  for (let i = 0; i < cov.length; i++) cov[i]! /= ns;
+  const scale = rmsSum > 0 ? ns / rmsSum : 1;
+
+  // V is kept transposed, vt [k×e] (row j = column j of V), so every product is one gemmNT:
+  // (K·V)ᵀ = Vᵀ·K = gemmNT(vt, K) since K is symmetric; likewise for C.
+  const rng = new Rng(seed);
+  let vt: Float32Array = new Float32Array(k * e);
+  for (let i = 0; i < vt.length; i++) vt[i] = rng.normal();
+  let kvt = mm.gemmNT(vt, kk, k, e, e);
+  const kk64 = Float64Array.from(kk);
+  // K-orthonormalisation by modified Gram–Schmidt, twice ("twice is enough"), in float64 on vt and K·V
+  // together (the same row operations keep kvt = (K·V)ᵀ). Gram–Schmidt rather than Cholesky-QR: the
+  // eigenvalues of A can span 10⁴ or more (outlier dimensions of the residual stream), and Cholesky of
+  // the Gram matrix would square that condition number beyond float32's precision. A column that
+  // vanishes (dependent on the previous ones) is replaced by a fresh random one.
+  const orthonormalize = () => {
+    const v64 = Float64Array.from(vt);
+    const kv64 = Float64Array.from(kvt);
+    const dot = (a: Float64Array, ao: number, b: Float64Array, bo: number) => {
+      let s = 0;
+      for (let c = 0; c < e; c++) s += a[ao + c]! * b[bo + c]!;
+      return s;
+    };
+    for (let j = 0; j < k; j++) {
+      const rj = j * e;
+      for (let attempt = 0; ; attempt++) {
+        const before = Math.sqrt(Math.max(0, dot(v64, rj, kv64, rj)));
+        for (let pass = 0; pass < 2; pass++) {
+          for (let p = 0; p < j; p++) {
+            const rp = p * e;
+            const c = dot(v64, rj, kv64, rp);
+            for (let x = 0; x < e; x++) {
+              v64[rj + x]! -= c * v64[rp + x]!;
+              kv64[rj + x]! -= c * kv64[rp + x]!;
+            }
+          }
+        }
+        const nrm2 = dot(v64, rj, kv64, rj);
+        if (nrm2 > 0 && Math.sqrt(nrm2) > 1e-9 * before && Number.isFinite(nrm2)) {
+          const d = 1 / Math.sqrt(nrm2);
+          for (let x = 0; x < e; x++) {
+            v64[rj + x]! *= d;
+            kv64[rj + x]! *= d;
+          }
+          break;
+        }
+        if (attempt > 3) throw new Error(`gate subspace: direction ${j} keeps vanishing (is ffn_gate degenerate?)`);
+        for (let x = 0; x < e; x++) v64[rj + x] = rng.normal();
+        for (let x = 0; x < e; x++) kv64[rj + x] = dot(kk64, x * e, v64, rj);
+      }
+    }
+    vt.set(v64);
+    kvt.set(kv64);
+  };
+  orthonormalize();
+  for (let it = 0; it < iterations; it++) {
+    vt = mm.gemmNT(kvt, cov, k, e, e); // (C·K·V)ᵀ
+    kvt = mm.gemmNT(vt, kk, k, e, e);
+    orthonormalize();
+  }
+  // gate variance explained per direction: the Rayleigh quotient (K V)ᵀ C (K V), diagonal; directions
+  // are sorted by it so that the first k' of them serve a smaller rank
+  const ckv = mm.gemmNT(kvt, cov, k, e, e);
+  const ray = new Float64Array(k);
+  for (let j = 0; j < k; j++) {
+    let s = 0;
+    for (let c = 0; c < e; c++) s += ckv[j * e + c]! * kvt[j * e + c]!;
+    ray[j] = s;
+  }
+  const order = Array.from({ length: k }, (_, j) => j).sort((a, b) => ray[b]! - ray[a]!);
+  const vs = new Float32Array(k * e);
+  const p = new Float64Array(k * e);
+  const values = new Float64Array(k);
+  order.forEach((src, j) => {
+    vs.set(vt.subarray(src * e, (src + 1) * e), j * e);
+    // p_j = (K·V)ᵀ row j · scale (P = QᵀW' = VᵀK)
+    for (let c = 0; c < e; c++) p[j * e + c] = kvt[src * e + c]! * scale;
+    values[j] = ray[src]!;
+  });
+  // Q = W'·V: q[i,j] = Σ_c W'[i,c]·V[c,j] = gemmNT(W', vs)
+  const q = Float64Array.from(mm.gemmNT(w, vs, nFf, k, e));
+  return { nEmbd: e, nFf, k, p, q, values };
+}
+
+/**
+ * A predictor of even `rank` = 2·k' (k' ≤ subspace.k) that computes the subspace's rank-k'
+ * approximation of the gate (in units of the gate, times `logitScale`) exactly, through the ReLU, with
+ * the pair identity ReLU(u) − ReLU(−u) = u: fc1 = [P; −P], fc2 = [Q, −Q]. Training then moves it away
+ * from this linear solution.
+ */
+export function gatePredictor(sub: GateSubspace, rank: number, logitScale = 1): LayerPredictor {
+  if (rank % 2 !== 0 || rank < 2 || rank / 2 > sub.k) {
+    throw new RangeError(`rank ${rank} must be even, ≥ 2 and at most 2·${sub.k}`);
+  }
+  const k = rank / 2;
+  const { nEmbd: e, nFf } = sub;
+  const fc1 = new Float32Array(rank * e);
+  for (let j = 0; j < k; j++) {
+    for (let c = 0; c < e; c++) {
+      fc1[j * e + c] = sub.p[j * e + c]!;
+      fc1[(j + k) * e + c] = -sub.p[j * e + c]!;
+    }
+  }
+  const fc2 = new Float32Array(nFf * rank);
+  for (let i = 0; i < nFf; i++) {
+    for (let j = 0; j < k; j++) {
+      const v = sub.q[i * sub.k + j]! * logitScale;
+      fc2[i * rank + j] = v;
+      fc2[i * rank + j + k] = -v;
+    }
+  }
+  return { rank, nEmbd: e, nFf, fc1, fc2 };
+}
+
+/**
+ * The logit scale s > 0 minimising the weighted cross-entropy L(s) = Σ ℓ(s·z, y) of the samples (see
+ * train.ts for ℓ). L is convex in s (ℓ is convex in its first argument, s·z is linear in s), so
+ * safeguarded Newton steps from s = 1 find it: L'(s) = Σ z·(σ(sz)·(1−y) − w₊·y·(1−σ(sz))),
+ * L''(s) = Σ z²·σ(sz)(1−σ(sz))·(y ? w₊ : 1). The gate-derived logits are in the gate's units, far too
+ * small for a sigmoid: at the wrong scale every sample looks uncertain and gradient steps undo the warm
+ * start.
+ */
+export function fitLogitScale(z: Float32Array, masks: Uint8Array, n: number, nFf: number, posWeight: number): number {
+  const stride = (nFf + 7) >> 3;
+  for (let i = 0; i < n * nFf; i++) if (!Number.isFinite(z[i]!)) throw new RangeError("logits are not finite");
+  const derivs = (scale: number): [number, number] => {
+    let d1 = 0;
+    let d2 = 0;
+    for (let t = 0; t < n; t++) {
+      for (let i = 0; i < nFf; i++) {
+        const zi = z[t * nFf + i]!;
+        const a = scale * zi;
+        const ex = Math.exp(-Math.abs(a));
+        const sig = a >= 0 ? 1 / (1 + ex) : ex / (1 + ex);
+        const h = zi * zi * sig * (1 - sig);
+        if ((masks[t * stride + (i >> 3)]! >> (i & 7)) & 1) {
+          d1 -= posWeight * zi * (1 - sig);
+          d2 += posWeight * h;
+        } else {
+          d1 += zi * sig;
+          d2 += h;
+        }
+      }
+    }
+    return [d1, d2];
+  };
+  let s = 1;
+  let lo = 0;
+  let hi = Number.POSITIVE_INFINITY;
+  for (let it = 0; it < 40; it++) {
+    const [d1, d2] = derivs(s);
+    if (d1 > 0) hi = s;
+    else lo = s;
+    let next = d2 > 0 ? s - d1 / d2 : d1 > 0 ? s / 2 : s * 2;
+    // keep inside the bracket; bisect (geometrically) when Newton leaves it
+    if (!(next > lo && next < hi)) next = Number.isFinite(hi) ? (lo > 0 ? Math.sqrt(lo * hi) : hi / 2) : s * 4;
+    if (Math.abs(next - s) <= 1e-4 * s) return next;
+    s = next;
+  }
+  return s;
+}
