@@ -1,5 +1,7 @@
 /** Wires the backend packages into core's registry (core knows no concrete backend). */
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { cudaBackend } from "@powerinfer/backend-cuda";
+import { rocmBackend } from "@powerinfer/backend-rocm";
 import { type Backend, type BackendLoadOptions, registry } from "@powerinfer/core";
 
 let registered = false;
@@ -8,6 +10,8 @@ let registered = false;
 export function registerBackends(): typeof registry {
   if (!registered) {
     registry.register(cpuBackend, 0);
+    registry.register(cudaBackend, 0);
+    registry.register(rocmBackend, 0);
     registered = true;
   }
   return registry;
