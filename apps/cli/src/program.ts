@@ -4,20 +4,38 @@ import { register as backends } from "./commands/backends.js";
 import { register as batched } from "./commands/batched.js";
 import { register as bench } from "./commands/bench.js";
 import { register as chat } from "./commands/chat.js";
+import { register as convert } from "./commands/convert.js";
 import { register as genModel } from "./commands/gen-model.js";
 import { register as inspect } from "./commands/inspect.js";
 import { register as perplexity } from "./commands/perplexity.js";
 import { register as plan } from "./commands/plan.js";
 import { register as profile } from "./commands/profile.js";
+import { register as quantize } from "./commands/quantize.js";
 import { register as run } from "./commands/run.js";
 import { register as serve } from "./commands/serve.js";
+import { register as trainPredictor } from "./commands/train-predictor.js";
 
 export function createProgram(): Command {
   const program = new Command("powerinfer")
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
     .showHelpAfterError("(run with --help for usage)");
-  for (const reg of [run, batched, chat, serve, perplexity, profile, plan, inspect, genModel, bench, backends])
+  for (const reg of [
+    run,
+    batched,
+    chat,
+    serve,
+    perplexity,
+    profile,
+    trainPredictor,
+    plan,
+    inspect,
+    convert,
+    quantize,
+    genModel,
+    bench,
+    backends,
+  ])
     reg(program);
   return program;
 }

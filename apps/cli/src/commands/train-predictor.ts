@@ -1,0 +1,415 @@
+/**
+ * `powerinfer train-predictor`: trains per-layer activation predictors for a ReLU model on a text,
+ * reports their quality on a held-out part of it beside a fixed hot-neuron list, and writes the model
+ * with predictors (PowerInfer GGUF by default). Ctrl-C saves a checkpoint; the same command resumes.
+ */
+import { createHash } from "node:crypto";
+import { existsSync, rmSync, writeFileSync } from "node:fs";
+import { modelFingerprint } from "@powerinfer/gguf";
+import { GgufTypes } from "@powerinfer/gguf";
+import {
+  activationCounts,
+  backendMatMul,
+  bakeThresholds,
+  checkpointKey,
+  collectActivations,
+  evaluatePredictors,
+  type LayerReport,
+  loadCheckpoint,
+  type PipelineEvent,
+  type PredictorTrainingOptions,
+  pipelineDefaults,
+  rewriteModelFile,
+  saveCheckpoint,
+  splitText,
+  summarizeReport,
+  trainPredictors,
+} from "@powerinfer/predictor";
+import cliProgress from "cli-progress";
+import { type Command, InvalidArgumentError } from "commander";
+import { action } from "../errors.js";
+import { float, int, loadModelFromCli, readTextFile } from "./common.js";
+
+interface TrainPredictorCliOptions {
+  model: string;
+  file: string;
+  output: string;
+  holdout: number;
+  rank: string;
+  targetRecall: number;
+  maxActiveRatio: number;
+  tokens?: number;
+  evalTokens?: number;
+  epochs: number;
+  lr: number;
+  posWeight: number;
+  batch: number;
+  seed: number;
+  init: string;
+  format: string;
+  predictorType: string;
+  checkpoint?: string;
+  restart?: boolean;
+  saveHoldout?: string;
+  ctxSize?: number;
+  threads?: number;
+  backend: string;
+  json?: boolean;
+}
+
+function parseRank(v: string): number | number[] | "auto" {
+  if (v === "auto") return "auto";
+  const parts = v.split(",").map((s) => Number(s.trim()));
+  if (parts.some((n) => !Number.isInteger(n) || n < 2 || n % 2 !== 0)) {
+    throw new InvalidArgumentError(
+      `--rank must be "auto", an even integer ≥ 2, or one per layer separated by commas; got "${v}"`,
+    );
+  }
+  return parts.length === 1 ? parts[0]! : parts;
+}
+
+const pct = (v: number) => `${(v * 100).toFixed(1)}%`;
+
+function reportTable(layers: LayerReport[]): string {
+  const head =
+    "layer  rank  recall  precision  predicted  true    ratio | hot list: recall  precision | predictor cost";
+  const rows = layers.map(
+    (r) =>
+      `${String(r.layer).padStart(5)}  ${String(r.rank).padStart(4)}  ${r.recall.toFixed(4)}  ${r.precision.toFixed(4).padStart(9)}  ${pct(r.predictedFraction).padStart(9)}  ${pct(r.trueFraction).padStart(6)}  ${(r.predictedFraction / r.trueFraction).toFixed(2).padStart(5)} |           ${r.hot.recall.toFixed(4)}  ${r.hot.precision.toFixed(4).padStart(9)} | ${pct(r.predictorCost).padStart(6)} of the dense FFN`,
+  );
+  return [head, ...rows].join("\n");
+}
+
+export function register(program: Command): void {
+  program
+    .command("train-predictor")
+    .description("train activation predictors for a ReLU model and write it with them (PowerInfer GGUF)")
+    .requiredOption("-m, --model <file>", "GGUF or PowerInfer GGUF model with a ReLU FFN")
+    .requiredOption("-f, --file <file>", "text to train on (its last --holdout part is kept for the report)")
+    .requiredOption("-o, --output <file>", "output model file")
+    .option(
+      "--holdout <fraction>",
+      "share of the text (at a line break) held out for the report; 0 = none",
+      float("holdout"),
+      0.2,
+    )
+    .option("--rank <r>", 'predictor rank: "auto", an even number, or one per layer (comma-separated)', "auto")
+    .option("--target-recall <x>", "recall each layer's threshold is calibrated for", float("target-recall"), 0.95)
+    .option(
+      "--max-active-ratio <x>",
+      '"auto" rank: smallest rank selecting at most this × the truly active neurons',
+      float("max-active-ratio"),
+      1.5,
+    )
+    .option("--tokens <n>", "train on at most this many token positions of the training part", int("tokens"))
+    .option("--eval-tokens <n>", "report on at most this many token positions of the held-out part", int("eval-tokens"))
+    .option("--epochs <n>", "maximum epochs per layer (early stopping may end sooner)", int("epochs"), 8)
+    .option("--lr <x>", "AdamW peak learning rate", float("lr"), 1e-3)
+    .option(
+      "--pos-weight <x>",
+      "weight of the firing neurons in the cross-entropy (recall over precision)",
+      float("pos-weight"),
+      3,
+    )
+    .option("--batch <n>", "samples per training step", int("batch"), 256)
+    .option("--seed <n>", "seed of the shuffles and random starts", int("seed"), 1)
+    .option("--init <kind>", "starting weights: gate (low-rank approximation of the FFN gate) or random", "gate")
+    .option("--format <fmt>", "output container: pwri (PowerInfer GGUF, ffn_down transposed) or gguf", "pwri")
+    .option("--predictor-type <t>", "storage of fc1/fc2: f16 or f32", "f16")
+    .option("--checkpoint <file>", "checkpoint file (default: <output>.ckpt); resumed when it matches this run")
+    .option("--restart", "ignore an existing checkpoint")
+    .option("--save-holdout <file>", "write the held-out text to this file (e.g. for powerinfer perplexity)")
+    .option(
+      "-c, --ctx-size <n>",
+      "tokens per evaluation window (default: the model's context, at most 1024)",
+      int("ctx-size"),
+    )
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
+    .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
+    .option("--json", "print the report as JSON on stdout")
+    .action(action(trainPredictorCommand));
+}
+
+async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void> {
+  // options first: a typo must not cost a model load
+  const rank = parseRank(o.rank);
+  if (!(o.holdout >= 0 && o.holdout < 1))
+    throw new InvalidArgumentError(`--holdout must be in [0, 1), got ${o.holdout}`);
+  if (!(o.targetRecall > 0 && o.targetRecall <= 1))
+    throw new InvalidArgumentError(`--target-recall must be in (0, 1], got ${o.targetRecall}`);
+  if (!(o.maxActiveRatio >= 1))
+    throw new InvalidArgumentError(`--max-active-ratio must be ≥ 1, got ${o.maxActiveRatio}`);
+  if (!(o.epochs >= 0)) throw new InvalidArgumentError(`--epochs must be ≥ 0, got ${o.epochs}`);
+  if (!(o.lr > 0)) throw new InvalidArgumentError(`--lr must be > 0, got ${o.lr}`);
+  if (!(o.posWeight > 0)) throw new InvalidArgumentError(`--pos-weight must be > 0, got ${o.posWeight}`);
+  if (!(o.batch >= 1)) throw new InvalidArgumentError(`--batch must be ≥ 1, got ${o.batch}`);
+  if (o.tokens !== undefined && o.tokens < 2) throw new InvalidArgumentError(`--tokens must be ≥ 2, got ${o.tokens}`);
+  if (o.init !== "gate" && o.init !== "random")
+    throw new InvalidArgumentError(`--init must be gate or random, got "${o.init}"`);
+  const format = o.format.toLowerCase();
+  if (format !== "pwri" && format !== "gguf")
+    throw new InvalidArgumentError(`--format must be pwri or gguf, got "${o.format}"`);
+  if (o.predictorType !== "f16" && o.predictorType !== "f32")
+    throw new InvalidArgumentError(`--predictor-type must be f16 or f32, got "${o.predictorType}"`);
+  const quiet = !!o.json;
+  const log = (s: string) => {
+    if (!quiet) process.stderr.write(`${s}\n`);
+  };
+
+  const text = readTextFile(o.file);
+  const split = o.holdout > 0 ? splitText(text, o.holdout) : { train: text, heldOut: "", splitAt: text.length };
+  if (o.saveHoldout) writeFileSync(o.saveHoldout, split.heldOut);
+  const { backend, model } = await loadModelFromCli(
+    { ...o, sparse: "off", batchSize: 512, kvType: "f16" } as Parameters<typeof loadModelFromCli>[0],
+    quiet,
+  );
+  const ac = new AbortController();
+  let interrupts = 0;
+  const onSigint = () => {
+    interrupts++;
+    if (interrupts > 1) process.exit(130);
+    log("\ninterrupt: saving a checkpoint (Ctrl-C again to quit at once)");
+    ac.abort();
+  };
+  process.on("SIGINT", onSigint);
+  try {
+    const cfg = model.config;
+    if (cfg.ffn.activation !== "relu") {
+      throw new Error(
+        `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
+      );
+    }
+    const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
+    if (rank !== "auto") {
+      const ranks = typeof rank === "number" ? [rank] : rank;
+      if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
+        throw new InvalidArgumentError(`--rank lists ${rank.length} ranks, the model has ${cfg.n_layer} layers`);
+      }
+      const bad = ranks.find((r) => r > maxRank);
+      if (bad !== undefined) {
+        throw new InvalidArgumentError(
+          `--rank ${bad} is larger than 2·min(n_embd, n_ff) = ${maxRank}, where a predictor is as costly as the FFN it saves`,
+        );
+      }
+    }
+    const tok = model.tokenizer;
+    const trainIds = tok.tokenize(split.train, { addSpecial: false });
+    const options: PredictorTrainingOptions = {
+      rank,
+      targetRecall: o.targetRecall,
+      maxActiveRatio: o.maxActiveRatio,
+      init: o.init as "gate" | "random",
+      predictorType: o.predictorType as "f16" | "f32",
+      train: {
+        epochs: o.epochs,
+        lr: o.lr,
+        posWeight: o.posWeight,
+        batchSize: o.batch,
+        seed: o.seed,
+        targetRecall: o.targetRecall,
+      },
+    };
+    const key = checkpointKey({
+      model: modelFingerprint(model.file),
+      corpus: createHash("sha256").update(split.train).digest("hex"),
+      tokens: trainIds.length,
+      options: { ...pipelineDefaults(options), maxTokens: o.tokens ?? null, nCtx: o.ctxSize ?? null },
+    });
+    const ckptPath = o.checkpoint ?? `${o.output}.ckpt`;
+    let resume: ReturnType<typeof loadCheckpoint> | undefined;
+    if (existsSync(ckptPath) && !o.restart) {
+      resume = loadCheckpoint(ckptPath);
+      if (resume.key !== key) {
+        throw new Error(
+          `checkpoint ${ckptPath} is from another run (different model, text or options); pass --restart to discard it`,
+        );
+      }
+      log(
+        `resuming from ${ckptPath}: ${resume.done.length} layers done${resume.current ? `, layer ${resume.current.layer} at epoch ${resume.current.state.epoch + 1} step ${resume.current.state.step}` : ""}`,
+      );
+    }
+
+    const bar =
+      process.stderr.isTTY && !quiet
+        ? new cliProgress.SingleBar(
+            {
+              format: "{what} [{bar}] {percentage}% {info}",
+              stream: process.stderr,
+              hideCursor: true,
+              clearOnComplete: true,
+            },
+            cliProgress.Presets.shades_classic,
+          )
+        : undefined;
+    bar?.start(1, 0, { what: "collecting activations", info: "" });
+    const t0 = performance.now();
+    let data: Awaited<ReturnType<typeof collectActivations>>;
+    try {
+      data = await collectActivations(model, trainIds, {
+        nCtx: o.ctxSize,
+        maxTokens: o.tokens,
+        signal: ac.signal,
+        onProgress: (d, n) => {
+          bar?.setTotal(n);
+          bar?.update(d, { info: `${d}/${n} tokens` });
+        },
+      });
+    } catch (e) {
+      if (!ac.signal.aborted) throw e;
+      bar?.stop();
+      process.stderr.write("interrupted while collecting activations (nothing to save yet)\n");
+      process.exitCode = 130;
+      return;
+    }
+    bar?.stop();
+    log(
+      `collected ${data.nTokens} token positions from the training part (${split.train.length} characters) in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+    );
+
+    const mm = backendMatMul(backend);
+    let layerInfo = "";
+    const onEvent = (e: PipelineEvent) => {
+      switch (e.type) {
+        case "layer-start":
+          layerInfo = `layer ${e.layer + 1}/${e.nLayer}`;
+          break;
+        case "candidate":
+          if (e.candidate.skipped)
+            log(
+              `${layerInfo}: rank ${e.candidate.rank} skipped (warm start selects ${e.candidate.initRatio.toFixed(2)}× the active neurons)`,
+            );
+          break;
+        case "train-start":
+          bar?.start(Math.max(1, e.epochs * e.stepsPerEpoch), 0, {
+            what: `${layerInfo} rank ${e.rank}`,
+            info: "",
+          });
+          break;
+        case "step":
+          bar?.update(e.epoch * e.stepsPerEpoch + e.step, {
+            info: `epoch ${e.epoch + 1} loss ${e.loss.toFixed(4)}`,
+          });
+          break;
+        case "epoch": {
+          const r = e.report;
+          const line = `${layerInfo} rank ${e.rank} epoch ${r.epoch + 1}: loss ${r.loss.toFixed(4)}, validation recall ${r.recall.toFixed(4)} precision ${r.precision.toFixed(3)}, active ${pct(r.predictedFraction)} (true ${pct(r.trueFraction)})`;
+          if (bar)
+            bar.update({
+              info: `loss ${r.loss.toFixed(4)} recall ${r.recall.toFixed(4)} active ${pct(r.predictedFraction)}`,
+            });
+          else log(line);
+          break;
+        }
+        case "layer-done": {
+          bar?.stop();
+          const r = e.result;
+          log(
+            `${layerInfo}: rank ${r.rank}, threshold ${r.threshold.toPrecision(4)}, validation recall ${r.val.recall.toFixed(4)} precision ${r.val.precision.toFixed(3)}, active ${pct(r.val.predictedFraction)} (true ${pct(r.val.trueFraction)})`,
+          );
+          break;
+        }
+      }
+    };
+    const t1 = performance.now();
+    const res = await trainPredictors({
+      file: model.file,
+      data,
+      mm,
+      options,
+      key,
+      resume,
+      signal: ac.signal,
+      onEvent,
+      onCheckpoint: (c) => saveCheckpoint(ckptPath, c),
+    });
+    bar?.stop();
+    if (!res.complete) {
+      process.stderr.write(`interrupted: progress saved to ${ckptPath}; run the same command again to resume\n`);
+      process.exitCode = 130;
+      return;
+    }
+    log(`trained in ${((performance.now() - t1) / 1000).toFixed(1)} s`);
+
+    const f16 = o.predictorType === "f16";
+    const baked = bakeThresholds(res.layers, f16);
+    for (const l of baked.inexact) {
+      log(
+        `note: layer ${l}'s threshold has the other sign than the others; it runs at a slightly lower one (more neurons)`,
+      );
+    }
+    const written = rewriteModelFile(model.file, o.output, {
+      format: format === "pwri" ? "PWRI" : "GGUF",
+      predictors: { layers: baked.predictors, type: o.predictorType as "f16" | "f32", threshold: baked.threshold },
+      metadata: [
+        { key: "powerinfer.predictor.trainer", type: GgufTypes.string, value: "powerinfer-ts train-predictor" },
+        { key: "powerinfer.predictor.target_recall", type: GgufTypes.f32, value: o.targetRecall },
+        { key: "powerinfer.predictor.training_tokens", type: GgufTypes.u32, value: data.nTokens },
+      ],
+    });
+    for (const n of written.notes) log(`note: ${n}`);
+    log(`wrote ${o.output} (${written.format}, ${written.tensors} tensors, sparse threshold ${baked.threshold})`);
+    rmSync(ckptPath, { force: true });
+
+    let report: LayerReport[] = [];
+    if (split.heldOut.length > 0) {
+      const heldIds = tok.tokenize(split.heldOut, { addSpecial: false });
+      const held = await collectActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: o.evalTokens });
+      report = evaluatePredictors({
+        predictors: baked.predictors,
+        threshold: baked.threshold,
+        data: held,
+        trainCounts: activationCounts(data),
+        mm,
+        f16Activations: f16,
+        ffnMatrices: cfg.ffn.gated ? 3 : 2,
+      });
+      const s = summarizeReport(report);
+      if (!quiet) {
+        process.stdout.write(
+          `held-out report (${held.nTokens} token positions, text disjoint from training):\n${reportTable(report)}\n` +
+            `mean: recall ${s.recall.toFixed(4)}, precision ${s.precision.toFixed(4)}, predicted ${pct(s.predictedFraction)} vs true ${pct(s.trueFraction)} active; fixed hot list of the same size: recall ${s.hotRecall.toFixed(4)}\n`,
+        );
+        const worse = report.filter((r) => r.recall <= r.hot.recall);
+        if (worse.length) {
+          process.stdout.write(
+            `warning: layers ${worse.map((r) => r.layer).join(", ")} do no better than the fixed hot list\n`,
+          );
+        }
+      }
+      if (o.json) {
+        process.stdout.write(
+          `${JSON.stringify(
+            {
+              output: o.output,
+              format: written.format,
+              threshold: baked.threshold,
+              trainingTokens: data.nTokens,
+              heldOutTokens: held.nTokens,
+              layers: report,
+              mean: s,
+              training: res.layers.map((r) => ({
+                layer: r.layer,
+                rank: r.rank,
+                threshold: r.threshold,
+                scale: baked.scales[r.layer],
+                val: r.val,
+                epochs: r.history.length,
+                candidates: r.candidates,
+              })),
+            },
+            null,
+            2,
+          )}\n`,
+        );
+      }
+    } else if (o.json) {
+      process.stdout.write(
+        `${JSON.stringify({ output: o.output, format: written.format, threshold: baked.threshold, layers: [] })}\n`,
+      );
+    }
+  } finally {
+    process.off("SIGINT", onSigint);
+    model.dispose();
+    backend.dispose();
+  }
+}
