@@ -38,6 +38,7 @@ export interface SamplingFields {
   repeat_penalty?: number | null;
   repeat_last_n?: number | null;
   ignore_eos?: boolean | null;
+  cache_prompt?: boolean | null;
 }
 
 /** Request fields → scheduler options, with llama.cpp's server defaults. A seed < 0 (−1) means random. */
@@ -57,6 +58,7 @@ export function samplingOptions(b: SamplingFields, maxTokens: number, nProbs = 0
     stop: typeof b.stop === "string" ? [b.stop] : (b.stop ?? []),
     ignoreEos: b.ignore_eos ?? false,
     nProbs,
+    cachePrompt: b.cache_prompt ?? true,
   };
 }
 

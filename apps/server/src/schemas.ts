@@ -25,6 +25,7 @@ const sampling = {
   ignore_eos: z.boolean().nullish(),
   stream: z.boolean().nullish(),
   n_predict: int.min(-1).nullish(),
+  cache_prompt: z.boolean().nullish(),
 };
 
 const streamOptions = z.object({ include_usage: z.boolean().nullish() }).nullish();

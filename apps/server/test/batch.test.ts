@@ -254,6 +254,39 @@ describe.skipIf(!probe.usable)(`continuous batching in the engine (${probe.reaso
       }
     });
 
+    it("reuses a free slot's cached prefix (prompt caching) with the same output", async () => {
+      const sched = new BatchScheduler(model, { slots: 2, nCtx: 128 });
+      try {
+        const prompt = "Once upon a time";
+        const first = await sched.submit(prompt, { maxTokens: 32, temperature: 0 }).collect();
+        // the slot holds the prompt and every generated token but the last (never evaluated)
+        const cached = [...model.tokenizer.tokenize(prompt), ...first.tokens.slice(0, -1).map((t) => t.id)];
+        const text = `${prompt}${first.text}. Then`;
+        const ids = model.tokenizer.tokenize(text);
+        let lcp = 0;
+        while (lcp < cached.length && cached[lcp] === ids[lcp]) lcp++;
+        expect(lcp).toBeGreaterThan(20);
+        const opts = { maxTokens: 16, temperature: 0.8, seed: 5 };
+        const longer = sched.submit(text, opts);
+        const l = await longer.collect();
+        expect(longer.cachedTokens).toBe(lcp);
+        expect(longer.timings.promptTokens).toBe(ids.length - lcp);
+        const s = model.createSession({ nCtx: 128 });
+        let want = "";
+        for await (const t of s.generate(text, opts)) want += t.text;
+        s.dispose();
+        expect(l.text).toBe(want);
+        const again = sched.submit(prompt, { maxTokens: 32, temperature: 0 });
+        expect((await again.collect()).text).toBe(first.text);
+        expect(again.cachedTokens).toBe(4); // the whole prompt but its last token, whose logits are needed
+        const off = sched.submit(prompt, { maxTokens: 4, temperature: 0, cachePrompt: false });
+        await off.collect();
+        expect(off.cachedTokens).toBe(0);
+      } finally {
+        await sched.close();
+      }
+    });
+
     it("refuses beyond the queue bound and prompts longer than a slot", async () => {
       const sched = new BatchScheduler(model, { slots: 1, nCtx: 32, queueLimit: 1 });
       try {

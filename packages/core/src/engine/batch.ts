@@ -38,6 +38,11 @@ export interface BatchSchedulerOptions {
 export interface BatchRequestOptions extends GenerateOptions {
   /** Report, for every generated token, its log-probability and the `nProbs` most likely tokens'. Default 0. */
   nProbs?: number;
+  /**
+   * Reuse the longest prefix of the prompt that a free slot's cache still holds from its last request
+   * (llama.cpp's `cache_prompt`); the output is the same, only that prefix is not evaluated again. Default true.
+   */
+  cachePrompt?: boolean;
 }
 
 /** A token and its log-probability under the model (log-softmax of the raw logits). */
@@ -102,13 +107,21 @@ export interface SlotInfo {
   requestId: number;
   /** "idle", "prompt" (evaluating the prompt) or "generate". */
   state: "idle" | "prompt" | "generate";
-  /** Positions in the slot's cache. */
+  /** Positions in the slot's cache (an idle slot keeps its last request's for prompt caching). */
   nPast: number;
   promptTokens: number;
   generatedTokens: number;
   /** Tokens left before `maxTokens` (−1 = no limit). */
   remaining: number;
   options?: BatchRequestOptions;
+}
+
+/** Length of the common prefix of two token lists. */
+function commonPrefix(a: readonly number[], b: readonly number[]): number {
+  const n = Math.min(a.length, b.length);
+  let i = 0;
+  while (i < n && a[i] === b[i]) i++;
+  return i;
 }
 
 /** log-softmax of `logits` at `id`, and the `n` best tokens (ties → lower id). */
@@ -155,6 +168,8 @@ export class BatchRequest implements AsyncIterable<BatchToken> {
 
   /** @internal */ gen: Generation;
   /** @internal */ promptPos = 0;
+  /** Prompt tokens found in the slot's cache (not evaluated again). */
+  cachedTokens = 0;
   /** @internal */ pending = -1;
   /** @internal */ readonly submittedAt = performance.now();
   /** @internal */ startedAt = 0;
@@ -265,6 +280,8 @@ interface Slot {
   id: number;
   session: Session;
   req?: BatchRequest;
+  /** The tokens in the slot's cache, positions 0..nPast−1 (kept after a request for prompt caching). */
+  tokens: number[];
 }
 
 /**
@@ -323,7 +340,7 @@ export class BatchScheduler {
     try {
       for (let i = 0; i < this.nSlots; i++) {
         const session = model.createSession({ nCtx: opts.nCtx, kvType: opts.kvType, nBatch: this.nBatch });
-        this.slotList.push({ id: i, session });
+        this.slotList.push({ id: i, session, tokens: [] });
       }
     } catch (e) {
       for (const s of this.slotList) s.session.dispose();
@@ -399,7 +416,7 @@ export class BatchScheduler {
         busy: !!r,
         requestId: r?.id ?? -1,
         state: !r ? "idle" : r.promptPos < r.promptIds.length || r.pending < 0 ? "prompt" : "generate",
-        nPast: r ? s.session.nPast : 0,
+        nPast: s.session.nPast,
         promptTokens: r?.promptIds.length ?? 0,
         generatedTokens: r?.gen.generated ?? 0,
         remaining: r && max >= 0 ? Math.max(0, max - r.gen.generated) : -1,
@@ -453,14 +470,31 @@ export class BatchScheduler {
     for (const s of this.slotList) {
       if (s.req?.aborted) this.release(s, "aborted");
     }
-    for (const s of this.slotList) {
-      if (s.req || this.queue.length === 0) continue;
+    while (this.queue.length > 0) {
+      const free = this.slotList.filter((s) => !s.req);
+      if (free.length === 0) break;
       const r = this.queue.shift()!;
-      s.req = r;
-      r.slot = s.id;
+      // the free slot whose cache shares the longest prefix with the prompt (prompt caching)
+      let best = free[0]!;
+      let bestLen = -1;
+      for (const s of free) {
+        const n = r.options.cachePrompt === false ? 0 : commonPrefix(s.tokens, r.promptIds);
+        if (n > bestLen) {
+          best = s;
+          bestLen = n;
+        }
+      }
+      // at least the last prompt token is evaluated again: its logits are needed
+      const reuse = Math.min(bestLen, r.promptIds.length - 1);
+      best.req = r;
+      best.tokens.length = reuse;
+      best.session.nPast = reuse;
+      r.slot = best.id;
+      r.promptPos = reuse;
+      r.cachedTokens = reuse;
+      r.timings.promptTokens = r.promptIds.length - reuse;
       r.startedAt = now;
       r.timings.queueMs = now - r.submittedAt;
-      s.session.reset();
     }
     const entries: BatchEntry[] = [];
     const members: Slot[] = [];
@@ -470,6 +504,7 @@ export class BatchScheduler {
       const r = s.req;
       if (!r || r.pending < 0) continue;
       entries.push({ session: s.session, tokens: [r.pending], logits: "last" });
+      s.tokens.push(r.pending);
       members.push(s);
       budget--;
       generating++;
@@ -483,11 +518,9 @@ export class BatchScheduler {
       const r = s.req!;
       const n = Math.min(budget, r.promptIds.length - r.promptPos);
       const last = r.promptPos + n === r.promptIds.length;
-      entries.push({
-        session: s.session,
-        tokens: r.promptIds.slice(r.promptPos, r.promptPos + n),
-        logits: last ? "last" : "none",
-      });
+      const chunk = r.promptIds.slice(r.promptPos, r.promptPos + n);
+      entries.push({ session: s.session, tokens: chunk, logits: last ? "last" : "none" });
+      s.tokens.push(...chunk);
       members.push(s);
       r.promptPos += n;
       budget -= n;
@@ -497,7 +530,12 @@ export class BatchScheduler {
     try {
       result = this.model.decodeBatch(entries);
     } catch (e) {
-      for (const s of members) this.release(s, "aborted", e);
+      for (const s of members) {
+        // nothing was appended: forget the slot's cache rather than trust it
+        s.tokens.length = 0;
+        s.session.reset();
+        this.release(s, "aborted", e);
+      }
       return;
     }
     const m = this.metrics;
@@ -546,15 +584,16 @@ export class BatchScheduler {
     }
     r.push(out);
     if (s.session.nPast >= s.session.nCtx) return "context";
+    // done now rather than after evaluating a token whose logits nobody reads
+    if (r.gen.exhausted) return "length";
     r.pending = t.id;
     return undefined;
   }
 
-  /** Ends the slot's request and frees the slot. */
+  /** Ends the slot's request and frees the slot (its cache stays for a later prompt with the same prefix). */
   private release(s: Slot, reason: StopReason, error?: unknown): void {
     const r = s.req;
     s.req = undefined;
-    s.session.reset();
     if (r) this.end(r, reason, error);
   }
 
@@ -566,7 +605,7 @@ export class BatchScheduler {
     else if (reason === "aborted") m.requestsAborted++;
     else m.requestsFinished++;
     if (r.startedAt > 0) {
-      m.promptTokens += r.promptPos;
+      m.promptTokens += r.promptPos - r.cachedTokens;
       m.promptMs += r.timings.promptMs;
       m.generatedTokens += r.timings.generatedTokens;
       m.generateMs += r.timings.generateMs;
