@@ -35,6 +35,7 @@ export function modelOptions(cmd: Command): Command {
     .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size"), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", "f16")
+    .option("-v, --verbose", "also report every backend skipped and why")
     .option(
       "--sparse <mode>",
       "FFN mode: predictor (default when the model has predictors), oracle (true mask from the gate; testing) or off (dense)",
@@ -53,6 +54,7 @@ export interface ModelCliOptions {
   batchSize: number;
   backend: string;
   kvType: string;
+  verbose?: boolean;
   sparse?: string;
   sparseThreshold?: number;
 }
@@ -66,7 +68,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   const threads = o.threads ?? availableParallelism();
   if (threads < 1) throw new InvalidArgumentError("--threads must be ≥ 1");
   const backend = await loadBackend(o.backend, { threads }, (line) => {
-    if (!quiet) process.stderr.write(`backend skipped: ${line}\n`);
+    if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
   });
   const bar =
     process.stderr.isTTY && !quiet

@@ -2,16 +2,7 @@
  * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
  * evaluate tokens to logits, or generate text as an async iterator of tokens.
  */
-import {
-  dequantize,
-  f32ToF16,
-  type GgufFile,
-  GGMLType,
-  type ModelConfig,
-  openGguf,
-  parseModelConfig,
-  readTensorBytes,
-} from "@powerinfer/gguf";
+import { type GgufFile, type ModelConfig, openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { Graph } from "../backend/graph.js";
 import type { Backend, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
@@ -24,8 +15,9 @@ import {
   mapLlamaWeights,
   type SparseMode,
 } from "../model/llama.js";
-import { WeightMapper } from "../model/weights.js";
+import { transposeDown, WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
+import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
 
@@ -46,24 +38,6 @@ export interface ModelLoadOptions {
   sparse?: SparseMode;
   /** Predictor threshold override (default: the file's `powerinfer.sparse_threshold`, 0 when absent). */
   threshold?: number;
-}
-
-/**
- * A neuron-major copy of `ffn_down` ({n_ff, n_embd} → {n_embd, n_ff}) for sparse mode on a plain GGUF:
- * F16 stays F16, everything else becomes F32.
- */
-function transposeDown(file: GgufFile, backend: Backend, name: string, nFf: number, nEmbd: number) {
-  const t = file.tensorMap.get(name)!;
-  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements); // row e holds W[e, 0..n_ff)
-  const f16 = t.type === GGMLType.F16;
-  const out = f16 ? new Uint16Array(nFf * nEmbd) : new Float32Array(nFf * nEmbd);
-  for (let e = 0; e < nEmbd; e++) {
-    for (let i = 0; i < nFf; i++) {
-      const v = w[e * nFf + i]!;
-      out[i * nEmbd + e] = f16 ? f32ToF16(v) : v;
-    }
-  }
-  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
 }
 
 function checkAbort(signal?: AbortSignal): void {
@@ -122,7 +96,7 @@ export class Model {
       // a plain GGUF stores ffn_down row-per-output; sparse mode reads it neuron-major
       weights.layers.forEach((L, l) => {
         if (!L.ffnDownT && L.ffnDown) {
-          L.ffnDownT = transposeDown(file, opts.backend, `blk.${l}.ffn_down.weight`, config.n_ff, config.n_embd);
+          L.ffnDownT = transposeDown(file, opts.backend, `blk.${l}.ffn_down.weight`);
           opts.backend.freeTensor(L.ffnDown);
           L.ffnDown = undefined;
         }
@@ -433,61 +407,9 @@ export class Session {
   }
 
   /** Tokenizes `prompt` (when text), evaluates it, then samples until a stop condition. */
-  async *generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
-    const tok = this.model.tokenizer;
-    const ids =
-      typeof prompt === "string"
-        ? tok.tokenize(prompt, { addSpecial: opts.addSpecial ?? true, parseSpecial: opts.parseSpecial ?? false })
-        : [...prompt];
-    if (ids.length === 0) throw new EngineError("BAD_INPUT", "empty prompt");
-    if (this.nPast + ids.length > this.nCtx) {
-      throw new EngineError(
-        "PROMPT_TOO_LONG",
-        `prompt has ${ids.length} tokens, context has room for ${this.nCtx - this.nPast} (n_ctx ${this.nCtx})`,
-      );
-    }
-    const gen = new Generation(tok, ids, opts);
-    const timings: Timings = { promptTokens: ids.length, promptMs: 0, generatedTokens: 0, generateMs: 0 };
-    this.timings = timings;
-    let t0 = performance.now();
-    let logits = this.evaluate(ids);
-    timings.promptMs = performance.now() - t0;
-    let reason: StopReason;
-    t0 = performance.now();
-    for (;;) {
-      if (opts.signal?.aborted) {
-        reason = "aborted";
-        break;
-      }
-      if (gen.exhausted) {
-        reason = "length";
-        break;
-      }
-      const t = gen.next(logits);
-      timings.generatedTokens = gen.generated;
-      if (t.stop === "eos") {
-        reason = "eos";
-        break;
-      }
-      if (t.stop === "stop") {
-        if (t.text) yield { id: t.id, text: t.text };
-        reason = "stop";
-        break;
-      }
-      yield { id: t.id, text: t.text };
-      if (this.nPast >= this.nCtx) {
-        reason = "context";
-        break;
-      }
-      logits = this.evaluate([t.id]);
-      timings.generateMs = performance.now() - t0;
-      // let the event loop breathe between tokens (abort signals, streaming consumers)
-      await new Promise((r) => setImmediate(r));
-    }
-    timings.generateMs = performance.now() - t0;
-    timings.stopReason = reason;
-    const tail = gen.flush();
-    if (tail) yield { id: -1, text: tail };
+  generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
+    this.timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+    return generateTokens(this, this.model.tokenizer, prompt, opts, this.timings);
   }
 
   dispose(): void {

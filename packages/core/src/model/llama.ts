@@ -11,6 +11,7 @@ import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "../backend/graph.j
 import type { TensorHandle } from "../backend/types.js";
 import { EngineError } from "../engine/errors.js";
 import type { KvCache } from "../engine/kv-cache.js";
+import { F32_MIN_POSITIVE, sparseFfn } from "./blocks.js";
 import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
@@ -40,9 +41,6 @@ export interface LlamaLayerWeights {
  *   ReLU(gate)·up this is exact: every skipped neuron's output is 0). Testing only.
  */
 export type SparseMode = "off" | "predictor" | "oracle";
-
-/** Smallest positive float32: "gate ≥ this" is "gate > 0". */
-const F32_MIN_POSITIVE = 1.401298464324817e-45;
 
 export interface LlamaWeights {
   tokEmbd: TensorHandle;
@@ -332,17 +330,7 @@ export function buildLlamaBatchGraph(
         logits = gate;
         threshold = F32_MIN_POSITIVE;
       }
-      let up = g.mulMatSparse(g.handle(L.ffnUp), h, { logits, threshold });
-      if (cfg.ffn.up_activation === "relu") up = g.relu(up);
-      let a: TensorId;
-      if (L.ffnGate) {
-        gate ??= g.mulMatSparse(g.handle(L.ffnGate), h, { logits, threshold });
-        a = g.mul(g.relu(gate), up);
-      } else {
-        a = up;
-        if (cfg.ffn.up_activation !== "relu") a = g.relu(up);
-      }
-      down = g.axpySparse(g.handle(L.ffnDownT!), a, { logits, threshold });
+      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp, downT: L.ffnDownT! }, h, { logits, threshold, gate });
       sparseNodes.layers.push(
         g.nodes
           .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
