@@ -182,6 +182,76 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
     expect(final.usage).toEqual(whole.usage);
   });
 
+  it("logprobs, stop strings and several choices", async () => {
+    const chat = await client.chat.completions.create({
+      model: MODEL,
+      messages: [{ role: "user", content: "Hi" }],
+      max_tokens: 6,
+      temperature: 0,
+      logprobs: true,
+      top_logprobs: 2,
+    });
+    const lp = chat.choices[0]!.logprobs!.content!;
+    expect(lp).toHaveLength(6);
+    for (const t of lp) {
+      expect(t.top_logprobs).toHaveLength(2);
+      expect(t.logprob).toBeCloseTo(t.top_logprobs[0]!.logprob, 6); // greedy: the best token
+      expect(Buffer.from(t.bytes!).toString("utf8")).toBe(t.token);
+    }
+    const legacy = await client.completions.create({
+      model: MODEL,
+      prompt: "Once upon a time",
+      max_tokens: 4,
+      temperature: 0,
+      logprobs: 3,
+    });
+    expect(legacy.choices[0]!.logprobs!.tokens).toEqual([",", " there", " was", " a"]);
+    expect(legacy.choices[0]!.logprobs!.text_offset).toEqual([0, 1, 7, 11]);
+    expect(Object.keys(legacy.choices[0]!.logprobs!.top_logprobs![0]!)).toHaveLength(3);
+
+    const stopped = await client.completions.create({
+      model: MODEL,
+      prompt: "Once upon a time",
+      max_tokens: 32,
+      temperature: 0,
+      stop: ["Lily"],
+    });
+    expect(stopped.choices[0]!.text).toBe(", there was a little girl named ");
+    expect(stopped.choices[0]!.finish_reason).toBe("stop");
+    const native = (await (
+      await fetch(`${url}/completion`, {
+        method: "POST",
+        body: JSON.stringify({ prompt: "Once upon a time", n_predict: 32, temperature: 0, stop: ["Lily"] }),
+      })
+    ).json()) as { content: string; stop_type: string; stopping_word: string };
+    expect(native).toMatchObject({
+      content: ", there was a little girl named ",
+      stop_type: "word",
+      stopping_word: "Lily",
+    });
+
+    const two = await client.completions.create({
+      model: MODEL,
+      prompt: "The dog",
+      max_tokens: 12,
+      temperature: 1,
+      seed: 3,
+      n: 2,
+    });
+    expect(two.choices.map((c) => c.index)).toEqual([0, 1]);
+    expect(two.choices[0]!.text).not.toBe(two.choices[1]!.text);
+    const seeded = await client.completions.create({
+      model: MODEL,
+      prompt: "The dog",
+      max_tokens: 12,
+      temperature: 1,
+      seed: 4,
+    });
+    expect(seeded.choices[0]!.text).toBe(two.choices[1]!.text); // choice i uses seed + i
+    // the prompt (BOS + 3 tokens) counts once for both choices
+    expect(two.usage).toMatchObject({ prompt_tokens: 4, completion_tokens: 24 });
+  });
+
   it("16 parallel streams each equal their single-request output, decoded together", async () => {
     const params = (i: number) => ({
       model: MODEL,
