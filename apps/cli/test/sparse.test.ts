@@ -118,10 +118,10 @@ describe.skipIf(!probe.usable)("sparse inference on the CPU backend", () => {
 
     it("all neurons forced on (threshold −1e30): F16 within 2e-2, Q4_0 within its quantization error", async () => {
       const f16 = await run("tiny-f16.powerinfer.gguf", "predictor", -1e30);
-      f16.forEach((l, p) => expect(maxDiff(l, refF16.logits_all_neurons[p])).toBeLessThan(2e-2));
+      for (const [p, l] of f16.entries()) expect(maxDiff(l, refF16.logits_all_neurons[p])).toBeLessThan(2e-2);
       const q4 = await run("tiny-q4_0.powerinfer.gguf", "predictor", -1e30);
       // Q4_0 weights, activations rounded to Q8_0 by PowerInfer: logits move by up to ~0.1 with the rounding
-      q4.forEach((l, p) => expect(maxDiff(l, refQ4.logits_all_neurons[p])).toBeLessThan(0.15));
+      for (const [p, l] of q4.entries()) expect(maxDiff(l, refQ4.logits_all_neurons[p])).toBeLessThan(0.15);
     });
 
     it("the F32 file (NaN in PowerInfer) gives the F16 file's logits within 2e-2, dense and all neurons on", async () => {
@@ -149,10 +149,10 @@ describe.skipIf(!probe.usable)("sparse inference on the CPU backend", () => {
       };
       const nearThreshold: number[] = []; // positions with a near-threshold neuron
       const s = dense.createSession({ nCtx: 64 });
-      (refF16.tokens as number[]).forEach((tok, p) =>
+      for (const [p, tok] of (refF16.tokens as number[]).entries()) {
         s.evaluate([tok], {
-          onCapture: (layers) =>
-            layers.forEach((L, l) => {
+          onCapture: (layers) => {
+            for (const [l, L] of layers.entries()) {
               const f1 = fc(`blk.${l}.fc1.weight`);
               const f2 = fc(`blk.${l}.fc2.weight`);
               const r = f1.ne[1]!;
@@ -166,9 +166,10 @@ describe.skipIf(!probe.usable)("sparse inference on the CPU backend", () => {
                 for (let j = 0; j < r; j++) z += f2.w[i * r + j]! * h[j]!;
                 if (Math.abs(z - cfg.sparse_threshold) < 5e-3) nearThreshold.push(p);
               }
-            }),
-        }),
-      );
+            }
+          },
+        });
+      }
       s.dispose();
       dense.dispose();
       const sparse = await run("tiny-f16.powerinfer.gguf", "predictor");
