@@ -197,6 +197,41 @@ export async function describeGpuBackend(
     });
 
     const fixture = join(models, "powerinfer", "tiny-f32.powerinfer.gguf");
+    // F32 weights: only summation order differs. Q4_0: the CPU kernels round activations to Q8_0 (as
+    // llama.cpp does), the GPU keeps them F32; run dense, so that no predictor decision near the
+    // threshold flips between the two.
+    for (const [file, sparse, tol] of [
+      ["tiny-f32.powerinfer.gguf", "predictor", 1e-4],
+      ["tiny-q4_0.powerinfer.gguf", "off", 0.05],
+    ] as const) {
+      it(`runs a whole model as the main backend (${file}, sparse ${sparse}, KV cache on the device): the CPU's greedy ids`, async () => {
+        const cpu = await cpuBackend.load({ threads: 1 });
+        const gpu = await load();
+        const onCpu = await Model.load(join(models, "powerinfer", file), { backend: cpu, sparse });
+        const onGpu = await Model.load(join(models, "powerinfer", file), { backend: gpu, sparse });
+        const a = onCpu.createSession({ nCtx: 32, kvType: "f32" });
+        const b = onGpu.createSession({ nCtx: 32, kvType: "f32" });
+        try {
+          expect(gpu.allocatedBytes()).toBeGreaterThan(0);
+          let la = a.evaluate([1, 259, 260, 261]);
+          let lb = b.evaluate([1, 259, 260, 261]);
+          for (let step = 0; step < 4; step++) {
+            expect(relErr(lb, la), `step ${step}`).toBeLessThan(tol);
+            const id = argmax(la);
+            expect(argmax(lb)).toBe(id);
+            la = a.evaluate([id]);
+            lb = b.evaluate([id]);
+          }
+        } finally {
+          a.dispose();
+          b.dispose();
+          onCpu.dispose();
+          onGpu.dispose();
+          gpu.dispose();
+          cpu.dispose();
+        }
+      });
+    }
     it.skipIf(opts.hybrid === false)(
       "hybrid: hot neurons here, cold on the CPU — the CPU-only greedy ids, logits within 1e-4",
       async () => {
