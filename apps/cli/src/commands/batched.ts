@@ -6,56 +6,46 @@
 import { Generation, type GenerationStep, type Session, type StopReason } from "@powerinfer/core";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import {
+  generateOptionsFromCli,
+  int,
+  loadModelFromCli,
+  type ModelCliOptions,
+  modelOptions,
+  readTextFile,
+  type SamplingCliOptions,
+  samplingOptions,
+} from "./common.js";
 import { acceptNp } from "./serve.js";
 
-interface BatchedOptions extends ModelCliOptions {
+interface BatchedOptions extends ModelCliOptions, SamplingCliOptions {
   prompt?: string;
   file?: string;
   parallel: number;
   nPredict: number;
-  temp: number;
-  topK: number;
-  topP: number;
-  minP: number;
-  repeatPenalty: number;
-  repeatLastN: number;
-  presencePenalty: number;
-  frequencyPenalty: number;
-  seed?: number;
-  ignoreEos?: boolean;
-  stop?: string[];
   json?: boolean;
 }
 
 export function register(program: Command): void {
-  const cmd = modelOptions(
-    program
-      .command("batched")
-      .description(
-        "generate N sequences from one prompt in one batch (sequence i uses seed S+i, equal to `run --seed S+i`)",
-      ),
-  )
-    .option("-p, --prompt <text>", "prompt text")
-    .option("-f, --file <file>", "read the prompt from a file")
-    .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel"), 4)
-    .option(
-      "-n, --n-predict <n>",
-      "tokens to generate per sequence (-1 = until end of text or context full)",
-      int("n-predict"),
-      32,
+  const cmd = samplingOptions(
+    modelOptions(
+      program
+        .command("batched")
+        .description(
+          "generate N sequences from one prompt in one batch (sequence i uses seed S+i, equal to `run --seed S+i`)",
+        ),
     )
-    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
-    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k"), 40)
-    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p"), 0.95)
-    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p"), 0.05)
-    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty"), 1)
-    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
-    .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
-    .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-    .option("-s, --seed <n>", "RNG seed S of sequence 0; sequence i uses S+i (default: random)", int("seed"))
-    .option("--ignore-eos", "keep generating after end of text")
-    .option("--stop <text...>", "stop strings")
+      .option("-p, --prompt <text>", "prompt text")
+      .option("-f, --file <file>", "read the prompt from a file")
+      .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel"), 4)
+      .option(
+        "-n, --n-predict <n>",
+        "tokens to generate per sequence (-1 = until end of text or context full)",
+        int("n-predict"),
+        32,
+      ),
+    "RNG seed S of sequence 0; sequence i uses S+i (default: random)",
+  )
     .option("--json", "print the sequences as JSON")
     .action(
       action(async (o: BatchedOptions) => {
@@ -83,20 +73,7 @@ export function register(program: Command): void {
           const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
           const gens = sessions.map(
             (_, i) =>
-              new Generation(tok, ids, {
-                maxTokens: o.nPredict,
-                temperature: o.temp,
-                topK: o.topK,
-                topP: o.topP,
-                minP: o.minP,
-                repeatPenalty: o.repeatPenalty,
-                penaltyLastN: o.repeatLastN,
-                presencePenalty: o.presencePenalty,
-                frequencyPenalty: o.frequencyPenalty,
-                seed: (seed + i) >>> 0,
-                ignoreEos: o.ignoreEos,
-                stop: o.stop,
-              }),
+              new Generation(tok, ids, { ...generateOptionsFromCli(o), maxTokens: o.nPredict, seed: (seed + i) >>> 0 }),
           );
           const t0 = performance.now();
           const first = sessions[0]!.evaluate(ids);

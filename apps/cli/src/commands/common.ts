@@ -1,7 +1,7 @@
 /** Options and helpers shared by the commands that load a model. */
 import { readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { type Backend, Model, type SparseMode } from "@powerinfer/core";
+import { type Backend, type GenerateOptions, Model, type SparseMode } from "@powerinfer/core";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -93,4 +93,52 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
 
 export function readTextFile(path: string): string {
   return readFileSync(path, "utf8");
+}
+
+/** Sampling options as llama.cpp names them (`--temp`, `--top-k`, …) with its defaults. */
+export interface SamplingCliOptions {
+  temp: number;
+  topK: number;
+  topP: number;
+  minP: number;
+  repeatPenalty: number;
+  repeatLastN: number;
+  presencePenalty: number;
+  frequencyPenalty: number;
+  seed?: number;
+  ignoreEos?: boolean;
+  stop?: string[];
+}
+
+/** Adds the sampling options; `seedHelp` describes -s for the command. */
+export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: random)"): Command {
+  return cmd
+    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
+    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k"), 40)
+    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p"), 0.95)
+    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p"), 0.05)
+    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty"), 1)
+    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
+    .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
+    .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
+    .option("-s, --seed <n>", seedHelp, int("seed"))
+    .option("--ignore-eos", "keep generating after end of text")
+    .option("--stop <text...>", "stop strings");
+}
+
+/** The engine's generation options from the CLI's sampling options. */
+export function generateOptionsFromCli(o: SamplingCliOptions): GenerateOptions {
+  return {
+    temperature: o.temp,
+    topK: o.topK,
+    topP: o.topP,
+    minP: o.minP,
+    repeatPenalty: o.repeatPenalty,
+    penaltyLastN: o.repeatLastN,
+    presencePenalty: o.presencePenalty,
+    frequencyPenalty: o.frequencyPenalty,
+    seed: o.seed,
+    ignoreEos: o.ignoreEos,
+    stop: o.stop,
+  };
 }

@@ -1,28 +1,27 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
-import { HybridSession, resolvePlan, type Session } from "@powerinfer/core";
+import { existsSync } from "node:fs";
+import { defaultGpuIndexPath, defaultStatsPath, HybridSession, resolvePlan, type Session } from "@powerinfer/core";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
-import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import {
+  generateOptionsFromCli,
+  int,
+  loadModelFromCli,
+  type ModelCliOptions,
+  modelOptions,
+  readTextFile,
+  type SamplingCliOptions,
+  samplingOptions,
+} from "./common.js";
 
-interface RunOptions extends ModelCliOptions, PlanCliOptions {
+interface RunOptions extends ModelCliOptions, PlanCliOptions, SamplingCliOptions {
   disableGpuIndex?: boolean;
   prompt?: string;
   file?: string;
   nPredict: number;
-  temp: number;
-  topK: number;
-  topP: number;
-  minP: number;
-  repeatPenalty: number;
-  repeatLastN: number;
-  presencePenalty: number;
-  frequencyPenalty: number;
-  seed?: number;
-  ignoreEos?: boolean;
   displayPrompt: boolean;
-  stop?: string[];
 }
 
 function perf(label: string, ms: number, n: number): string {
@@ -32,37 +31,42 @@ function perf(label: string, ms: number, n: number): string {
 }
 
 export function register(program: Command): void {
-  planOptions(modelOptions(program.command("run").description("generate text from a prompt")))
+  samplingOptions(planOptions(modelOptions(program.command("run").description("generate text from a prompt"))))
     .option("--disable-gpu-index", "keep every FFN neuron on the CPU (no hot/cold split)")
     .option("-p, --prompt <text>", "prompt text")
     .option("-f, --file <file>", "read the prompt from a file")
     .option("-n, --n-predict <n>", "tokens to generate (-1 = until end of text or context full)", int("n-predict"), -1)
-    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
-    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k"), 40)
-    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p"), 0.95)
-    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p"), 0.05)
-    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty"), 1)
-    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
-    .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
-    .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-    .option("-s, --seed <n>", "RNG seed (default: random)", int("seed"))
-    .option("--ignore-eos", "keep generating after end of text")
-    .option("--stop <text...>", "stop strings")
     .option("--no-display-prompt", "do not print the prompt before the generated text")
     .action(
       action(async (o: RunOptions) => {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
         const prompt = o.prompt ?? readTextFile(o.file!);
-        const { backend, model } = await loadModelFromCli(o);
-        // Hot neurons on a device when one is there (or named), cold ones on the CPU.
-        const device = o.disableGpuIndex
+        // Hot neurons on a device when one is there (or named), cold ones on the CPU: the main backend is then
+        // the CPU unless the user chose one.
+        let device = o.disableGpuIndex
           ? undefined
           : await loadDeviceBackend(
               o.deviceBackend,
               { threads: 1, memoryBudget: o.vramBudget && o.vramBudget * 2 ** 30 },
               () => {},
             );
+        const { backend, model } = await loadModelFromCli(
+          device && o.backend === "auto" && !process.env["POWERINFER_BACKEND"] ? { ...o, backend: "cpu" } : o,
+        );
+        const statsPath = o.stats ?? defaultStatsPath(o.model);
+        if (
+          device &&
+          o.deviceBackend === "auto" &&
+          !existsSync(statsPath) &&
+          !existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model))
+        ) {
+          process.stderr.write(
+            `note: no activation statistics (${statsPath}), so no hot/cold split: every FFN neuron stays on ${backend.name}; run \`powerinfer profile\` first\n`,
+          );
+          device.dispose();
+          device = undefined;
+        }
         let session: Session | HybridSession;
         if (device) {
           const r = await resolvePlan(model, {
@@ -91,18 +95,8 @@ export function register(program: Command): void {
         process.once("SIGINT", onSigint);
         try {
           for await (const t of session.generate(prompt, {
+            ...generateOptionsFromCli(o),
             maxTokens: o.nPredict,
-            temperature: o.temp,
-            topK: o.topK,
-            topP: o.topP,
-            minP: o.minP,
-            repeatPenalty: o.repeatPenalty,
-            penaltyLastN: o.repeatLastN,
-            presencePenalty: o.presencePenalty,
-            frequencyPenalty: o.frequencyPenalty,
-            seed: o.seed,
-            ignoreEos: o.ignoreEos,
-            stop: o.stop,
             signal: ac.signal,
           })) {
             process.stdout.write(t.text);
