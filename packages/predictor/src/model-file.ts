@@ -5,6 +5,7 @@
  * `powerinfer.sparse_threshold`), and/or with the weight matrices quantized. Every other tensor and
  * metadata entry is kept as it is, in its order. Tensors are produced one at a time while writing.
  */
+import { resolve as resolvePath } from "node:path";
 import {
   dequantize,
   GGML_TYPE_INFO,
@@ -87,6 +88,9 @@ export function rewriteModel(inPath: string, outPath: string, opts: RewriteOptio
 
 /** {@link rewriteModel} on an opened file. */
 export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteOptions = {}): RewriteResult {
+  if (resolvePath(outPath) === resolvePath(file.path)) {
+    throw new RangeError(`output ${outPath} is the input model; choose another path (the input would be lost)`);
+  }
   const format = opts.format ?? file.format;
   const notes: string[] = [];
   const q = opts.quantize;

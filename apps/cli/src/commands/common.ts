@@ -1,5 +1,6 @@
 /** Options and helpers shared by the commands that load a model. */
-import { readFileSync } from "node:fs";
+import { readFileSync, statSync } from "node:fs";
+import { resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import { type Backend, type GenerateOptions, Model, type SparseMode } from "@powerinfer/core";
 import cliProgress from "cli-progress";
@@ -65,6 +66,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   if (o.sparse !== undefined && !["predictor", "oracle", "off"].includes(o.sparse)) {
     throw new InvalidArgumentError(`--sparse must be predictor, oracle or off, got "${o.sparse}"`);
   }
+  if (!(o.batchSize >= 1)) throw new InvalidArgumentError("--batch-size must be ≥ 1");
   const threads = o.threads ?? availableParallelism();
   if (threads < 1) throw new InvalidArgumentError("--threads must be ≥ 1");
   const backend = await loadBackend(o.backend, { threads }, (line) => {
@@ -91,8 +93,20 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   }
 }
 
+/** Text files up to 1 GiB; a device, a directory or a larger file is refused with a clear message. */
 export function readTextFile(path: string): string {
+  const st = statSync(path);
+  if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file`);
+  if (st.size > 2 ** 30) throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
   return readFileSync(path, "utf8");
+}
+
+/** Refuses an output path that is one of the inputs (the input would be lost). */
+export function checkOutputPath(out: string, ...inputs: (string | undefined)[]): void {
+  for (const i of inputs) {
+    if (i && resolve(i) === resolve(out))
+      throw new InvalidArgumentError(`output ${out} is also an input; choose another path`);
+  }
 }
 
 /** Sampling options as llama.cpp names them (`--temp`, `--top-k`, …) with its defaults. */
@@ -121,7 +135,7 @@ export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: ran
     .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
     .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
     .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-    .option("-s, --seed <n>", seedHelp, int("seed"))
+    .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed"))
     .option("--ignore-eos", "keep generating after end of text")
     .option("--stop <text...>", "stop strings");
 }
@@ -137,7 +151,7 @@ export function generateOptionsFromCli(o: SamplingCliOptions): GenerateOptions {
     penaltyLastN: o.repeatLastN,
     presencePenalty: o.presencePenalty,
     frequencyPenalty: o.frequencyPenalty,
-    seed: o.seed,
+    seed: o.seed === -1 ? undefined : o.seed, // llama.cpp: -1 = random
     ignoreEos: o.ignoreEos,
     stop: o.stop,
   };

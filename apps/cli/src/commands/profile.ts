@@ -5,7 +5,7 @@ import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSpar
 import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import { checkOutputPath, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
 
 export function register(program: Command): void {
   modelOptions(
@@ -17,6 +17,7 @@ export function register(program: Command): void {
     .option("--json", "print the report as JSON")
     .action(
       action(async (o: ModelCliOptions & { file: string; tokens?: number; output?: string; json?: boolean }) => {
+        checkOutputPath(o.output ?? defaultStatsPath(o.model), o.model, o.file);
         const text = readTextFile(o.file);
         const { backend, model } = await loadModelFromCli({ ...o, sparse: "off" }, !!o.json);
         const cfg = model.config;

@@ -28,7 +28,7 @@ import {
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli, readTextFile } from "./common.js";
+import { checkOutputPath, float, int, loadModelFromCli, readTextFile } from "./common.js";
 
 interface TrainPredictorCliOptions {
   model: string;
@@ -131,6 +131,7 @@ export function register(program: Command): void {
 }
 
 async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void> {
+  checkOutputPath(o.output, o.model, o.file);
   // options first: a typo must not cost a model load
   const rank = parseRank(o.rank);
   if (!(o.holdout >= 0 && o.holdout < 1))

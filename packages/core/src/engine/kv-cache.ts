@@ -1,5 +1,5 @@
 /** The KV cache: per layer one K and one V tensor of [head_dim·n_head_kv, n_ctx], F16 by default. */
-import type { Backend, TensorHandle } from "../backend/types.js";
+import { type Backend, BackendError, type TensorHandle } from "../backend/types.js";
 
 export type KvCacheType = "f16" | "f32";
 
@@ -19,6 +19,14 @@ export class KvCache {
     readonly nCtx: number,
     readonly type: KvCacheType = "f16",
   ) {
+    const bytes = 2 * nLayer * nEmbdKv * nCtx * (type === "f16" ? 2 : 4);
+    const free = backend.devices[0]?.freeMemory;
+    if (free !== undefined && free > 0 && bytes > free) {
+      throw new BackendError(
+        "OUT_OF_MEMORY",
+        `a KV cache for n_ctx ${nCtx} needs ${(bytes / 2 ** 30).toFixed(2)} GiB, ${backend.name} has ${(free / 2 ** 30).toFixed(2)} GiB free; use a smaller -c`,
+      );
+    }
     for (let l = 0; l < nLayer; l++) {
       this.k.push(backend.createTensor(type, [nEmbdKv, nCtx]));
       this.v.push(backend.createTensor(type, [nEmbdKv, nCtx]));

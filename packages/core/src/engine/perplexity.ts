@@ -42,6 +42,7 @@ export function perplexity(
 ): PerplexityResult {
   const nCtx = session.nCtx;
   const nVocab = session.model.config.n_vocab;
+  if (nCtx < 4) throw new EngineError("BAD_INPUT", `n_ctx ${nCtx} is too small for perplexity (at least 4)`);
   const chunkLen = opts.protocol === "all-tokens" ? nCtx - 1 : nCtx;
   const nChunks = Math.floor(tokens.length / chunkLen);
   if (nChunks < 1) {

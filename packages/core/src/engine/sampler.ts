@@ -4,6 +4,8 @@
  * sampler). Same seed, same logits → same tokens.
  */
 
+import { EngineError } from "./errors.js";
+
 /** Sampling options; every field has llama.cpp's default. */
 export interface SamplerOptions {
   /** Softmax temperature; ≤ 0 is greedy. Default 0.8. */
@@ -69,6 +71,20 @@ export class Sampler {
       penaltyLastN: options.penaltyLastN ?? 64,
       seed: options.seed ?? Math.floor(Math.random() * 2 ** 32),
     };
+    const o = this.options;
+    const bad = (what: string) => {
+      throw new EngineError("BAD_INPUT", what);
+    };
+    if (!Number.isFinite(o.temperature)) bad(`temperature ${o.temperature} is not a number`);
+    if (!Number.isInteger(o.topK) || o.topK < 0) bad(`top_k must be an integer ≥ 0, got ${o.topK}`);
+    if (!(o.topP > 0 && o.topP <= 1)) bad(`top_p must be in (0, 1], got ${o.topP}`);
+    if (!(o.minP >= 0 && o.minP <= 1)) bad(`min_p must be in [0, 1], got ${o.minP}`);
+    if (!(o.repeatPenalty > 0)) bad(`repeat penalty must be > 0, got ${o.repeatPenalty}`);
+    if (!Number.isFinite(o.presencePenalty) || !Number.isFinite(o.frequencyPenalty)) bad("penalties must be numbers");
+    if (!Number.isInteger(o.penaltyLastN) || o.penaltyLastN < 0)
+      bad(`penalty window must be an integer ≥ 0, got ${o.penaltyLastN}`);
+    if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 0xffffffff)
+      bad(`seed must be an integer in [0, 2^32), got ${o.seed}`);
     this.rand = mulberry32(this.options.seed);
   }
 

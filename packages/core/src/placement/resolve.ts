@@ -124,8 +124,15 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       backend: o.backend,
       statsFile: statsPath,
     });
-    writeGpuIndex(gpuIndexPath, idx);
-    notes.push(`wrote ${gpuIndexPath}`);
+    try {
+      writeGpuIndex(gpuIndexPath, idx);
+      notes.push(`wrote ${gpuIndexPath}`);
+    } catch (e) {
+      // a read-only model folder: use the plan without saving it
+      notes.push(
+        `could not write ${gpuIndexPath} (${(e as Error).message}); using the plan unsaved — pass --gpu-index PATH to keep it`,
+      );
+    }
   }
   return { plan, reused: false, gpuIndexPath, notes };
 }
