@@ -104,6 +104,10 @@ async function main(): Promise<void> {
   }
   const merged: BenchResult = {
     ...results[0]!,
+    machine: {
+      ...results[0]!.machine,
+      loadAverage: [results[0]!.machine.loadAverage[0], results.at(-1)!.machine.loadAverage[1]],
+    },
     rows: results.flatMap((r) => r.rows),
     sparseSummary: results.flatMap((r) => r.sparseSummary),
     notes: [...new Set(results.flatMap((r) => r.notes))],

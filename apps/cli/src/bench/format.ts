@@ -19,8 +19,9 @@ function backendCell(r: BenchRow): string {
 export function formatHeader(res: BenchResult, command?: string): string {
   const lines: string[] = [];
   const m = res.machine;
+  const load = m.loadAverage.map((x) => (Number.isFinite(x) ? x.toFixed(1) : "?")).join(" → ");
   lines.push(
-    `- machine: ${m.cpu}, ${m.logicalCpus} logical CPUs, ${m.memoryGiB} GiB RAM; powerinfer-ts kernels: ${m.kernels}`,
+    `- machine: ${m.cpu}, ${m.logicalCpus} logical CPUs, ${m.memoryGiB} GiB RAM; powerinfer-ts kernels: ${m.kernels}; 1-minute load average ${load} (start → end; other processes share the CPUs)`,
   );
   const bw = Object.entries(res.bandwidth).map(
     ([t, v]) => `${v.toFixed(1)} GB/s at ${t} thread${t === "1" ? "" : "s"}`,

@@ -10,7 +10,7 @@
  */
 import { execFileSync } from "node:child_process";
 import { statSync } from "node:fs";
-import { availableParallelism, totalmem } from "node:os";
+import { availableParallelism, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
 import { type Backend, Model, type SparseMode } from "@powerinfer/core";
@@ -99,7 +99,14 @@ export interface SparseSummary {
 export interface BenchResult {
   date: string;
   commit: string;
-  machine: { cpu: string; logicalCpus: number; memoryGiB: number; kernels: string };
+  machine: {
+    cpu: string;
+    logicalCpus: number;
+    memoryGiB: number;
+    kernels: string;
+    /** 1-minute load average when the run started and ended (other processes share the CPUs). */
+    loadAverage: [number, number];
+  };
   llamaCpp: LlamaCppInfo | { unavailable: string } | null;
   /** GB/s by thread count. */
   bandwidth: Record<number, number>;
@@ -246,6 +253,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       logicalCpus: availableParallelism(),
       memoryGiB: Math.round(totalmem() / 2 ** 30),
       kernels: probe.reason,
+      loadAverage: [loadavg()[0]!, Number.NaN],
     },
     llamaCpp: null,
     bandwidth: {},
@@ -422,5 +430,6 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
   } finally {
     await peer?.dispose();
   }
+  result.machine.loadAverage[1] = loadavg()[0]!;
   return result;
 }
