@@ -219,6 +219,31 @@ describe("generated files", () => {
     }
   });
 
+  it("quantized files keep the massive channel alone in its block, so the gate biases survive Q4_0 and Q8_0", async () => {
+    const f32 = planSyntheticModel({ ...TINY, dtype: "F32", statsTokens: 0 });
+    const c = f32.report.design.massiveChannel;
+    const r0 = Math.floor(c / 32) * 32;
+    const gate32 = new Float32Array(
+      (await tensorBytes(f32.spec.tensors.find((t) => t.name === "blk.0.ffn_gate.weight")!)).buffer,
+    );
+    const emb32 = new Float32Array((await tensorBytes(f32.spec.tensors[0]!)).buffer);
+    for (let e = r0; e < r0 + 32; e++) expect(emb32[e]).toBe(e === c ? 100 : 0);
+    for (const [dt, type] of [
+      ["Q4_0", GGMLType.Q4_0],
+      ["Q8_0", GGMLType.Q8_0],
+    ] as const) {
+      const q = planSyntheticModel({ ...TINY, dtype: dt, statsTokens: 0 });
+      const bytes = await tensorBytes(q.spec.tensors.find((t) => t.name === "blk.0.ffn_gate.weight")!);
+      const gate = dequantize(type, bytes, 256 * 1024);
+      for (let i = 0; i < 1024; i += 37) {
+        expect(Math.abs(gate[i * 256 + c]! - gate32[i * 256 + c]!)).toBeLessThanOrEqual(
+          1e-3 * Math.abs(gate32[i * 256 + c]!),
+        );
+        for (let e = r0; e < r0 + 32; e++) if (e !== c) expect(Math.abs(gate[i * 256 + e]!)).toBe(0);
+      }
+    }
+  });
+
   it("a PWRI file: the engine's config sees predictors, down_t and the calibrated threshold; the SPM vocabulary round-trips text", async () => {
     const path = join(dir, "tiny.pwri.gguf");
     const report = await generateSyntheticModel(path, { ...TINY, format: "PWRI", dtype: "Q8_0" }, { fsync: false });

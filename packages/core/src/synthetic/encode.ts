@@ -5,7 +5,7 @@
  * dequantization in the tests) but do not try to reproduce llama.cpp's quantizers bit for bit: Q4_K uses
  * a plain min/max fit per 32-value sub-block instead of llama.cpp's iterative search.
  */
-import { GGMLType } from "@powerinfer/gguf";
+import { dequantize, GGMLType } from "@powerinfer/gguf";
 
 /** Weight types the generator writes. */
 export type SyntheticDType = "F32" | "F16" | "BF16" | "Q8_0" | "Q4_0" | "Q4_K";
@@ -155,6 +155,14 @@ function encodeHalf(src: Float32Array, dst: Uint8Array, bf: boolean): void {
       dst[2 * i + 1] = h16[i]! >>> 8;
     }
   }
+}
+
+/** Replaces `row` by the values a file of `dtype` stores for it (encode, then the reference decoder). */
+export function roundTrip(dtype: SyntheticDType, row: Float32Array): void {
+  if (dtype === "F32") return;
+  const bytes = new Uint8Array(encodedBytes(dtype, row.length));
+  encode(dtype, row, bytes);
+  row.set(dequantize(GGML_TYPE_OF[dtype], bytes, row.length));
 }
 
 const scales = new Float64Array(8);

@@ -24,6 +24,8 @@
  * PWRI file generated with the same options hold the same weights (ffn_down vs ffn_down_t).
  */
 import {
+  dequantize,
+  GGMLType,
   type GgufMetadataEntry,
   type GgufStreamOptions,
   type GgufStreamSpec,
@@ -32,7 +34,7 @@ import {
   ggufStreamSize,
   writeGgufStreaming,
 } from "@powerinfer/gguf";
-import { BLOCK, encode, encodedBytes, GGML_TYPE_OF, type SyntheticDType } from "./encode.js";
+import { BLOCK, encode, encodedBytes, GGML_TYPE_OF, roundTrip, type SyntheticDType } from "./encode.js";
 import { SHAPE_PRESETS, type ShapePreset, type SyntheticArch, type SyntheticShape } from "./presets.js";
 import { fillGauss, gauss, hashU32, streamKey } from "./random.js";
 import { hotNeuronShare, normalQuantile, powerLawFrequencies, reluSecondMoment } from "./stats-math.js";
@@ -201,6 +203,16 @@ interface Resolved {
   alpha: number;
   M: number;
   c: number;
+  /**
+   * Channels [r0, r1): the 32-aligned block holding c. Only c is non-zero there in the embeddings and
+   * in every row that reads the residual by channel (gates, ups, fc1), so in a quantized file c's weight
+   * is the largest of its block and exactly representable: its error would be multiplied by the massive
+   * value and swamp the designed biases.
+   */
+  r0: number;
+  r1: number;
+  /** Channels outside [r0, r1). */
+  nRest: number;
   falcon: boolean;
   gated: boolean;
   eps: number;
@@ -248,8 +260,9 @@ function resolve(o: SyntheticModelOptions): Resolved {
   const [bs] = BLOCK[dtype];
   if (E % bs !== 0 || F % bs !== 0) bad(`${dtype} needs n_embd and n_ff to be multiples of ${bs} (got ${E}, ${F})`);
   const rank = o.predictorRank ?? 128;
-  if (!Number.isInteger(rank) || rank < 2 || rank > E)
-    bad(`predictor rank must be an integer in [2, n_embd], got ${rank}`);
+  if (!Number.isInteger(rank) || rank < 2 || rank > E - 32) {
+    bad(`predictor rank must be an integer in [2, n_embd − 32], got ${rank}`);
+  }
   const quantized = dtype !== "F32" && dtype !== "F16" && dtype !== "BF16";
   const pdtype = o.predictorDType ?? (quantized ? "Q8_0" : dtype === "BF16" ? "F16" : dtype);
   if (!(pdtype in BLOCK)) bad(`unknown predictor type "${pdtype}"`);
@@ -269,6 +282,9 @@ function resolve(o: SyntheticModelOptions): Resolved {
   if (!(targetRecall > 0 && targetRecall <= 1)) bad(`target recall must be in (0, 1], got ${targetRecall}`);
   if (o.threshold !== undefined && !Number.isFinite(o.threshold)) bad(`threshold must be a number, got ${o.threshold}`);
   const falcon = arch === "falcon";
+  const c = hashU32(streamKey(seed, 0xc), 0) % E;
+  const r0 = Math.floor(c / 32) * 32;
+  const r1 = Math.min(E, r0 + 32);
   return {
     arch,
     ggufArch: arch === "bamboo" ? "bamboo" : falcon ? "falcon" : "llama",
@@ -292,7 +308,10 @@ function resolve(o: SyntheticModelOptions): Resolved {
     beta: Math.sqrt(noise),
     alpha: Math.sqrt(1 - noise),
     M,
-    c: hashU32(streamKey(seed, 0xc), 0) % E,
+    c,
+    r0,
+    r1,
+    nRest: E - (r1 - r0),
     falcon,
     gated: !falcon,
     eps: 1e-5,
@@ -324,6 +343,8 @@ interface LayerDesign {
   hc: number;
   /** Scale of the down projection's entries. */
   downScale: number;
+  /** Biases as a Q4_K file stores them (see {@link Designer.storedBias}). */
+  storedB?: Float64Array;
   upBias: number;
 }
 
@@ -345,9 +366,9 @@ class Designer {
     this.hotShare = hotNeuronShare(this.freqs);
     this.biases = this.freqs.map((x) => normalQuantile(x));
     this.sumA2 = this.biases.reduce((a, b) => a + reluSecondMoment(b), 0);
-    const n = r.E - 1;
+    const n = r.nRest;
     const start = Int32Array.from({ length: r.rt + 1 }, (_, k) => Math.floor((k * n) / r.rt));
-    const channel = Int32Array.from({ length: n }, (_, q) => (q < r.c ? q : q + 1));
+    const channel = Int32Array.from({ length: n }, (_, q) => (q < r.r0 ? q : q + (r.r1 - r.r0)));
     this.blocks = { start, channel };
   }
 
@@ -362,19 +383,19 @@ class Designer {
 
   /** Normalized values of a residual with massive value M and other channels of std sigma. */
   normStats(sigma: number): { s: number; hc: number } {
-    const { E, M, falcon } = this.r;
+    const { E, M, falcon, nRest } = this.r;
     if (falcon) {
       const mu = M / E;
-      const v = ((M - mu) ** 2 + (E - 1) * (sigma * sigma + mu * mu)) / E;
+      const v = ((M - mu) ** 2 + nRest * (sigma * sigma + mu * mu) + (E - nRest - 1) * mu * mu) / E;
       return { s: sigma / Math.sqrt(v), hc: (M - mu) / Math.sqrt(v) };
     }
-    const rms = Math.sqrt((M * M + (E - 1) * sigma * sigma) / E);
+    const rms = Math.sqrt((M * M + nRest * sigma * sigma) / E);
     return { s: sigma / rms, hc: M / rms };
   }
 
   layer(l: number): LayerDesign {
     if (this.cache?.l === l) return this.cache;
-    const { F, E, rt, m, alpha, c } = this.r;
+    const { F, E, rt, m, alpha } = this.r;
     // frequencies permuted over neurons (Fisher–Yates from the layer's stream)
     const perm = Int32Array.from({ length: F }, (_, i) => i);
     const pk = this.key(l, K.perm);
@@ -410,7 +431,7 @@ class Designer {
     const basis = new Float32Array(E);
     const bk = this.key(l, K.basis);
     fillGauss(basis, 0, E, bk, 0, 1, 1);
-    basis[c] = 0;
+    basis.fill(0, this.r.r0, this.r.r1);
     const { start, channel } = this.blocks;
     for (let k = 0; k < rt; k++) {
       const a = start[k]!;
@@ -438,12 +459,10 @@ class Designer {
 
   /** Row i of the firing matrix (ffn_gate; falcon: ffn_up): b_i at the massive channel + α·u_i·V + β·N_i. */
   gateRow(d: LayerDesign, i: number, out: Float32Array): void {
-    const { E, m, beta, c } = this.r;
-    fillGauss(out, 0, E, this.key(d.l, K.gateNoise), i * E, 1, beta / (d.s * Math.sqrt(E)));
-    if (this.r.falcon) {
-      out[c] = 0;
-      centre(out, c);
-    }
+    const { E, m, beta, c, r0, r1, nRest } = this.r;
+    fillGauss(out, 0, E, this.key(d.l, K.gateNoise), i * E, 1, beta / (d.s * Math.sqrt(nRest)));
+    out.fill(0, r0, r1);
+    if (this.r.falcon) centre(out, r0, r1);
     const inv = 1 / d.s;
     const { start, channel } = this.blocks;
     const B = d.basis;
@@ -460,8 +479,9 @@ class Designer {
 
   /** Row i of ffn_up for gated archs: N(0, 1) pre-activations (bamboo: biased to be positive 90 % of the time). */
   upRow(d: LayerDesign, i: number, out: Float32Array): void {
-    const { E, c } = this.r;
-    fillGauss(out, 0, E, this.key(d.l, K.up), i * E, 1, 1 / (d.s * Math.sqrt(E)));
+    const { E, c, r0, r1, nRest } = this.r;
+    fillGauss(out, 0, E, this.key(d.l, K.up), i * E, 1, 1 / (d.s * Math.sqrt(nRest)));
+    out.fill(0, r0, r1);
     out[c] = d.upBias / d.hc;
   }
 
@@ -489,20 +509,42 @@ class Designer {
       out[d.comp[i * m + j]!] = d.coef[i * m + j]!;
       sum += d.coef[i * m + j]!;
     }
-    out[rt] = d.b[i]! - RELU_OFFSET * sum;
+    out[rt] = this.storedBias(d, i) - RELU_OFFSET * sum;
+  }
+
+  /**
+   * Neuron i's bias as the file stores it. Exact for every type but Q4_K, whose 6-bit sub-block scales
+   * (relative to the largest of the 256-value super-block) can miss the bias weight by a few percent of
+   * the gate's spread: the predictor is built from the stored value so that it stays exact.
+   */
+  storedBias(d: LayerDesign, i: number): number {
+    if (this.r.dtype !== "Q4_K") return d.b[i]!;
+    if (!d.storedB) {
+      const { E, F, c } = this.r;
+      const row = new Float32Array(E);
+      const sb = Math.floor(c / 256) * 256;
+      const bytes = new Uint8Array(144);
+      d.storedB = new Float64Array(F);
+      for (let n = 0; n < F; n++) {
+        this.gateRow(d, n, row);
+        encode("Q4_K", row.subarray(sb, sb + 256), bytes);
+        d.storedB[n] = dequantize(GGMLType.Q4_K, bytes, 256)[c - sb]! * d.hc;
+      }
+    }
+    return d.storedB[i]!;
   }
 }
 
 /**
- * Makes the entries other than `skip` sum to zero, so a LayerNorm's mean subtraction does not change
- * the row's dot product with the non-massive channels (and the predictor, which reads the residual
- * before the norm, sees the same value).
+ * Makes the entries outside [r0, r1) sum to zero, so a LayerNorm's mean subtraction does not change the
+ * row's dot product with the non-massive channels (and the predictor, which reads the residual before
+ * the norm, sees the same value).
  */
-function centre(row: Float32Array, skip: number): void {
+function centre(row: Float32Array, r0: number, r1: number): void {
   let s = 0;
-  for (let j = 0; j < row.length; j++) if (j !== skip) s += row[j]!;
-  const mu = s / (row.length - 1);
-  for (let j = 0; j < row.length; j++) if (j !== skip) row[j]! -= mu;
+  for (let j = 0; j < row.length; j++) if (j < r0 || j >= r1) s += row[j]!;
+  const mu = s / (row.length - (r1 - r0));
+  for (let j = 0; j < row.length; j++) if (j < r0 || j >= r1) row[j]! -= mu;
 }
 
 /** A 2-D (or 1-D) tensor produced row by row, encoded in chunks of about 4 MiB. */
@@ -548,9 +590,10 @@ function gaussTensor(
   return rowsTensor(name, dtype, shape, (r, out) => fillGauss(out, 0, n, key, r * n, 1, scale));
 }
 
-/** Token embedding row t: the massive channel M, N(0, 1) elsewhere. */
+/** Token embedding row t: the massive channel M, 0 in the rest of its block, N(0, 1) elsewhere. */
 function embeddingRow(r: Resolved, t: number, out: Float32Array): void {
   fillGauss(out, 0, r.E, streamKey(r.seed, 0, K.embd), t * r.E, 1, 1);
+  out.fill(0, r.r0, r.r1);
   out[r.c] = r.M;
 }
 
@@ -558,7 +601,10 @@ function buildTensors(r: Resolved, des: Designer): GgufStreamTensor[] {
   const { E, F, V, L, dtype, pdtype, nKv, falcon, format } = r;
   const pwri = format === "PWRI";
   const ts: GgufStreamTensor[] = [];
-  ts.push(rowsTensor("token_embd.weight", dtype, [E, V], (t, out) => embeddingRow(r, t, out)));
+  // Q4_K: the massive value would set the 6-bit sub-block scales of its whole 256-value super-block and
+  // wipe out the other 224 values of every embedding row; Q8_0 keeps it in a 32-value block of its own.
+  const embdType = dtype === "Q4_K" ? "Q8_0" : dtype;
+  ts.push(rowsTensor("token_embd.weight", embdType, [E, V], (t, out) => embeddingRow(r, t, out)));
   const inv = 1 / Math.sqrt(E);
   for (let l = 0; l < L; l++) {
     const p = `blk.${l}.`;
@@ -612,7 +658,7 @@ function buildTensors(r: Resolved, des: Designer): GgufStreamTensor[] {
 
 /** Sampled inputs → per-layer activation statistics, and the (logit, active) pairs for calibration. */
 function measure(r: Resolved, des: Designer) {
-  const { E, F, c, rt, m } = r;
+  const { E, F, rt, m } = r;
   const T = r.statsTokens;
   const stride = Math.max(1, Math.ceil(F / r.statsNeurons));
   const neurons: number[] = [];
@@ -632,7 +678,7 @@ function measure(r: Resolved, des: Designer) {
     for (let t = 0; t < T; t++) {
       const id = hashU32(tokKey, t) % r.V;
       embeddingRow(r, id, x);
-      for (let e = 0; e < E; e++) if (e !== c) x[e]! += drift * gauss(dk, t * E + e);
+      for (let e = 0; e < E; e++) if (e < r.r0 || e >= r.r1) x[e]! += drift * gauss(dk, t * E + e);
       // the FFN's input norm (weights 1, biases 0)
       let mu = 0;
       if (r.falcon) {
@@ -647,6 +693,7 @@ function measure(r: Resolved, des: Designer) {
         // predictor hidden layer ReLU(fc1·x), x = the residual before the norm
         for (let k = 0; k <= rt; k++) {
           des.fc1Row(d, k, row);
+          roundTrip(r.pdtype, row);
           let s = 0;
           for (let e = 0; e < E; e++) s += row[e]! * x[e]!;
           y[t * (rt + 1) + k] = Math.max(0, s);
@@ -658,7 +705,11 @@ function measure(r: Resolved, des: Designer) {
     let active = 0;
     neurons.forEach((i, n) => {
       des.gateRow(d, i, row);
-      if (pwri) des.fc2Row(d, i, fc2);
+      roundTrip(r.dtype, row);
+      if (pwri) {
+        des.fc2Row(d, i, fc2);
+        roundTrip(r.pdtype, fc2);
+      }
       for (let t = 0; t < T; t++) {
         let g = 0;
         const ht = t * E;
@@ -790,6 +841,7 @@ export function planSyntheticModel(opts: SyntheticModelOptions = {}): SyntheticM
     );
   }
   if (pwri) notes.push("llama.cpp cannot load PWRI files; generate the same model with --format gguf for it");
+  if (r.dtype === "Q4_K") notes.push("token_embd is Q8_0 (a Q4_K block cannot hold the massive channel)");
   const report: SyntheticModelReport = {
     arch: r.arch,
     ggufArch: r.ggufArch,
