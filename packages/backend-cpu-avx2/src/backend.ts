@@ -15,29 +15,13 @@ import {
   OP_CODES,
   type OpName,
   type TensorHandle,
+  toBackendError as coreToBackendError,
 } from "@powerinfer/core";
 import type { NativeBackend, NativeComputeResult } from "./native.js";
 
-const ERROR_CODES = new Set<BackendErrorCode>([
-  "UNAVAILABLE",
-  "OUT_OF_MEMORY",
-  "UNSUPPORTED_OP",
-  "BAD_TENSOR",
-  "BAD_GRAPH",
-  "IO",
-  "DISPOSED",
-  "API_VERSION",
-]);
-
 /** Turns an error of the addon (an Error with a `code`) into a {@link BackendError}. */
 export function toBackendError(e: unknown, fallback: BackendErrorCode = "BAD_GRAPH"): BackendError {
-  if (e instanceof BackendError) return e;
-  const err = e as { code?: unknown; message?: unknown };
-  const code =
-    typeof err?.code === "string" && ERROR_CODES.has(err.code as BackendErrorCode)
-      ? (err.code as BackendErrorCode)
-      : fallback;
-  return new BackendError(code, `cpu: ${String(err?.message ?? e)}`);
+  return coreToBackendError("cpu", e, fallback);
 }
 
 function dtypeCode(dtype: DType): number {

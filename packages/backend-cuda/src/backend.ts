@@ -16,30 +16,9 @@ import {
   OP_CODES,
   type OpName,
   type TensorHandle,
+  toBackendError,
 } from "@powerinfer/core";
 import type { NativeComputeResult, NativeGpuBackend, NativeGpuDevice } from "./native.js";
-
-const ERROR_CODES = new Set<BackendErrorCode>([
-  "UNAVAILABLE",
-  "OUT_OF_MEMORY",
-  "UNSUPPORTED_OP",
-  "BAD_TENSOR",
-  "BAD_GRAPH",
-  "IO",
-  "DISPOSED",
-  "API_VERSION",
-]);
-
-/** An addon error (an Error with a `code`) as a {@link BackendError} whose message starts with `name: `. */
-export function toBackendError(name: string, e: unknown, fallback: BackendErrorCode = "BAD_GRAPH"): BackendError {
-  if (e instanceof BackendError) return e;
-  const err = e as { code?: unknown; message?: unknown };
-  const code =
-    typeof err?.code === "string" && ERROR_CODES.has(err.code as BackendErrorCode)
-      ? (err.code as BackendErrorCode)
-      : fallback;
-  return new BackendError(code, `${name}: ${String(err?.message ?? e)}`);
-}
 
 /** DeviceInfo of core from an addon's device. */
 export function deviceInfo(d: NativeGpuDevice): DeviceInfo {

@@ -9,7 +9,8 @@ import {
   type BackendLoadOptions,
   type ProbeResult,
 } from "@powerinfer/core";
-import { deviceInfo, GpuBackend, toBackendError } from "./backend.js";
+import { toBackendError } from "@powerinfer/core";
+import { deviceInfo, GpuBackend } from "./backend.js";
 import { loadGpuAddon, type NativeGpuAddon, type NativeGpuDevice, readBuildStatus } from "./native.js";
 
 /** Options of {@link GpuBackendDescriptor.load} beyond core's: the device and, for the emulator, its shape. */

@@ -16,7 +16,7 @@
 import { fileURLToPath } from "node:url";
 import { createGpuDescriptor } from "./descriptor.js";
 
-export { deviceInfo, GpuBackend, toBackendError } from "./backend.js";
+export { deviceInfo, GpuBackend } from "./backend.js";
 export {
   createGpuDescriptor,
   type GpuBackendDescriptor,

@@ -217,3 +217,28 @@ export class BackendError extends Error {
     this.name = "BackendError";
   }
 }
+
+const BACKEND_ERROR_CODES = new Set<BackendErrorCode>([
+  "UNAVAILABLE",
+  "OUT_OF_MEMORY",
+  "UNSUPPORTED_OP",
+  "BAD_TENSOR",
+  "BAD_GRAPH",
+  "IO",
+  "DISPOSED",
+  "API_VERSION",
+]);
+
+/**
+ * A native addon's error (an Error whose `code` is a {@link BackendErrorCode}) as a {@link BackendError}
+ * whose message starts with `name: `; any other error gets `fallback` as its code.
+ */
+export function toBackendError(name: string, e: unknown, fallback: BackendErrorCode = "BAD_GRAPH"): BackendError {
+  if (e instanceof BackendError) return e;
+  const err = e as { code?: unknown; message?: unknown };
+  const code =
+    typeof err?.code === "string" && BACKEND_ERROR_CODES.has(err.code as BackendErrorCode)
+      ? (err.code as BackendErrorCode)
+      : fallback;
+  return new BackendError(code, `${name}: ${String(err?.message ?? e)}`);
+}
