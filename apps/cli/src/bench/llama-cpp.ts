@@ -33,6 +33,12 @@ export interface LlamaCppRunner {
   pp(tokens: number[]): Promise<number>;
   /** Evaluates tokens one at a time from an empty context; milliseconds. */
   tg(tokens: number[]): Promise<number>;
+  /**
+   * Greedy decoding from an empty context: the prompt as one batch, then `n` − 1 tokens one at a time
+   * (argmax of the raw logits, ties to the lowest id). Returns the `n` ids and the raw logits
+   * (F32, n_vocab each) before each of them — `logits[0]` is the first position's.
+   */
+  greedy(prompt: number[], n: number): Promise<{ ids: number[]; logits: Float32Array[] }>;
   dispose(): Promise<void>;
 }
 
@@ -95,6 +101,33 @@ export async function loadLlamaCpp(): Promise<LlamaCppPeer | { unavailable: stri
             const t0 = performance.now();
             for (const t of tokens) await seq.evaluateWithoutGeneratingNewTokens([t] as never);
             return performance.now() - t0;
+          },
+          async greedy(prompt, n) {
+            await seq.clearHistory();
+            const ids: number[] = [];
+            const all: Float32Array[] = [];
+            let input = prompt;
+            for (let step = 0; step < n; step++) {
+              const items = input.map((t, i) =>
+                i === input.length - 1 ? ([t, { generateNext: { logits: true } }] as const) : t,
+              );
+              const out = await seq.controlledEvaluate(items as never);
+              const map = (out[out.length - 1] as { next?: { logits?: Map<number, number> } } | undefined)?.next
+                ?.logits;
+              if (!map) throw new Error("node-llama-cpp returned no logits");
+              let size = 0;
+              for (const t of map.keys()) size = Math.max(size, t + 1);
+              const logits = new Float32Array(size);
+              let best = -1;
+              for (const [t, v] of map) {
+                logits[t] = v;
+                if (best < 0 || v > logits[best]! || (v === logits[best]! && t < best)) best = t;
+              }
+              all.push(logits);
+              ids.push(best);
+              input = [best];
+            }
+            return { ids, logits: all };
           },
           async dispose() {
             await ctx.dispose();

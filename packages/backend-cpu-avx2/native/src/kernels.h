@@ -80,13 +80,17 @@ struct KernelTable {
   ConvertFn store_bf16;         // F32 → BF16 storage (round to nearest even)
   float (*dot_f32)(int64_t n, const float* a, const float* b);
   void (*axpy_f32)(int64_t n, float a, const float* x, float* y);
-  /// Attention scores s[j] = scale · dot(k row j, q) for j < n; rows `kstride` bytes apart, F32 keys
-  /// (index 0, q F32) or F16 keys (index 1, q holding F16-rounded values). Same arithmetic per key as
-  /// dot_f32 / dot[DT_F16].
-  void (*attn_scores[2])(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s);
-  /// out[0..hd) = Σ_j p[j] · v row j (F32 or F16 rows `vstride` bytes apart), accumulated in j order
-  /// from 0 with the same per-element operations as successive axpy calls.
-  void (*attn_accum[2])(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out);
+  /// One query row of causal attention over n cached rows, in the arithmetic of llama.cpp's CPU flash
+  /// attention (ggml-cpu ops.cpp `flash_attn_ext`, AVX2 build), so that models whose activations are
+  /// quantized (Q8_0/Q4_0 weights) round exactly as llama.cpp does. Index [KI][VI]: 0 = F32 rows,
+  /// 1 = F16 rows. Keys/values are rows `kstride`/`vstride` bytes apart; q holds hd F32 values (with
+  /// F16 keys: values already rounded to F16). Per key j: s = scale · dot(k_j, q) (ggml_vec_dot_f16 /
+  /// _f32 order: 4 × 8-lane FMA accumulators over 32-element steps, tree-reduced, the tail added in
+  /// double for F16); online softmax (M running max, S = S·ms + vs, expf); V accumulated in an F16
+  /// (VI = 1, rounded to nearest even after every step, like VKQ16) or F32 accumulator; out = acc / S.
+  /// `acc` is scratch of hd floats (F32 V) or hd uint16 (F16 V).
+  void (*attn_row[2][2])(int64_t hd, const float* q, const uint8_t* k, size_t kstride, const uint8_t* v, size_t vstride,
+                         int64_t n, float scale, float* out, void* acc);
   /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.
   double (*sum_f32)(const float* x, int64_t n);
 };

@@ -4,6 +4,7 @@
 // linker for a scalar caller); every helper has internal linkage.
 #include <immintrin.h>
 
+#include "attn_ggml.h"
 #include "kernels.h"
 
 namespace pi {
@@ -587,63 +588,73 @@ void convert_q8(const float* x, void* dst, int64_t k) {
 
 // ---- attention: one call per (token, head) instead of one per key ------------------------------
 
-template <int I>
-void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
-  for (int64_t j = 0; j < n; j++) {
-    const uint8_t* kr = k + j * kstride;
-    s[j] = scale * (I == 0 ? dot_f32v(hd, reinterpret_cast<const float*>(kr), q) : dot_f<1>(hd, kr, q));
+/// ggml's AVX2 vector primitives (vec.h/vec.cpp with GGML_F32_STEP = GGML_F16_STEP = 32, 8 lanes):
+/// the same operations, lane for lane, as GgmlScalar in kernels_scalar.cpp.
+struct GgmlAvx2 {
+  template <int KI>
+  static __m256 kload(const uint8_t* k, int64_t i) {
+    return KI ? load_f16(reinterpret_cast<const uint16_t*>(k) + i) : _mm256_loadu_ps(reinterpret_cast<const float*>(k) + i);
   }
-}
-
-/// Same per-element operations as memset(0) followed by axpy_f32/axpy_f16 for j = 0..n-1 (vector
-/// part: fmadd(p_j, v, acc); tail: acc += p_j·v), with the accumulators held in registers.
-template <int I>
-void attn_accum(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out) {
-  const int64_t hv = hd / 8 * 8;
-  int64_t c = 0;
-  for (; c + 32 <= hv; c += 32) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-      const uint8_t* vr = v + j * vstride;
-      const __m256 pj = _mm256_set1_ps(p[j]);
-      if (I == 0) {
-        const float* f = reinterpret_cast<const float*>(vr) + c;
-        a0 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f), a0);
-        a1 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 8), a1);
-        a2 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 16), a2);
-        a3 = _mm256_fmadd_ps(pj, _mm256_loadu_ps(f + 24), a3);
-      } else {
-        const uint16_t* h = reinterpret_cast<const uint16_t*>(vr) + c;
-        a0 = _mm256_fmadd_ps(pj, load_f16(h), a0);
-        a1 = _mm256_fmadd_ps(pj, load_f16(h + 8), a1);
-        a2 = _mm256_fmadd_ps(pj, load_f16(h + 16), a2);
-        a3 = _mm256_fmadd_ps(pj, load_f16(h + 24), a3);
-      }
+  template <int KI>
+  static float dot(int64_t n, const uint8_t* k, const float* q) {
+    const int64_t np = n & ~int64_t{31};
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int64_t i = 0; i < np; i += 32) {
+      s0 = _mm256_fmadd_ps(kload<KI>(k, i), _mm256_loadu_ps(q + i), s0);
+      s1 = _mm256_fmadd_ps(kload<KI>(k, i + 8), _mm256_loadu_ps(q + i + 8), s1);
+      s2 = _mm256_fmadd_ps(kload<KI>(k, i + 16), _mm256_loadu_ps(q + i + 16), s2);
+      s3 = _mm256_fmadd_ps(kload<KI>(k, i + 24), _mm256_loadu_ps(q + i + 24), s3);
     }
-    _mm256_storeu_ps(out + c, a0);
-    _mm256_storeu_ps(out + c + 8, a1);
-    _mm256_storeu_ps(out + c + 16, a2);
-    _mm256_storeu_ps(out + c + 24, a3);
-  }
-  for (; c < hv; c += 8) {
-    __m256 a0 = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-      const uint8_t* vr = v + j * vstride;
-      const __m256 x = I == 0 ? _mm256_loadu_ps(reinterpret_cast<const float*>(vr) + c)
-                              : load_f16(reinterpret_cast<const uint16_t*>(vr) + c);
-      a0 = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), x, a0);
+    const __m256 r = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(r), _mm256_extractf128_ps(r, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    const float red = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+    if (KI) {
+      const uint16_t* kh = reinterpret_cast<const uint16_t*>(k);
+      double sum = red;
+      for (int64_t i = np; i < n; i++) sum += static_cast<double>(h2f(kh[i]) * q[i]);
+      return static_cast<float>(sum);
     }
-    _mm256_storeu_ps(out + c, a0);
+    const float* kf = reinterpret_cast<const float*>(k);
+    float sum = red;
+    for (int64_t i = np; i < n; i++) sum = kGgmlContract ? std::fma(kf[i], q[i], sum) : sum + kf[i] * q[i];
+    return sum;
   }
-  for (; c < hd; c++) {
-    float a = 0.0f;
-    for (int64_t j = 0; j < n; j++) {
-      const uint8_t* vr = v + j * vstride;
-      a += p[j] * (I == 0 ? reinterpret_cast<const float*>(vr)[c] : h2f(reinterpret_cast<const uint16_t*>(vr)[c]));
+  static void scale_f32(int64_t n, float* y, float a) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(y + i), va));
+    for (; i < n; i++) y[i] *= a;
+  }
+  static void scale_f16(int64_t n, uint16_t* y, float a) {
+    const __m256 va = _mm256_set1_ps(a);
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(_mm256_mul_ps(load_f16(y + i), va), 0));
     }
-    out[c] = a;
+    for (; i < n; i++) y[i] = f32_to_f16(h2f(y[i]) * a);
   }
-}
+  static void mad_f32(int64_t n, float* y, const float* x, float a) {
+    const int64_t np = n & ~int64_t{31};
+    const __m256 va = _mm256_set1_ps(a);
+    for (int64_t i = 0; i < np; i += 8) {
+      _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), va, _mm256_loadu_ps(y + i)));
+    }
+    for (int64_t i = np; i < n; i++) y[i] = kGgmlContract ? std::fma(x[i], a, y[i]) : y[i] + x[i] * a;
+  }
+  static void mad_f16(int64_t n, uint16_t* y, const uint16_t* x, float a) {
+    const int64_t np = n & ~int64_t{31};
+    const __m256 va = _mm256_set1_ps(a);
+    for (int64_t i = 0; i < np; i += 8) {
+      const __m256 r = _mm256_fmadd_ps(load_f16(x + i), va, load_f16(y + i));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(y + i), _mm256_cvtps_ph(r, 0));
+    }
+    for (int64_t i = np; i < n; i++) {
+      const float xv = h2f(x[i]), yv = h2f(y[i]);
+      y[i] = f32_to_f16(kGgmlContract ? std::fma(xv, a, yv) : yv + xv * a);
+    }
+  }
+};
 
 double sum_f32(const float* x, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
@@ -734,10 +745,10 @@ KernelTable make_table() {
   t.store_f16 = store_f16;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
-  t.attn_scores[0] = attn_scores<0>;
-  t.attn_scores[1] = attn_scores<1>;
-  t.attn_accum[0] = attn_accum<0>;
-  t.attn_accum[1] = attn_accum<1>;
+  t.attn_row[0][0] = attn_row_ggml<GgmlAvx2, 0, 0>;
+  t.attn_row[0][1] = attn_row_ggml<GgmlAvx2, 0, 1>;
+  t.attn_row[1][0] = attn_row_ggml<GgmlAvx2, 1, 0>;
+  t.attn_row[1][1] = attn_row_ggml<GgmlAvx2, 1, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

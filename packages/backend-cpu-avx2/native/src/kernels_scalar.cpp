@@ -3,6 +3,7 @@
 // up to float summation order.
 #include <cmath>
 
+#include "attn_ggml.h"
 #include "kernels.h"
 
 namespace pi {
@@ -427,18 +428,57 @@ void dot_tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t*
   }
 }
 
-template <int I>
-void attn_scores(int64_t hd, const float* q, const uint8_t* k, size_t kstride, int64_t n, float scale, float* s) {
-  for (int64_t j = 0; j < n; j++) {
-    s[j] = scale * (I == 0 ? dot_f32(hd, k + j * kstride, q) : dot_f16(hd, k + j * kstride, q));
+/// ggml's vector primitives in scalar form, lane by lane in the AVX2 build's order (8 lanes, 4
+/// accumulators over 32-element steps, ggml's tree reduction), so this table rounds as the AVX2 one.
+struct GgmlScalar {
+  template <int KI>
+  static float dot(int64_t n, const uint8_t* k, const float* q) {
+    const int64_t np = n & ~int64_t{31};
+    float acc[4][8] = {};
+    for (int64_t i = 0; i < np; i += 32) {
+      for (int j = 0; j < 4; j++) {
+        for (int l = 0; l < 8; l++) {
+          const int64_t e = i + j * 8 + l;
+          const float kv = KI ? f16_to_f32(load_u16(k + e * 2)) : reinterpret_cast<const float*>(k)[e];
+          acc[j][l] = std::fma(kv, q[e], acc[j][l]);
+        }
+      }
+    }
+    float r[8];
+    for (int l = 0; l < 8; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+    float h[4];
+    for (int l = 0; l < 4; l++) h[l] = r[l] + r[l + 4];
+    const float red = (h[0] + h[1]) + (h[2] + h[3]);
+    if (KI) {
+      double sum = red;
+      for (int64_t i = np; i < n; i++) sum += static_cast<double>(f16_to_f32(load_u16(k + i * 2)) * q[i]);
+      return static_cast<float>(sum);
+    }
+    float sum = red;
+    const float* kf = reinterpret_cast<const float*>(k);
+    for (int64_t i = np; i < n; i++) sum = kGgmlContract ? std::fma(kf[i], q[i], sum) : sum + kf[i] * q[i];
+    return sum;
   }
-}
-
-template <int I>
-void attn_accum(int64_t hd, const float* p, const uint8_t* v, size_t vstride, int64_t n, float* out) {
-  std::memset(out, 0, sizeof(float) * static_cast<size_t>(hd));
-  for (int64_t j = 0; j < n; j++) (I == 0 ? axpy_f32 : axpy_f16)(hd, p[j], v + j * vstride, out);
-}
+  static void scale_f32(int64_t n, float* y, float a) {
+    for (int64_t i = 0; i < n; i++) y[i] *= a;
+  }
+  static void scale_f16(int64_t n, uint16_t* y, float a) {
+    for (int64_t i = 0; i < n; i++) y[i] = f32_to_f16(f16_to_f32(y[i]) * a);
+  }
+  static void mad_f32(int64_t n, float* y, const float* x, float a) {
+    const int64_t np = n & ~int64_t{31};
+    for (int64_t i = 0; i < np; i++) y[i] = std::fma(x[i], a, y[i]);
+    for (int64_t i = np; i < n; i++) y[i] = kGgmlContract ? std::fma(x[i], a, y[i]) : y[i] + x[i] * a;
+  }
+  static void mad_f16(int64_t n, uint16_t* y, const uint16_t* x, float a) {
+    const int64_t np = n & ~int64_t{31};
+    for (int64_t i = 0; i < np; i++) y[i] = f32_to_f16(std::fma(f16_to_f32(x[i]), a, f16_to_f32(y[i])));
+    for (int64_t i = np; i < n; i++) {
+      const float xv = f16_to_f32(x[i]), yv = f16_to_f32(y[i]);
+      y[i] = f32_to_f16(kGgmlContract ? std::fma(xv, a, yv) : yv + xv * a);
+    }
+  }
+};
 
 template <int DT>
 void axpy_rows(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
@@ -525,10 +565,10 @@ KernelTable make_table() {
   t.convert[XF_Q8_K] = convert_q8_K;
   t.dot_f32 = dot_f32v;
   t.axpy_f32 = axpy_f32v;
-  t.attn_scores[0] = attn_scores<0>;
-  t.attn_scores[1] = attn_scores<1>;
-  t.attn_accum[0] = attn_accum<0>;
-  t.attn_accum[1] = attn_accum<1>;
+  t.attn_row[0][0] = attn_row_ggml<GgmlScalar, 0, 0>;
+  t.attn_row[0][1] = attn_row_ggml<GgmlScalar, 0, 1>;
+  t.attn_row[1][0] = attn_row_ggml<GgmlScalar, 1, 0>;
+  t.attn_row[1][1] = attn_row_ggml<GgmlScalar, 1, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

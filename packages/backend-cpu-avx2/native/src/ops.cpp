@@ -282,7 +282,10 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
     if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
     int64_t nact = 0;
     for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
-    const bool deq = tmp && nact >= 2;
+    // Dequantizing once for several columns is only taken where it rounds exactly like the row's
+    // own axpy (float rows: the same fma(a, w, y)); a quantized axpy rounds a·d per block first, so
+    // its columns take that path and a column's result never depends on the rest of the batch.
+    const bool deq = tmp && nact >= 2 && (W.dtype == DT_F32 || W.dtype == DT_F16 || W.dtype == DT_BF16);
     if (deq) n.k->dequant[W.dtype](w, tmp, E);
     for (int64_t t = 0; t < T; t++) {
       if (logits && !(logits[i + t * n_out] >= thr)) continue;
@@ -394,21 +397,20 @@ void op_softmax(const NodeExec& n, int ith, int nth) {
 }
 
 struct AttnLayout {
-  float* scores = nullptr;  // nth × C
-  float* q16 = nullptr;     // nth × head_dim: q rounded to F16 (F16 cache)
+  float* q16 = nullptr;  // nth × head_dim: q rounded to F16 (F16 keys)
+  void* acc = nullptr;   // nth × head_dim floats: the V accumulator
 };
 
 AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
   AttnLayout l;
-  const size_t C = static_cast<size_t>(n.src[1].rows());
   const size_t hd = static_cast<size_t>(n.p[3]);
-  l.scores = static_cast<float*>(b.take(sizeof(float) * C * nth));
   l.q16 = static_cast<float*>(b.take(sizeof(float) * hd * nth));
+  l.acc = b.take(sizeof(float) * hd * nth);
   return l;
 }
 
-// Scores in F32. With an F16 cache, q is rounded to F16 and dotted with the F16 keys (F32
-// accumulation), as llama.cpp's CPU attention does; V rows are accumulated in F32.
+// One query row at a time in llama.cpp's CPU flash-attention arithmetic (see attn_ggml.h): with F16
+// keys q is rounded to F16, the softmax is online and the V accumulator has the cache's type.
 void op_attention(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
   const AttnLayout l = attn_layout(n, nth, b);
@@ -422,10 +424,11 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   const TensorView& Vc = n.src[2];
   const int64_t T = Q.rows();
   const int64_t group = H / Hkv;
-  const size_t kes = Kc.dtype == DT_F16 ? 2 : 4, ves = Vc.dtype == DT_F16 ? 2 : 4;
+  const int ki = Kc.dtype == DT_F16 ? 1 : 0, vi = Vc.dtype == DT_F16 ? 1 : 0;
+  const size_t kes = ki ? 2 : 4, ves = vi ? 2 : 4;
   const int64_t kvrow = hd * Hkv;
-  float* scores = l.scores + static_cast<size_t>(ith) * static_cast<size_t>(Kc.rows());
   float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
+  void* acc = static_cast<float*>(l.acc) + static_cast<size_t>(ith) * static_cast<size_t>(hd);
   const int64_t units = T * H;
   const int64_t chunk = chunk_size(units, nth, 1);
   int64_t u0, u1;
@@ -433,23 +436,11 @@ void op_attention(const NodeExec& n, int ith, int nth) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
     const int64_t ctx = n_past + t + 1;
     const float* q = Q.f32() + t * hd * H + h * hd;
-    if (Kc.dtype == DT_F16) n.k->convert[XF_F16](q, q16, hd);
-    const int ki = Kc.dtype == DT_F16 ? 1 : 0;
-    n.k->attn_scores[ki](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(kvh * hd) * kes,
-                         static_cast<size_t>(kvrow) * kes, ctx, scale, scores);
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < ctx; j++) mx = std::fmax(mx, scores[j]);
-    double sum = 0.0;
-    for (int64_t j = 0; j < ctx; j++) {
-      const float e = std::exp(scores[j] - mx);
-      scores[j] = e;
-      sum += e;
-    }
+    if (ki) n.k->convert[XF_F16](q, q16, hd);
     float* out = n.dst.f32() + t * hd * H + h * hd;
-    n.k->attn_accum[Vc.dtype == DT_F16 ? 1 : 0](hd, scores, Vc.data + static_cast<size_t>(kvh * hd) * ves,
-                                                 static_cast<size_t>(kvrow) * ves, ctx, out);
-    const float inv = static_cast<float>(1.0 / sum);
-    for (int64_t i = 0; i < hd; i++) out[i] *= inv;
+    n.k->attn_row[ki][vi](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(kvh * hd) * kes, static_cast<size_t>(kvrow) * kes,
+                          Vc.data + static_cast<size_t>(kvh * hd) * ves, static_cast<size_t>(kvrow) * ves, ctx, scale,
+                          out, acc);
   }
 }
 

@@ -265,35 +265,70 @@ void test_dtype_kernels(const KernelTable& kt) {
   }
 }
 
-void test_attention_kernels(const KernelTable& kt) {
+/// attn_row against a float64 softmax(scale·qᵀk)·V of the same (rounded) q, K, V, every K/V type pair and
+/// head sizes below, at and above ggml's 32-element step; with `other` the same row must come out
+/// bit-identical (the scalar table emulates the AVX2 lanes).
+void test_attention_kernels(const KernelTable& kt, const KernelTable* other) {
   for (int ki = 0; ki < 2; ki++) {
-    for (int64_t hd : {8, 37, 64, 128}) {
-      const int64_t n = 23, stride_el = hd * 3;  // rows of a [3 heads · hd, n] cache
-      const size_t es = ki ? 2 : 4;
-      std::vector<uint8_t> cache(static_cast<size_t>(n * stride_el) * es);
-      for (int64_t i = 0; i < n * stride_el; i++) {
-        const float f = uni(-1, 1);
-        if (ki) {
-          const uint16_t h = f32_to_f16(f);
-          std::memcpy(cache.data() + i * 2, &h, 2);
-        } else {
-          std::memcpy(cache.data() + i * 4, &f, 4);
+    for (int vi = 0; vi < 2; vi++) {
+      for (int64_t hd : {8, 37, 64, 128}) {
+        for (int64_t n : {1, 2, 23}) {
+          const int64_t stride_el = hd * 3;  // rows of a [3 heads · hd, n] cache
+          const size_t kes = ki ? 2 : 4, ves = vi ? 2 : 4;
+          std::vector<uint8_t> kc(static_cast<size_t>(n * stride_el) * kes), vc(static_cast<size_t>(n * stride_el) * ves);
+          std::vector<double> kd(static_cast<size_t>(n * hd)), vd(static_cast<size_t>(n * hd));
+          for (int64_t i = 0; i < n * stride_el; i++) {
+            for (int which = 0; which < 2; which++) {
+              const bool half = which ? vi : ki;
+              uint8_t* dst = (which ? vc.data() : kc.data()) + i * (half ? 2 : 4);
+              float f = uni(-1, 1);
+              if (half) {
+                const uint16_t h = f32_to_f16(f);
+                std::memcpy(dst, &h, 2);
+                f = f16_to_f32(h);
+              } else {
+                std::memcpy(dst, &f, 4);
+              }
+              const int64_t j = i / stride_el, c = i % stride_el - hd;  // head 1
+              if (c >= 0 && c < hd) (which ? vd : kd)[static_cast<size_t>(j * hd + c)] = f;
+            }
+          }
+          std::vector<float> q(hd), qc(hd), out(hd), out2(hd), acc(hd);
+          for (auto& v : q) v = uni(-2, 2);
+          kt.convert[ki ? XF_F16 : XF_F32](q.data(), qc.data(), hd);
+          const float scale = 0.3f;
+          kt.attn_row[ki][vi](hd, qc.data(), kc.data() + hd * kes, stride_el * kes, vc.data() + hd * ves, stride_el * ves, n,
+                              scale, out.data(), acc.data());
+          std::vector<double> sc(static_cast<size_t>(n)), ref(static_cast<size_t>(hd), 0.0);
+          double mx = -INFINITY, sum = 0;
+          for (int64_t j = 0; j < n; j++) {
+            double d = 0;
+            for (int64_t c = 0; c < hd; c++) d += kd[static_cast<size_t>(j * hd + c)] * qc[static_cast<size_t>(c)];
+            sc[static_cast<size_t>(j)] = d * scale;
+            mx = std::fmax(mx, d * scale);
+          }
+          for (int64_t j = 0; j < n; j++) {
+            const double e = std::exp(sc[static_cast<size_t>(j)] - mx);
+            sum += e;
+            for (int64_t c = 0; c < hd; c++) ref[static_cast<size_t>(c)] += e * vd[static_cast<size_t>(j * hd + c)];
+          }
+          // F16 accumulator: one F16 rounding (2^-11 relative) per key on the running sum, bounded by Σ|v|
+          const double eps = vi ? std::ldexp(1.0, -11) * static_cast<double>(n + 1) : 1e-5;
+          for (int64_t c = 0; c < hd; c++) {
+            double bound = 0;
+            for (int64_t j = 0; j < n; j++) bound += std::exp(sc[static_cast<size_t>(j)] - mx) * std::fabs(vd[static_cast<size_t>(j * hd + c)]);
+            const double e = ref[static_cast<size_t>(c)] / sum;
+            CHECK(std::fabs(out[static_cast<size_t>(c)] - e) <= eps * bound / sum + 1e-6, "%s attn_row[%d][%d] hd %ld n %ld: %g vs %g",
+                  kt.name, ki, vi, static_cast<long>(hd), static_cast<long>(n), static_cast<double>(out[static_cast<size_t>(c)]), e);
+          }
+          if (other) {
+            other->attn_row[ki][vi](hd, qc.data(), kc.data() + hd * kes, stride_el * kes, vc.data() + hd * ves, stride_el * ves,
+                                    n, scale, out2.data(), acc.data());
+            CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0, "%s vs %s attn_row[%d][%d] hd %ld n %ld not bit-identical",
+                  kt.name, other->name, ki, vi, static_cast<long>(hd), static_cast<long>(n));
+          }
         }
       }
-      std::vector<float> q(hd), qc(hd), p(n), s(n), out(hd), ref(hd, 0.0f);
-      for (auto& v : q) v = uni(-1, 1);
-      kt.convert[ki ? XF_F16 : XF_F32](q.data(), qc.data(), hd);
-      const uint8_t* base = cache.data() + hd * es;  // head 1
-      kt.attn_scores[ki](hd, qc.data(), base, stride_el * es, n, 0.3f, s.data());
-      for (int64_t j = 0; j < n; j++) {
-        const float d = 0.3f * (ki ? kt.dot[DT_F16](hd, base + j * stride_el * es, qc.data())
-                                   : kt.dot_f32(hd, reinterpret_cast<const float*>(base + j * stride_el * es), qc.data()));
-        CHECK(d == s[static_cast<size_t>(j)], "%s attn_scores[%d] hd %ld key %ld", kt.name, ki, static_cast<long>(hd), static_cast<long>(j));
-        p[static_cast<size_t>(j)] = uni(0, 1);
-      }
-      kt.attn_accum[ki](hd, p.data(), base, stride_el * es, n, out.data());
-      for (int64_t j = 0; j < n; j++) kt.axpy[ki ? DT_F16 : DT_F32](hd, p[static_cast<size_t>(j)], base + j * stride_el * es, ref.data());
-      CHECK(out == ref, "%s attn_accum[%d] hd %ld differs from successive axpy", kt.name, ki, static_cast<long>(hd));
     }
   }
 }
@@ -602,8 +637,8 @@ int main() {
   test_conversions();
   test_dtype_kernels(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
-  test_attention_kernels(kernels_scalar());
-  if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2());
+  test_attention_kernels(kernels_scalar(), nullptr);
+  if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());
   test_thread_pool();
   test_tensor_store();
   test_executor();

@@ -49,7 +49,7 @@ export function attentionBlock(
     nHead: cfg.n_head,
     nHeadKv: cfg.n_head_kv,
     nPast,
-    scale: 1 / Math.sqrt(cfg.head_dim),
+    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
   });
   return g.add(g.mulMat(g.handle(L.wo), att), x);
 }

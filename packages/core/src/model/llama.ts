@@ -268,7 +268,7 @@ export function buildLlamaBatchGraph(
     nHead: cfg.n_head,
     nHeadKv: cfg.n_head_kv,
     nPast,
-    scale: 1 / Math.sqrt(cfg.head_dim),
+    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
   });
   for (let l = 0; l < w.layers.length; l++) {
     const L = w.layers[l]!;
