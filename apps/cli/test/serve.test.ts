@@ -75,6 +75,40 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     expect(await exited).toBe(0);
   });
 
+  it("serve: bad numbers and names are one line and a non-zero exit, before it ever listens", () => {
+    const cases: [string[], string][] = [
+      [["-c", "0"], "--ctx-size must be ≥ 1, got 0"],
+      [["-c", "-5"], "--ctx-size must be ≥ 1, got -5"],
+      [["-c", "3", "-np", "4"], "--ctx-size 3 leaves no context for 4 slots (it is split evenly over them)"],
+      [["-c", "ten"], 'ctx-size must be an integer, got "ten"'],
+      [["--queue", "-1"], "--queue must be ≥ 0, got -1"],
+      [["--queue", "1.5"], 'queue must be an integer, got "1.5"'],
+      [["-np", "0"], "--parallel must be ≥ 1, got 0"],
+      [["--port", "70000"], "--port must be in 0..65535, got 70000"],
+      [["-b", "0"], "--batch-size must be ≥ 1, got 0"],
+      [["-t", "0"], "--threads must be ≥ 1, got 0"],
+      [["--kv-type", "q4"], '--kv-type must be f16 or f32, got "q4"'],
+      [["--sparse", "nope"], '--sparse must be predictor, oracle or off, got "nope"'],
+      [["--sparse-threshold", "x"], 'sparse-threshold must be a number, got "x"'],
+      [["--api-key", ""], "--api-key is empty"],
+      [["--alias", " "], "--alias is empty"],
+    ];
+    for (const [args, message] of cases) {
+      const r = spawnSync(process.execPath, [bin, "serve", "-m", stories, "--port", "0", ...args], {
+        encoding: "utf8",
+        timeout: 20_000,
+      });
+      expect(r.status, `${args.join(" ")}: ${r.stderr}`).toBe(1);
+      expect(r.stderr).not.toMatch(/listening/);
+      const lines = r.stderr
+        .trim()
+        .split("\n")
+        .filter((l) => !l.startsWith("(run with --help"));
+      expect(lines, r.stderr).toHaveLength(1);
+      expect(lines[0]).toContain(message);
+    }
+  });
+
   it("serve: a bad model file is one line on stderr and a non-zero exit", () => {
     const r = cli("serve", "-m", join(models, "nope.gguf"), "--port", "0");
     expect(r.code).not.toBe(0);

@@ -60,15 +60,27 @@ export interface ModelCliOptions {
   sparseThreshold?: number;
 }
 
-/** Loads the backend and the model, with a progress bar on a terminal. */
-export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
-  if (o.kvType !== "f16" && o.kvType !== "f32") throw new InvalidArgumentError(`--kv-type must be f16 or f32`);
+/**
+ * Checks the options {@link loadModelFromCli} takes, before anything is loaded.
+ * @throws InvalidArgumentError naming the option.
+ */
+export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
+  if (o.kvType !== "f16" && o.kvType !== "f32")
+    throw new InvalidArgumentError(`--kv-type must be f16 or f32, got "${o.kvType}"`);
   if (o.sparse !== undefined && !["predictor", "oracle", "off"].includes(o.sparse)) {
     throw new InvalidArgumentError(`--sparse must be predictor, oracle or off, got "${o.sparse}"`);
   }
-  if (!(o.batchSize >= 1)) throw new InvalidArgumentError("--batch-size must be ≥ 1");
+  if (!(o.batchSize >= 1)) throw new InvalidArgumentError(`--batch-size must be ≥ 1, got ${o.batchSize}`);
+  if (o.threads !== undefined && o.threads < 1)
+    throw new InvalidArgumentError(`--threads must be ≥ 1, got ${o.threads}`);
+  if (o.ctxSize !== undefined && o.ctxSize < 1)
+    throw new InvalidArgumentError(`--ctx-size must be ≥ 1, got ${o.ctxSize}`);
+}
+
+/** Loads the backend and the model, with a progress bar on a terminal. */
+export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
+  checkModelOptions(o);
   const threads = o.threads ?? availableParallelism();
-  if (threads < 1) throw new InvalidArgumentError("--threads must be ≥ 1");
   const backend = await loadBackend(o.backend, { threads }, (line) => {
     if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
   });

@@ -8,7 +8,7 @@ import type { KvCacheType } from "@powerinfer/core";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli } from "./common.js";
+import { checkModelOptions, float, int, loadModelFromCli } from "./common.js";
 
 interface ServeOptions {
   model: string;
@@ -34,6 +34,26 @@ export function acceptNp(cmd: Command): Command {
   const parse = cmd.parseOptions.bind(cmd);
   cmd.parseOptions = (argv: string[]) => parse(argv.map((a) => (a === "-np" ? "--parallel" : a)));
   return cmd;
+}
+
+/**
+ * Checks serve's options (those the model loader takes too).
+ * @throws InvalidArgumentError naming the option and the value.
+ */
+export function checkServeOptions(o: ServeOptions): void {
+  if (o.port < 0 || o.port > 65535) throw new InvalidArgumentError(`--port must be in 0..65535, got ${o.port}`);
+  if (o.parallel < 1) throw new InvalidArgumentError(`--parallel must be ≥ 1, got ${o.parallel}`);
+  if (o.ctxSize !== undefined && o.ctxSize < o.parallel) {
+    throw new InvalidArgumentError(
+      o.ctxSize < 1
+        ? `--ctx-size must be ≥ 1, got ${o.ctxSize}`
+        : `--ctx-size ${o.ctxSize} leaves no context for ${o.parallel} slots (it is split evenly over them)`,
+    );
+  }
+  if (o.queue < 0) throw new InvalidArgumentError(`--queue must be ≥ 0, got ${o.queue}`);
+  if (o.apiKey === "") throw new InvalidArgumentError("--api-key is empty");
+  if (o.alias !== undefined && o.alias.trim() === "") throw new InvalidArgumentError("--alias is empty");
+  checkModelOptions({ ...o, ctxSize: undefined });
 }
 
 export function register(program: Command): void {
@@ -62,10 +82,10 @@ export function register(program: Command): void {
     .option("--log", "log every request (JSON lines on stdout)")
     .action(
       action(async (o: ServeOptions) => {
-        if (o.parallel < 1) throw new InvalidArgumentError("--parallel must be ≥ 1");
-        if (o.port < 0 || o.port > 65535) throw new InvalidArgumentError("--port must be in 0..65535");
+        // every option is checked before listening: a bad value never gets as far as "listening"
+        checkServeOptions(o);
         accessSync(o.model, constants.R_OK); // a missing file is reported before listening
-        const apiKey = o.apiKey ?? process.env.POWERINFER_API_KEY;
+        const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
         const loaded = loadModelFromCli(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
           true,
