@@ -42,7 +42,13 @@ export interface SamplingFields {
 }
 
 /** Request fields → scheduler options, with llama.cpp's server defaults. A seed < 0 (−1) means random. */
-export function samplingOptions(b: SamplingFields, maxTokens: number, nProbs = 0): BatchRequestOptions {
+export function samplingOptions(
+  b: SamplingFields,
+  maxTokens: number,
+  nProbs: number,
+  /** A slot's context: `repeat_last_n: -1` looks back over all of it (as llama.cpp). */
+  nCtx: number,
+): BatchRequestOptions {
   const seed = b.seed ?? -1;
   return {
     maxTokens,
@@ -51,7 +57,7 @@ export function samplingOptions(b: SamplingFields, maxTokens: number, nProbs = 0
     topP: b.top_p ?? 0.95,
     minP: b.min_p ?? 0.05,
     repeatPenalty: b.repeat_penalty ?? 1,
-    penaltyLastN: b.repeat_last_n ?? 64,
+    penaltyLastN: b.repeat_last_n === -1 ? nCtx : (b.repeat_last_n ?? 64),
     presencePenalty: b.presence_penalty ?? 0,
     frequencyPenalty: b.frequency_penalty ?? 0,
     seed: seed >= 0 && seed <= 0xffffffff ? seed : undefined,

@@ -104,7 +104,7 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
     const nProbs = b.n_probs ?? 0;
     const jobs: Job[] = prompts(ctx, b.prompt).map((ids) => {
       checkPrompt(ctx, ids);
-      return { promptIds: ids, options: samplingOptions(b, b.n_predict ?? -1, nProbs) };
+      return { promptIds: ids, options: samplingOptions(b, b.n_predict ?? -1, nProbs, ctx.scheduler.nCtx) };
     });
     const stream = b.stream ?? false;
     const ac = abortOnDisconnect(reply);

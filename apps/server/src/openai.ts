@@ -117,7 +117,7 @@ function promptJobs(ctx: ServerContext, b: CompletionsBody): { jobs: Job[]; text
   for (const q of prompts) {
     const ids = typeof q === "string" ? tok.tokenize(q, { addSpecial: true, parseSpecial: true }) : q;
     checkPrompt(ctx, ids);
-    const base = { promptIds: ids, options: samplingOptions(b, maxTokens, b.logprobs ?? 0) };
+    const base = { promptIds: ids, options: samplingOptions(b, maxTokens, b.logprobs ?? 0, ctx.scheduler.nCtx) };
     for (const j of fanOut(base, b.n ?? 1)) {
       jobs.push(j);
       texts.push(typeof q === "string" ? q : tok.detokenize(q));
@@ -215,6 +215,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       b,
       b.max_completion_tokens ?? b.max_tokens ?? b.n_predict ?? -1,
       wantLogprobs ? Math.max(1, b.top_logprobs ?? 0) : 0,
+      ctx.scheduler.nCtx,
     );
     // ChatML through text (the model has no <|im_end|> token): stop at the end-of-turn marker
     if (ctx.template.isFallback) options.stop = [...(options.stop ?? []), "<|im_end|>"];

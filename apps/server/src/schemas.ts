@@ -6,91 +6,164 @@
 import { z } from "zod";
 import { ApiError } from "./errors.js";
 
-const int = z.number().int();
-const stop = z.union([z.string(), z.array(z.string()).max(16)]).nullish();
+/*
+ * Every schema carries what it expects in words ("an integer ≥ -1") as its error, so that a 400 names the
+ * field, what it must be and what was sent: `"max_tokens": expected an integer ≥ -1, got -3`.
+ */
+
+function bounds(what: string, min?: number, max?: number): string {
+  if (min !== undefined && max !== undefined) return `${what} in [${min}, ${max}]`;
+  if (min !== undefined) return `${what} ≥ ${min}`;
+  if (max !== undefined) return `${what} ≤ ${max}`;
+  return what;
+}
+
+function number(min?: number, max?: number): z.ZodNumber {
+  const error = bounds("a number", min, max);
+  let s = z.number({ error });
+  if (min !== undefined) s = s.min(min, { error });
+  if (max !== undefined) s = s.max(max, { error });
+  return s;
+}
+
+function integer(min?: number, max?: number): z.ZodNumber {
+  const error = bounds("an integer", min, max);
+  let s = z.number({ error }).int({ error });
+  if (min !== undefined) s = s.min(min, { error });
+  if (max !== undefined) s = s.max(max, { error });
+  return s;
+}
+
+/** An array of `item`; `what` describes the whole ("an array of strings"). */
+function array<T extends z.ZodType>(item: T, what: string, min?: number, max?: number): z.ZodArray<T> {
+  const error =
+    min !== undefined && max !== undefined
+      ? `${what} (${min} to ${max} items)`
+      : min !== undefined
+        ? `${what} (at least ${min} item${min === 1 ? "" : "s"})`
+        : max !== undefined
+          ? `${what} (at most ${max} items)`
+          : what;
+  let s = z.array(item, { error });
+  if (min !== undefined) s = s.min(min, { error });
+  if (max !== undefined) s = s.max(max, { error });
+  return s;
+}
+
+const string = () => z.string({ error: "a string" });
+const boolean = () => z.boolean({ error: "true or false" });
+const tokenId = integer(0);
+const stop = z
+  .union([string(), array(string(), "an array of strings", undefined, 16)], {
+    error: "a string or an array of at most 16 strings",
+  })
+  .nullish();
 
 /** Sampling and stopping fields shared by every generation endpoint. */
 const sampling = {
-  model: z.string().nullish(),
-  temperature: z.number().min(0).nullish(),
-  top_k: int.nullish(),
-  top_p: z.number().min(0).max(1).nullish(),
-  min_p: z.number().min(0).max(1).nullish(),
-  seed: int.nullish(),
+  model: string().nullish(),
+  temperature: number(0).nullish(),
+  top_k: integer(0).nullish(),
+  top_p: number(0, 1).nullish(),
+  min_p: number(0, 1).nullish(),
+  seed: integer().nullish(),
   stop,
-  presence_penalty: z.number().min(-2).max(2).nullish(),
-  frequency_penalty: z.number().min(-2).max(2).nullish(),
-  repeat_penalty: z.number().min(0).nullish(),
-  repeat_last_n: int.min(-1).nullish(),
-  ignore_eos: z.boolean().nullish(),
-  stream: z.boolean().nullish(),
-  n_predict: int.min(-1).nullish(),
-  cache_prompt: z.boolean().nullish(),
+  presence_penalty: number(-2, 2).nullish(),
+  frequency_penalty: number(-2, 2).nullish(),
+  repeat_penalty: number(0).nullish(),
+  repeat_last_n: integer(-1).nullish(),
+  ignore_eos: boolean().nullish(),
+  stream: boolean().nullish(),
+  n_predict: integer(-1).nullish(),
+  cache_prompt: boolean().nullish(),
 };
 
-const streamOptions = z.object({ include_usage: z.boolean().nullish() }).nullish();
+const streamOptions = z.object({ include_usage: boolean().nullish() }, { error: "an object" }).nullish();
 
 /** `POST /v1/completions` (OpenAI legacy completions). */
 export const completionsBody = z.object({
   ...sampling,
-  prompt: z.union([
-    z.string(),
-    z.array(z.string()).min(1).max(16),
-    z.array(int).min(1),
-    z.array(z.array(int).min(1)).min(1).max(16),
-  ]),
-  max_tokens: int.min(-1).nullish(),
-  n: int.min(1).max(16).nullish(),
-  logprobs: int.min(0).max(20).nullish(),
-  echo: z.boolean().nullish(),
+  prompt: z.union(
+    [
+      string(),
+      array(string(), "an array of strings", 1, 16),
+      array(tokenId, "an array of token ids", 1),
+      array(array(tokenId, "an array of token ids", 1), "an array of arrays of token ids", 1, 16),
+    ],
+    { error: "a string, an array of strings or an array of token ids" },
+  ),
+  max_tokens: integer(-1).nullish(),
+  n: integer(1, 16).nullish(),
+  logprobs: integer(0, 20).nullish(),
+  echo: boolean().nullish(),
   stream_options: streamOptions,
 });
 export type CompletionsBody = z.infer<typeof completionsBody>;
 
-const contentPart = z.object({ type: z.string(), text: z.string().nullish() });
+const contentPart = z.object({ type: string(), text: string().nullish() }, { error: "a content part object" });
 
 /** `POST /v1/chat/completions`. */
 export const chatBody = z.object({
   ...sampling,
-  messages: z
-    .array(
-      z.object({
-        role: z.string(),
-        content: z.union([z.string(), z.array(contentPart), z.null()]).optional(),
-        name: z.string().nullish(),
-      }),
-    )
-    .min(1),
-  max_tokens: int.min(-1).nullish(),
-  max_completion_tokens: int.min(-1).nullish(),
-  n: int.min(1).max(16).nullish(),
-  logprobs: z.boolean().nullish(),
-  top_logprobs: int.min(0).max(20).nullish(),
+  messages: array(
+    z.object(
+      {
+        role: string(),
+        content: z
+          .union([string(), array(contentPart, "an array of content parts"), z.null()], {
+            error: "a string or an array of content parts",
+          })
+          .optional(),
+        name: string().nullish(),
+      },
+      { error: "a message object" },
+    ),
+    "an array of messages",
+    1,
+  ),
+  max_tokens: integer(-1).nullish(),
+  max_completion_tokens: integer(-1).nullish(),
+  n: integer(1, 16).nullish(),
+  logprobs: boolean().nullish(),
+  top_logprobs: integer(0, 20).nullish(),
   stream_options: streamOptions,
 });
 export type ChatBody = z.infer<typeof chatBody>;
 
-const mixedPrompt = z.array(z.union([z.string(), int]));
+const mixedPrompt = array(
+  z.union([string(), tokenId], { error: "a string or a token id" }),
+  "an array of strings and token ids",
+);
 
 /** `POST /completion` (llama.cpp). */
 export const llamaCompletionBody = z.object({
   ...sampling,
-  prompt: z.union([z.string(), z.array(z.union([z.string(), int, mixedPrompt])).min(1)]),
-  n_probs: int.min(0).max(100).nullish(),
-  return_tokens: z.boolean().nullish(),
+  prompt: z.union(
+    [
+      string(),
+      array(
+        z.union([string(), tokenId, mixedPrompt], { error: "a string, a token id or an array of them" }),
+        "an array of prompts",
+        1,
+      ),
+    ],
+    { error: "a string or an array of strings and token ids" },
+  ),
+  n_probs: integer(0, 100).nullish(),
+  return_tokens: boolean().nullish(),
 });
 export type LlamaCompletionBody = z.infer<typeof llamaCompletionBody>;
 
 /** `POST /tokenize`. */
 export const tokenizeBody = z.object({
-  content: z.string(),
-  add_special: z.boolean().nullish(),
-  parse_special: z.boolean().nullish(),
-  with_pieces: z.boolean().nullish(),
+  content: string(),
+  add_special: boolean().nullish(),
+  parse_special: boolean().nullish(),
+  with_pieces: boolean().nullish(),
 });
 
 /** `POST /detokenize`. */
-export const detokenizeBody = z.object({ tokens: z.array(int.min(0)).nullish() });
+export const detokenizeBody = z.object({ tokens: array(tokenId, "an array of token ids").nullish() });
 
 /** "messages[0].role" for the path ["messages", 0, "role"]. */
 function pathText(path: readonly PropertyKey[]): string {
@@ -99,24 +172,56 @@ function pathText(path: readonly PropertyKey[]): string {
   return s;
 }
 
+/** A sent value in a few characters: `-3`, `"hot"`, `[1,2,3,…]`; `undefined` is "nothing". */
+function shown(v: unknown): string {
+  if (v === undefined) return "nothing";
+  const json = JSON.stringify(v) ?? String(v);
+  return json.length > 40 ? `${json.slice(0, 39)}…` : json;
+}
+
+/**
+ * The issue to report for `issue` at `path`: when a value matched the shape of exactly one alternative of a
+ * union (an array of content parts, say) but failed inside it, the issue inside, which names the element.
+ */
+function specific(
+  issue: z.core.$ZodIssue,
+  path: readonly PropertyKey[],
+): { issue: z.core.$ZodIssue; path: PropertyKey[] } {
+  if (issue.code === "invalid_union") {
+    const inside = issue.errors.filter((branch) => branch.length > 0 && branch.every((i) => i.path.length > 0));
+    if (inside.length === 1) {
+      const i = inside[0]![0]!;
+      return specific(i, [...path, ...i.path]);
+    }
+  }
+  return { issue, path: [...path] };
+}
+
 /**
  * Validates a body against a schema.
- * @throws ApiError 400 naming every offending field.
+ * @throws ApiError 400 whose message names each offending field (at most 3), what it must be and what was
+ *   sent, on one line; `param` is the first field.
  */
 export function parseBody<T extends z.ZodType>(schema: T, body: unknown): z.infer<T> {
   if (body === undefined || body === null || typeof body !== "object" || Array.isArray(body)) {
     throw new ApiError(400, "invalid_request_error", "the body must be a JSON object");
   }
-  const r = schema.safeParse(body);
+  const r = schema.safeParse(body, { reportInput: true });
   if (r.success) return r.data;
-  const first = r.error.issues[0];
-  const message = r.error.issues
-    .slice(0, 5)
-    .map((i) => `${pathText(i.path) || "body"}: ${i.message}`)
+  const issues = r.error.issues.map((i) => specific(i, i.path));
+  const message = issues
+    .slice(0, 3)
+    .map(({ issue, path }) => {
+      const field = pathText(path);
+      const input = (issue as { input?: unknown }).input;
+      const what = field ? `"${field}"` : "the body";
+      if (issue.code === "unrecognized_keys" || issue.code === "custom") return `${what}: ${issue.message}`;
+      return input === undefined
+        ? `${what} is missing: expected ${issue.message}`
+        : `${what}: expected ${issue.message}, got ${shown(input)}`;
+    })
     .join("; ");
-  return failWith(message, first ? pathText(first.path) : undefined);
-}
-
-function failWith(message: string, param?: string): never {
-  throw new ApiError(400, "invalid_request_error", message, param ? { param } : {});
+  const more = issues.length > 3 ? ` (and ${issues.length - 3} more)` : "";
+  const first = issues[0] ? pathText(issues[0].path) : "";
+  throw new ApiError(400, "invalid_request_error", message + more, first ? { param: first } : {});
 }

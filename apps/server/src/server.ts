@@ -4,7 +4,7 @@
  * everything else) says 503 until the model has loaded.
  */
 import { basename } from "node:path";
-import { BatchScheduler, ChatTemplate, type KvCacheType, type Model } from "@powerinfer/core";
+import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model } from "@powerinfer/core";
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
 import type { ServerContext } from "./context.js";
 import { ApiError, toApiError } from "./errors.js";
@@ -60,8 +60,29 @@ function pathOf(req: FastifyRequest): string {
   return q < 0 ? req.url : req.url.slice(0, q);
 }
 
-/** Creates the server (not yet listening). */
+/** @throws EngineError 'BAD_INPUT' naming the first bad option. */
+function checkOptions(opts: ServerOptions): void {
+  const integer = (v: number | undefined, what: string, min: number) => {
+    if (v !== undefined && (!Number.isInteger(v) || v < min))
+      throw new EngineError("BAD_INPUT", `${what} must be an integer ≥ ${min}, got ${v}`);
+  };
+  integer(opts.slots, "slots", 1);
+  integer(opts.ctxSize, "ctxSize", 1);
+  integer(opts.nBatch, "nBatch", 1);
+  integer(opts.queueLimit, "queueLimit", 0);
+  const slots = opts.slots ?? 1;
+  if (opts.ctxSize !== undefined && opts.ctxSize < slots)
+    throw new EngineError("BAD_INPUT", `ctxSize ${opts.ctxSize} leaves no context for ${slots} slots`);
+  if (opts.kvType !== undefined && opts.kvType !== "f16" && opts.kvType !== "f32")
+    throw new EngineError("BAD_INPUT", `kvType must be f16 or f32, got ${String(opts.kvType)}`);
+}
+
+/**
+ * Creates the server (not yet listening).
+ * @throws EngineError 'BAD_INPUT' for a bad option (before anything is loaded or listens).
+ */
 export function createServer(opts: ServerOptions): PowerinferServer {
+  checkOptions(opts);
   const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 8 * 1024 * 1024, forceCloseConnections: true });
   let ctx: ServerContext | undefined;
   let loadError: unknown;
@@ -73,8 +94,6 @@ export function createServer(opts: ServerOptions): PowerinferServer {
       const slots = opts.slots ?? 1;
       const perSlot =
         opts.ctxSize !== undefined ? Math.floor(opts.ctxSize / slots) : Math.min(model.config.n_ctx_train, 4096);
-      if (perSlot < 1)
-        throw new ApiError(500, "server_error", `-c ${opts.ctxSize} leaves no context for ${slots} slots`);
       const scheduler = new BatchScheduler(model, {
         slots,
         nCtx: perSlot,

@@ -337,8 +337,8 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       for (const [body, pattern] of [
         ['{"prompt": "x", ', /not valid JSON/],
         ["[1, 2]", /must be a JSON object/],
-        ['{"max_tokens": 3}', /prompt: /],
-        ['{"messages": []}', /messages: /],
+        ['{"max_tokens": 3}', /^"prompt" is missing: expected a string, an array of strings or an array of token ids$/],
+        ['{"messages": []}', /^"messages": expected an array of messages \(at least 1 item\), got \[\]$/],
       ] as const) {
         const path = body.includes("messages") ? "/v1/chat/completions" : "/v1/completions";
         const r = await post(path, body);
@@ -378,6 +378,122 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
         user: "me",
       } as OpenAI.Completions.CompletionCreateParamsNonStreaming);
       expect(ok.choices[0]!.text).toBe(", there was a");
+    });
+
+    it("a bad field: one line naming it, what it must be and what was sent, on every endpoint", async () => {
+      const chat = { messages: [{ role: "user", content: "hi" }] };
+      const cases: [string, unknown, string, string][] = [
+        [
+          "/v1/completions",
+          { prompt: "x", max_tokens: -3 },
+          '"max_tokens": expected an integer ≥ -1, got -3',
+          "max_tokens",
+        ],
+        ["/v1/completions", { prompt: "x", n: 20 }, '"n": expected an integer in [1, 16], got 20', "n"],
+        ["/v1/completions", { prompt: [1, -2] }, '"prompt[1]": expected an integer ≥ 0, got -2', "prompt[1]"],
+        ["/v1/completions", { prompt: "x", stop: [1] }, '"stop[0]": expected a string, got 1', "stop[0]"],
+        [
+          "/v1/completions",
+          { prompt: "x", stop: Array(20).fill("ab") },
+          '"stop": expected a string or an array of at most 16 strings, got ["ab","ab","ab","ab","ab","ab","ab","ab…',
+          "stop",
+        ],
+        [
+          "/v1/chat/completions",
+          { ...chat, temperature: "hot" },
+          '"temperature": expected a number ≥ 0, got "hot"',
+          "temperature",
+        ],
+        [
+          "/v1/chat/completions",
+          { ...chat, max_completion_tokens: 1.5 },
+          '"max_completion_tokens": expected an integer ≥ -1, got 1.5',
+          "max_completion_tokens",
+        ],
+        [
+          "/v1/chat/completions",
+          { messages: [{ content: "hi" }] },
+          '"messages[0].role" is missing: expected a string',
+          "messages[0].role",
+        ],
+        [
+          "/v1/chat/completions",
+          { messages: [{ role: "user", content: [{ text: "hi" }] }] },
+          '"messages[0].content[0].type" is missing: expected a string',
+          "messages[0].content[0].type",
+        ],
+        ["/completion", { prompt: "x", n_predict: -5 }, '"n_predict": expected an integer ≥ -1, got -5', "n_predict"],
+        [
+          "/completion",
+          { prompt: "x", top_p: 3, n_probs: 1000 },
+          '"top_p": expected a number in [0, 1], got 3; "n_probs": expected an integer in [0, 100], got 1000',
+          "top_p",
+        ],
+        [
+          "/completion",
+          { prompt: [[1, {}]] },
+          '"prompt[0][1]": expected a string or a token id, got {}',
+          "prompt[0][1]",
+        ],
+        ["/tokenize", { content: 5 }, '"content": expected a string, got 5', "content"],
+        ["/detokenize", { tokens: [1, "a"] }, '"tokens[1]": expected an integer ≥ 0, got "a"', "tokens[1]"],
+      ];
+      for (const [path, body, message, param] of cases) {
+        const r = await post(path, JSON.stringify(body));
+        expect(r.status, message).toBe(400);
+        expect(r.body).toEqual({ error: { code: 400, message, type: "invalid_request_error", param } });
+      }
+      // more than three problems: the first three and a count, still one line
+      const many = await post(
+        "/v1/completions",
+        JSON.stringify({ prompt: "x", temperature: -1, top_k: -2, min_p: 2, max_tokens: -3 }),
+      );
+      expect(many.body.error.message).toBe(
+        '"temperature": expected a number ≥ 0, got -1; "top_k": expected an integer ≥ 0, got -2; "min_p": expected a number in [0, 1], got 2 (and 1 more)',
+      );
+      // the official client sees the same message and the field as `param`
+      const err = await client.completions
+        .create({ model: MODEL, prompt: "Once", max_tokens: -3 })
+        .catch((e: unknown) => e);
+      expect(err).toBeInstanceOf(OpenAI.BadRequestError);
+      expect(err).toMatchObject({ param: "max_tokens", type: "invalid_request_error" });
+      expect((err as Error).message).toContain('"max_tokens": expected an integer ≥ -1, got -3');
+    });
+
+    it("repeat_last_n -1 looks back over the whole slot context (llama.cpp), not a 400", async () => {
+      const ask = async (n: number) => {
+        const r = await fetch(`${url}/completion`, {
+          method: "POST",
+          body: JSON.stringify({
+            prompt: "Once upon a time",
+            n_predict: 64,
+            temperature: 0,
+            repeat_penalty: 1.5,
+            repeat_last_n: n,
+          }),
+        });
+        expect(r.status).toBe(200);
+        return (await r.json()) as { content: string; generation_settings: { repeat_last_n: number } };
+      };
+      const all = await ask(-1);
+      expect(all.generation_settings.repeat_last_n).toBe(128);
+      expect(all.content).toBe((await ask(128)).content);
+      expect(all.content).not.toBe((await ask(0)).content); // the penalty does act
+    });
+
+    it("bad server options are refused before anything is loaded", () => {
+      for (const [o, message] of [
+        [{ slots: 0 }, "slots must be an integer ≥ 1, got 0"],
+        [{ slots: 4, ctxSize: 3 }, "ctxSize 3 leaves no context for 4 slots"],
+        [{ ctxSize: 0 }, "ctxSize must be an integer ≥ 1, got 0"],
+        [{ queueLimit: -1 }, "queueLimit must be an integer ≥ 0, got -1"],
+        [{ nBatch: 1.5 }, "nBatch must be an integer ≥ 1, got 1.5"],
+        [{ kvType: "q4" }, "kvType must be f16 or f32, got q4"],
+      ] as const) {
+        expect(() => createServer({ model, ...(o as object) })).toThrow(
+          expect.objectContaining({ name: "EngineError", code: "BAD_INPUT", message }),
+        );
+      }
     });
 
     it("a prompt longer than a slot's context: 400 with the numbers", async () => {
