@@ -111,11 +111,12 @@ describe("gen-model", () => {
     expect(readFileSync(a).equals(readFileSync(b))).toBe(true);
   });
 
-  it("falcon and bamboo files; falcon is not run by the engine yet (said, not failed)", async () => {
+  it("falcon and bamboo files; --verify runs the falcon file in the engine", async () => {
     const f = join(dir, "falcon.gguf");
-    const r = await cli("-o", f, "--preset", "tiny", "--arch", "falcon", "--stats-tokens", "8", "--verify", "4");
+    const r = await cli("-o", f, "--preset", "tiny", "--arch", "falcon", "--stats-tokens", "8", "--verify", "16");
     expect(r.code).toBe(0);
-    expect(r.out).toMatch(/verify: skipped \(powerinfer-ts cannot run falcon yet\)/);
+    expect(r.out).not.toMatch(/skipped/);
+    expect(r.out).toMatch(/measured in the engine \(16 random tokens/);
     expect(parseModelConfig(openGguf(f)).arch).toBe("falcon");
     const b = join(dir, "bamboo.gguf");
     expect((await cli("-o", b, "--preset", "tiny", "--arch", "bamboo", "--stats-tokens", "8")).out).toMatch(

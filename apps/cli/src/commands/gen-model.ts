@@ -325,11 +325,7 @@ export function register(program: Command): void {
           process.off("SIGINT", onSig);
         }
         let verify: VerifyReport | undefined;
-        if (o.verify) {
-          if (report.arch === "falcon")
-            verify = { tokens: 0, perLayer: [], skipped: "powerinfer-ts cannot run falcon yet" };
-          else verify = await verifyModel(o.output, o.verify, o.threads);
-        }
+        if (o.verify) verify = await verifyModel(o.output, o.verify, o.threads);
         if (o.json) process.stdout.write(`${JSON.stringify({ ...report, verify }, null, 2)}\n`);
         else process.stdout.write(`${formatGenReport(report, verify)}\n`);
       }),

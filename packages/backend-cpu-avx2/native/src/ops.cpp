@@ -486,10 +486,20 @@ void op_unary(const NodeExec& n, int ith, int nth) {
       for (int64_t e = e0; e < e1; e++) y[e] = x[e] > 0.0f ? x[e] : 0.0f;
       break;
     case OP_GELU: {
-      const float c = 0.7978845608028654f;  // sqrt(2/π)
+      // ggml's CPU GELU (GGML_GELU_FP16): the tanh approximation (Hendrycks & Gimpel 2016) of the
+      // input rounded to F16, itself rounded to F16 (ggml looks it up in a 65536-entry F16 table);
+      // 0 below −10, identity above 10. Same results as llama.cpp, table-free.
+      const float c = 0.79788456080286535587989211986876f;  // sqrt(2/π)
       for (int64_t e = e0; e < e1; e++) {
         const float v = x[e];
-        y[e] = 0.5f * v * (1.0f + std::tanh(c * v * (1.0f + 0.044715f * v * v)));
+        if (v <= -10.0f) {
+          y[e] = 0.0f;
+        } else if (v >= 10.0f) {
+          y[e] = v;
+        } else {
+          const float h = f16_to_f32(f32_to_f16(v));
+          y[e] = f16_to_f32(f32_to_f16(0.5f * h * (1.0f + std::tanh(c * h * (1.0f + 0.044715f * h * h)))));
+        }
       }
       break;
     }

@@ -21,7 +21,7 @@ import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
 
-const SUPPORTED_ARCHS = new Set(["llama", "bamboo"]);
+const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt"]);
 
 /** Options of {@link Model.load}. */
 export interface ModelLoadOptions {

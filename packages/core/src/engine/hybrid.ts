@@ -74,6 +74,12 @@ export class HybridSession {
     const cfg = model.config;
     const main = model.backend;
     this.device = opts.device;
+    if (cfg.arch === "falcon" || cfg.arch === "opt") {
+      throw new EngineError(
+        "UNSUPPORTED_ARCH",
+        `hybrid GPU/CPU execution supports llama-family models (llama, bamboo); ${cfg.arch} runs on one backend`,
+      );
+    }
     if (opts.plan.layers.length !== cfg.n_layer) {
       throw new EngineError("BAD_INPUT", `plan has ${opts.plan.layers.length} layers, the model has ${cfg.n_layer}`);
     }
@@ -153,8 +159,10 @@ export class HybridSession {
       const xin: TensorId = x
         ? g.input("f32", [E, T], x)
         : g.getRows(g.handle(w.tokEmbd), g.input("i32", [T], Int32Array.from(tokens)));
-      const ffnInp = attentionBlock(g, cfg, L, xin, pos, this.kv.k[l]!, this.kv.v[l]!, this.nPast);
-      const h = g.mul(g.rmsNorm(ffnInp, cfg.norm.eps), g.handle(L.ffnNorm));
+      // llama-family layers (checked in the constructor): separate q/k/v and an ffn_norm
+      const aw = { attnNorm: L.attnNorm, wq: L.wq!, wk: L.wk!, wv: L.wv!, wo: L.wo };
+      const ffnInp = attentionBlock(g, cfg, aw, xin, pos, this.kv.k[l]!, this.kv.v[l]!, this.nPast);
+      const h = g.mul(g.rmsNorm(ffnInp, cfg.norm.eps), g.handle(L.ffnNorm!));
       let logitsT: TensorId | undefined;
       if (mode === "predictor") logitsT = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
       else if (mode === "oracle") logitsT = g.mulMat(g.handle(L.ffnGate!), h);

@@ -57,6 +57,8 @@ export function attentionBlock(
 export interface SparseFfnWeights {
   gate?: TensorHandle;
   up: TensorHandle;
+  /** Up bias [n_ff] (opt); added to every row, but rows the ops skip are never read by axpy_sparse. */
+  upBias?: TensorHandle;
   /** Neuron-major down projection {n_embd, rows}. */
   downT: TensorHandle;
 }
@@ -80,6 +82,7 @@ export function sparseFfn(
   const act = (t: TensorId) =>
     cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
   let up = g.mulMatSparse(g.handle(W.up), h, opts);
+  if (W.upBias) up = g.add(up, g.handle(W.upBias));
   let a: TensorId;
   if (W.gate) {
     if (cfg.ffn.up_activation === "relu") up = g.relu(up);

@@ -1,10 +1,15 @@
 /**
- * The Llama-family graph (Llama 2 with GQA and SiLU-gated FFN; ReLU-Llama/ProSparse ReLU(gate)·up;
- * Bamboo ReLU(gate)·ReLU(up)), following Touvron et al. 2023 and llama.cpp's `llm_build_llama`.
- * One layer per screenful:
+ * The decoder graphs: the Llama family (Llama 2 with GQA and SiLU-gated FFN; ReLU-Llama/ProSparse
+ * ReLU(gate)·up; Bamboo ReLU(gate)·ReLU(up)), following Touvron et al. 2023 and llama.cpp's
+ * `llm_build_llama`; Falcon (Almazrouei et al. 2023; llama.cpp's `llm_build_falcon`); OPT (Zhang et al.
+ * 2022, Hugging Face `OPTForCausalLM` with pre-layer-norm). One layer per screenful:
  *
- *   h = rms_norm(x)·attn_norm;  q,k,v = Wq·h, Wk·h, Wv·h;  q,k = rope(q,k);  cache ← k,v
- *   x = x + Wo·attention(q, cache);  h = rms_norm(x)·ffn_norm;  x = x + W_down·(act(W_gate·h) ⊙ W_up·h)
+ *   llama:  h = rms_norm(x)·attn_norm;  q,k,v = Wq·h, Wk·h, Wv·h;  q,k = rope(q,k);  cache ← k,v
+ *           x = x + Wo·attention(q, cache);  h = rms_norm(x)·ffn_norm;  x = x + W_down·(act(W_gate·h) ⊙ W_up·h)
+ *   falcon: h = layer_norm(x)·attn_norm + b;  q,k,v = rows of W_qkv·h₂ with h₂ = attn_norm_2(x) (40B) or h
+ *           (7B);  q,k = rope_neox(q,k);  x = (W_down·act(W_up·h) + Wo·attention(…)) + x
+ *   opt:    x = tok_embd[t] + pos_embd[p];  h = layer_norm(x)·attn_norm + b;  q,k,v = W·h + b (no RoPE)
+ *           x = x + Wo·attention(…) + bo;  h = layer_norm(x)·ffn_norm + b;  x = x + W_down·ReLU(W_up·h + b) + b
  */
 import type { ModelConfig } from "@powerinfer/gguf";
 import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "../backend/graph.js";
@@ -16,13 +21,31 @@ import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
   attnNorm: TensorHandle;
-  wq: TensorHandle;
-  wk: TensorHandle;
-  wv: TensorHandle;
+  /** Layer-norm bias (falcon, opt). */
+  attnNormB?: TensorHandle;
+  /** Falcon-40B: the attention's own norm of the layer input (`attn_norm_2`), weight and bias. */
+  attnNorm2?: TensorHandle;
+  attnNorm2B?: TensorHandle;
+  /** Separate projections (llama, opt) … */
+  wq?: TensorHandle;
+  wk?: TensorHandle;
+  wv?: TensorHandle;
+  /** … or one fused {n_embd, n_embd + 2·n_embd_kv} (falcon `attn_qkv`): q rows, then k, then v. */
+  wqkv?: TensorHandle;
+  /** Projection biases (opt). */
+  bq?: TensorHandle;
+  bk?: TensorHandle;
+  bv?: TensorHandle;
   wo: TensorHandle;
-  ffnNorm: TensorHandle;
+  bo?: TensorHandle;
+  /** Absent for falcon (parallel attention and FFN). */
+  ffnNorm?: TensorHandle;
+  ffnNormB?: TensorHandle;
   ffnGate?: TensorHandle;
   ffnUp: TensorHandle;
+  /** FFN biases (opt: fc1/fc2 biases). */
+  bUp?: TensorHandle;
+  bDown?: TensorHandle;
   /** ffn_down {n_ff, n_embd}, or undefined when the file stores ffn_down_t. */
   ffnDown?: TensorHandle;
   /** ffn_down_t {n_embd, n_ff}: the down projection stored neuron-major (PowerInfer GGUF). */
@@ -37,50 +60,88 @@ export interface LlamaLayerWeights {
  * - "off": dense.
  * - "predictor": the layer's predictor (fc2·ReLU(fc1·x), x = residual after attention) gives a logit per
  *   neuron; only neurons with logit ≥ threshold are computed (PowerInfer, Song et al. 2023).
- * - "oracle": the true mask: W_gate·h is computed densely and a neuron runs when its gate is > 0 (for
- *   ReLU(gate)·up this is exact: every skipped neuron's output is 0). Testing only.
+ * - "oracle": the true mask: W_gate·h (without a gate: W_up·h + b) is computed densely and a neuron runs
+ *   when it is > 0 (exact for ReLU FFNs: every skipped neuron's output is 0). Testing only.
  */
 export type SparseMode = "off" | "predictor" | "oracle";
 
 export interface LlamaWeights {
   tokEmbd: TensorHandle;
+  /** Learned positions (opt) {n_embd, rows}: position p reads row p + posOffset. */
+  posEmbd?: TensorHandle;
+  /** 2 when the file keeps OPT's two padding rows in front of the position table, else 0. */
+  posOffset: number;
   outputNorm: TensorHandle;
+  outputNormB?: TensorHandle;
   output: TensorHandle;
   layers: LlamaLayerWeights[];
 }
 
 /**
- * Maps the weights of a Llama-family model.
+ * Maps the weights of a model (llama, bamboo, falcon or opt; GGUF tensor names as llama.cpp and PowerInfer
+ * write them).
  * @throws EngineError 'MISSING_TENSOR' / 'BAD_SHAPE' / 'UNSUPPORTED_TYPE'.
  */
 export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l: number) => void): LlamaWeights {
   const { n_embd: e, n_ff: f, n_vocab: v, n_layer } = cfg;
   const ekv = cfg.head_dim * cfg.n_head_kv;
+  const dH = cfg.head_dim * cfg.n_head;
+  const falcon = cfg.arch === "falcon";
+  const opt = cfg.arch === "opt";
   const tokEmbd = m.map("token_embd.weight", [e, v]);
+  let posEmbd: TensorHandle | undefined;
+  let posOffset = 0;
+  if (opt) {
+    const info = m.file.tensorMap.get("position_embd.weight");
+    if (!info) throw new EngineError("MISSING_TENSOR", "model file lacks tensor position_embd.weight");
+    // OPT's table has two padding rows in front (Hugging Face offset 2); a converter may drop them
+    const rows = info.shape[1] ?? 0;
+    posOffset = rows === cfg.n_ctx_train + 2 ? 2 : 0;
+    posEmbd = m.map("position_embd.weight", [e, rows]);
+  }
+  const opt1 = (name: string, ne: number[]) => m.mapOptional(name, ne);
   const layers: LlamaLayerWeights[] = [];
   for (let l = 0; l < n_layer; l++) {
     const p = `blk.${l}.`;
     const hasDownT = m.has(`${p}ffn_down_t.weight`);
-    layers.push({
+    const L: LlamaLayerWeights = {
       attnNorm: m.map(`${p}attn_norm.weight`, [e]),
-      wq: m.map(`${p}attn_q.weight`, [e, cfg.head_dim * cfg.n_head]),
-      wk: m.map(`${p}attn_k.weight`, [e, ekv]),
-      wv: m.map(`${p}attn_v.weight`, [e, ekv]),
-      wo: m.map(`${p}attn_output.weight`, [cfg.head_dim * cfg.n_head, e]),
-      ffnNorm: m.map(`${p}ffn_norm.weight`, [e]),
+      attnNormB: falcon || opt ? m.map(`${p}attn_norm.bias`, [e]) : undefined,
+      wo: m.map(`${p}attn_output.weight`, [dH, e]),
+      bo: opt ? m.map(`${p}attn_output.bias`, [e]) : undefined,
+      ffnNorm: falcon ? undefined : m.map(`${p}ffn_norm.weight`, [e]),
+      ffnNormB: opt ? m.map(`${p}ffn_norm.bias`, [e]) : undefined,
       ffnGate: cfg.ffn.gated ? m.map(`${p}ffn_gate.weight`, [e, f]) : undefined,
       ffnUp: m.map(`${p}ffn_up.weight`, [e, f]),
+      bUp: opt ? m.map(`${p}ffn_up.bias`, [f]) : undefined,
       ffnDown: hasDownT ? undefined : m.map(`${p}ffn_down.weight`, [f, e]),
+      bDown: opt ? m.map(`${p}ffn_down.bias`, [e]) : undefined,
       ffnDownT: hasDownT ? m.map(`${p}ffn_down_t.weight`, [e, f]) : undefined,
       fc1: cfg.has_predictors ? m.map(`${p}fc1.weight`, [e, cfg.predictor_ranks[l]!]) : undefined,
       fc2: cfg.has_predictors ? m.map(`${p}fc2.weight`, [cfg.predictor_ranks[l]!, f]) : undefined,
-    });
+    };
+    if (falcon && m.has(`${p}attn_qkv.weight`)) {
+      L.wqkv = m.map(`${p}attn_qkv.weight`, [e, dH + 2 * ekv]);
+      L.attnNorm2 = opt1(`${p}attn_norm_2.weight`, [e]);
+      if (L.attnNorm2) L.attnNorm2B = m.map(`${p}attn_norm_2.bias`, [e]);
+    } else {
+      L.wq = m.map(`${p}attn_q.weight`, [e, dH]);
+      L.wk = m.map(`${p}attn_k.weight`, [e, ekv]);
+      L.wv = m.map(`${p}attn_v.weight`, [e, ekv]);
+      if (opt) {
+        L.bq = m.map(`${p}attn_q.bias`, [dH]);
+        L.bk = m.map(`${p}attn_k.bias`, [ekv]);
+        L.bv = m.map(`${p}attn_v.bias`, [ekv]);
+      }
+    }
+    layers.push(L);
     onLayer?.(l);
   }
   const outputNorm = m.map("output_norm.weight", [e]);
+  const outputNormB = falcon || opt ? m.map("output_norm.bias", [e]) : undefined;
   // Tied embeddings: llama.cpp falls back to token_embd when output.weight is absent.
   const output = m.mapOptional("output.weight", [e, v]) ?? tokEmbd;
-  return { tokEmbd, outputNorm, output, layers };
+  return { tokEmbd, posEmbd, posOffset, outputNorm, outputNormB, output, layers };
 }
 
 export interface ForwardOptions {
@@ -126,9 +187,6 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
       "BAD_INPUT",
       'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
     );
-  }
-  if (mode === "oracle" && !w.layers.every((L) => L.ffnGate)) {
-    throw new EngineError("BAD_INPUT", 'sparse mode "oracle" needs a gated FFN (ffn_gate)');
   }
   if (!w.layers.every((L) => L.ffnDownT)) {
     throw new EngineError(
@@ -259,6 +317,35 @@ export function buildLlamaBatchGraph(
   const cols = multi ? seqs.map((s, i) => g.input("i32", [s.tokens.length], iota(offsets[i]!, s.tokens.length))) : [];
   const allCols = multi ? g.input("i32", [T], iota(0, T)) : -1;
   let x: TensorId = g.getRows(g.handle(w.tokEmbd), ids);
+  if (w.posEmbd) {
+    // learned positions (opt): row p + offset of the table
+    const rows = w.posEmbd.ne[1] ?? 1;
+    const last = seqs.reduce((m, s) => Math.max(m, s.nPast + s.tokens.length - 1), 0);
+    if (last + w.posOffset >= rows) {
+      throw new EngineError(
+        "CONTEXT_FULL",
+        `position ${last} is beyond the ${rows - w.posOffset} positions this model learned (position_embd)`,
+      );
+    }
+    const posRows = g.input(
+      "i32",
+      [T],
+      posData.map((p) => p + w.posOffset),
+    );
+    x = g.add(x, g.getRows(g.handle(w.posEmbd), posRows));
+  }
+  /** Norm (RMS or layer norm, as the config says) times weight, plus bias when given. */
+  const normed = (t: TensorId, wt: TensorHandle, b?: TensorHandle): TensorId => {
+    const n = g.mul(cfg.norm.type === "rms" ? g.rmsNorm(t, eps) : g.norm(t, eps), g.handle(wt));
+    return b ? g.add(n, g.handle(b)) : n;
+  };
+  /** W·t, plus bias when given. */
+  const linear = (wt: TensorHandle, t: TensorId, b?: TensorHandle): TensorId => {
+    const y = g.mulMat(g.handle(wt), t);
+    return b ? g.add(y, g.handle(b)) : y;
+  };
+  const dKv = cfg.head_dim * cfg.n_head_kv;
+  const useRope = cfg.rope.type !== "none";
   const act = cfg.ffn.activation;
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
@@ -272,10 +359,26 @@ export function buildLlamaBatchGraph(
   });
   for (let l = 0; l < w.layers.length; l++) {
     const L = w.layers[l]!;
-    let h = g.mul(g.rmsNorm(x, eps), g.handle(L.attnNorm));
-    const q = g.rope(g.mulMat(g.handle(L.wq), h), pos, rope);
-    const k = g.rope(g.mulMat(g.handle(L.wk), h), pos, rope);
-    const v = g.mulMat(g.handle(L.wv), h);
+    let h = normed(x, L.attnNorm, L.attnNormB);
+    // Falcon-40B: attention reads attn_norm_2's output, the FFN attn_norm's (llama.cpp's llm_build_falcon)
+    const attnIn = L.attnNorm2 ? normed(x, L.attnNorm2, L.attnNorm2B) : h;
+    let q: TensorId;
+    let k: TensorId;
+    let v: TensorId;
+    if (L.wqkv) {
+      const qkv = g.mulMat(g.handle(L.wqkv), attnIn);
+      q = g.slice(qkv, 0, dH);
+      k = g.slice(qkv, dH, dKv);
+      v = g.slice(qkv, dH + dKv, dKv);
+    } else {
+      q = linear(L.wq!, h, L.bq);
+      k = linear(L.wk!, h, L.bk);
+      v = linear(L.wv!, h, L.bv);
+    }
+    if (useRope) {
+      q = g.rope(q, pos, rope);
+      k = g.rope(k, pos, rope);
+    }
     let att: TensorId;
     if (!multi) {
       const s = seqs[0]!;
@@ -294,12 +397,15 @@ export function buildLlamaBatchGraph(
       // the nodes run in order: every copy above is done before this read
       att = g.getRows(g.handle(opts.scratch!), allCols);
     }
-    const ffnInp = g.add(g.mulMat(g.handle(L.wo), att), x);
-    h = g.mul(g.rmsNorm(ffnInp, eps), g.handle(L.ffnNorm));
+    const attnOut = linear(L.wo, att, L.bo);
+    // sequential blocks: the FFN reads the residual after attention, normed by ffn_norm; falcon's
+    // parallel FFN reads attn_norm's output of the layer input (h as it is)
+    const ffnInp = cfg.parallel_attn ? x : g.add(attnOut, x);
+    if (!cfg.parallel_attn) h = normed(ffnInp, L.ffnNorm!, L.ffnNormB);
     const mode = opts.sparse ?? "off";
     let down: TensorId;
     if (mode === "off") {
-      let up = g.mulMat(g.handle(L.ffnUp), h);
+      let up = linear(L.ffnUp, h, L.bUp);
       const upRaw = up;
       if (cfg.ffn.up_activation === "relu") up = g.relu(up);
       let a: TensorId;
@@ -322,22 +428,32 @@ export function buildLlamaBatchGraph(
       let threshold: number;
       let gate: TensorId | undefined;
       if (mode === "predictor") {
-        // predictor input: the residual after attention, before ffn_norm (PowerInfer)
+        // predictor input: the residual after attention, before ffn_norm (PowerInfer; falcon: the layer input)
         logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
         threshold = opts.threshold ?? cfg.sparse_threshold;
-      } else {
-        gate = g.mulMat(g.handle(L.ffnGate!), h);
+      } else if (L.ffnGate) {
+        gate = g.mulMat(g.handle(L.ffnGate), h);
         logits = gate;
         threshold = F32_MIN_POSITIVE;
+      } else {
+        // no gate: a neuron fires when its up pre-activation (with bias) is > 0
+        logits = linear(L.ffnUp, h, L.bUp);
+        threshold = F32_MIN_POSITIVE;
       }
-      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp, downT: L.ffnDownT! }, h, { logits, threshold, gate });
+      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp, upBias: L.bUp, downT: L.ffnDownT! }, h, {
+        logits,
+        threshold,
+        gate,
+      });
       sparseNodes.layers.push(
         g.nodes
           .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
           .filter((i) => i >= 0),
       );
     }
-    x = g.add(down, ffnInp);
+    if (L.bDown) down = g.add(down, g.handle(L.bDown));
+    // llama.cpp's order: falcon (ffn + attn) + x; the others ffn + (attn + x)
+    x = cfg.parallel_attn ? g.add(g.add(down, attnOut), x) : g.add(down, ffnInp);
   }
   // the columns whose logits are wanted, in sequence order
   const outCols: number[] = [];
@@ -353,7 +469,7 @@ export function buildLlamaBatchGraph(
   if (outCols.length > 0) {
     const identity = outCols.length === T; // every column, in order
     if (!identity) x = g.getRows(x, g.input("i32", [outCols.length], Int32Array.from(outCols)));
-    const out = g.mul(g.rmsNorm(x, eps), g.handle(w.outputNorm));
+    const out = normed(x, w.outputNorm, w.outputNormB);
     const all = g.output(g.mulMat(g.handle(w.output), out));
     seqs.forEach((s, i) => {
       const mode = s.logits ?? "last";

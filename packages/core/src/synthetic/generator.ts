@@ -833,7 +833,6 @@ export function planSyntheticModel(opts: SyntheticModelOptions = {}): SyntheticM
   const spec: GgufStreamSpec = { format: r.format, metadata, tensors };
   const params = tensors.reduce((s, t) => s + t.shape.reduce((x, y) => x * y, 1), 0);
   const notes: string[] = [];
-  if (r.falcon) notes.push("powerinfer-ts cannot run falcon graphs yet (the file is for llama.cpp and future use)");
   if (r.arch === "bamboo") notes.push("llama.cpp has no bamboo architecture; only powerinfer-ts runs this file");
   if (!pwri && (r.arch === "relu-llama" || r.arch === "falcon")) {
     notes.push(
