@@ -53,8 +53,8 @@ static inline size_t x_row_bytes(int fmt, int64_t k) {
 
 /// Dot product of one weight row (k elements, weight dtype) with one converted activation row.
 using DotFn = float (*)(int64_t k, const void* w, const void* x);
-/// nr (1..2) weight rows × nc (1..2) activation rows: out[r·nc + c] = dot(k, w[r], x[c]), each
-/// output computed with exactly the operations of DotFn (so results do not depend on the tiling).
+/// nr weight rows × nc activation rows (nr, nc ≤ 2; with nc = 1, nr ≤ 4): out[r·nc + c] = dot(k, w[r], x[c]),
+/// each output computed with exactly the operations of DotFn (so results do not depend on the tiling).
 using DotTileFn = void (*)(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out);
 /// Dequantizes k elements (a whole number of blocks) to F32.
 using DequantFn = void (*)(const void* w, float* y, int64_t k);

@@ -135,7 +135,11 @@ void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv
 
 template <int KIND>
 void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-  if (nr == 2 && nc == 2) {
+  if (nc == 1 && nr == 4) {
+    dot_tile_float<KIND, 4, 1>(k, w, x, out);
+  } else if (nc == 1 && nr == 3) {
+    dot_tile_float<KIND, 3, 1>(k, w, x, out);
+  } else if (nr == 2 && nc == 2) {
     dot_tile_float<KIND, 2, 2>(k, w, x, out);
   } else if (nr == 2) {
     dot_tile_float<KIND, 2, 1>(k, w, x, out);
@@ -250,6 +254,73 @@ float dot_q8_0(int64_t k, const void* w, const void* x) {
     acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
   }
   return hsum_ps(_mm256_add_ps(acc0, acc1));
+}
+
+/// Up to 4 rows of Q4_0 / Q8_0 against one activation row, interleaved block by block: the rows
+/// are read as concurrent streams (more memory-level parallelism than one row after another) and
+/// share the activation loads; each row's arithmetic is exactly dot_q4_0's / dot_q8_0's.
+template <int DT, int NR>
+void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
+  const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x);
+  const int64_t nb = k / QK;
+  __m256 acc0[NR], acc1[NR];
+  float corr[NR];
+  for (int r = 0; r < NR; r++) {
+    acc0[r] = acc1[r] = _mm256_setzero_ps();
+    corr[r] = 0.0f;
+  }
+  int64_t i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m256i x0 = loadu256(b[i].qs), x1 = loadu256(b[i + 1].qs);
+    for (int r = 0; r < NR; r++) {
+      if (DT == DT_Q4_0) {
+        const BlockQ4_0* a = reinterpret_cast<const BlockQ4_0*>(w[r]);
+        const float d0 = h2f(a[i].d), d1 = h2f(a[i + 1].d);
+        const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), x0);
+        const __m256i p1 = dot_u8_i32(unpack_nibbles(a[i + 1].qs), x1);
+        acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]);
+        corr[r] += d0 * b[i].s + d1 * b[i + 1].s;
+      } else {
+        const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
+        const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), x0);
+        const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), x1);
+        acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0[r]);
+        acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]);
+      }
+    }
+  }
+  for (; i < nb; i++) {
+    const __m256i x0 = loadu256(b[i].qs);
+    for (int r = 0; r < NR; r++) {
+      if (DT == DT_Q4_0) {
+        const BlockQ4_0* a = reinterpret_cast<const BlockQ4_0*>(w[r]);
+        const float d0 = h2f(a[i].d);
+        const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), x0);
+        acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0[r]);
+        corr[r] += d0 * b[i].s;
+      } else {
+        const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
+        const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), x0);
+        acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0[r]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    const float s = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
+    out[r] = DT == DT_Q4_0 ? s - 8.0f * corr[r] : s;
+  }
+}
+
+/// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
+template <int DT>
+void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  if (nc == 1 && nr == 4) return dot_rows_q<DT, 4>(k, w, x[0], out);
+  if (nc == 1 && nr == 3) return dot_rows_q<DT, 3>(k, w, x[0], out);
+  if (nc == 1 && nr == 2) return dot_rows_q<DT, 2>(k, w, x[0], out);
+  for (int r = 0; r < nr; r++) {
+    for (int c = 0; c < nc; c++) out[r * nc + c] = DT == DT_Q4_0 ? dot_q4_0(k, w[r], x[c]) : dot_q8_0(k, w[r], x[c]);
+  }
 }
 
 // ---- K-quants (x in Q8_K). Integer sums are exact, and each super-block's float combination is
@@ -700,11 +771,11 @@ KernelTable make_table() {
   t.dot_tile[DT_F32] = dot_tile_f<0>;
   t.dot_tile[DT_F16] = dot_tile_f<1>;
   t.dot_tile[DT_BF16] = dot_tile_f<2>;
-  t.dot_tile[DT_Q4_0] = dot_tile_loop<DT_Q4_0>;
+  t.dot_tile[DT_Q4_0] = dot_tile_q<DT_Q4_0>;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
-  t.dot_tile[DT_Q8_0] = dot_tile_loop<DT_Q8_0>;
+  t.dot_tile[DT_Q8_0] = dot_tile_q<DT_Q8_0>;
   t.dot_tile[DT_Q4_K] = dot_tile_loop<DT_Q4_K>;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
   t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;

@@ -235,6 +235,16 @@ void test_dtype_kernels(const KernelTable& kt) {
           }
         }
       }
+      // matrix × vector tiles: 3 and 4 rows against one activation row
+      const std::vector<uint8_t> w3 = random_row(dt, k), w4 = random_row(dt, k);
+      const uint8_t* w4s[4] = {w.data(), w2.data(), w3.data(), w4.data()};
+      for (int nr = 3; nr <= 4; nr++) {
+        float out[4];
+        kt.dot_tile[dt](k, nr, 1, w4s, xs, out);
+        for (int r = 0; r < nr; r++) {
+          CHECK(out[r] == kt.dot[dt](k, w4s[r], xs[0]), "%s %s dot_tile %dx1 row %d", kt.name, dtype_name(dt), nr, r);
+        }
+      }
     }
     // axpy_rows over up to 4 rows equals successive axpy calls, bit for bit
     for (int nr = 1; nr <= 4; nr++) {
