@@ -51,7 +51,8 @@ async function main(): Promise<void> {
       "shared test models",
       process.env.POWERINFER_TEST_MODELS ?? join(repoRoot, "../shared/models"),
     )
-    .parse()
+    // `pnpm --filter @powerinfer/cli bench -- …` hands the script a literal "--" first
+    .parse(process.argv.filter((a, i) => !(i === 2 && a === "--")))
     .opts<SuiteOptions>();
   const log = (line: string) => process.stderr.write(`bench: ${line}\n`);
   const reps = o.quick ? 1 : o.repetitions;
@@ -116,7 +117,8 @@ async function main(): Promise<void> {
     process.stdout.write(`${formatJson(merged)}\n`);
     return;
   }
-  const cmd = `pnpm bench${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(" ")}` : ""}`;
+  const args = process.argv.slice(2).filter((a, i) => !(i === 0 && a === "--"));
+  const cmd = args.length ? `pnpm --filter @powerinfer/cli bench ${args.join(" ")}` : "pnpm bench";
   process.stdout.write(`${formatHeader(merged, cmd)}\n`);
   for (const g of generated) {
     if (g.format !== "PWRI") continue;
