@@ -639,6 +639,16 @@ void test_bad_graphs() {
 
 }  // namespace
 
+/// The bandwidth probe's sum covers every element once, whatever the length (small integers: exact).
+void test_sum_probe(const KernelTable& kt) {
+  for (int64_t n : {0, 1, 7, 31, 32, 33, 100, 1000, 4099}) {
+    std::vector<float> x(static_cast<size_t>(n));
+    double e = 0;
+    for (int64_t i = 0; i < n; i++) e += (x[static_cast<size_t>(i)] = static_cast<float>(i % 17));
+    CHECK(kt.sum_f32(x.data(), n) == e, "%s sum_f32 n=%ld", kt.name, static_cast<long>(n));
+  }
+}
+
 int main() {
   const CpuFeatures f = cpu_features();
   const char* reason = "";
@@ -649,6 +659,8 @@ int main() {
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
   test_attention_kernels(kernels_scalar(), nullptr);
   if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());
+  test_sum_probe(kernels_scalar());
+  if (f.avx2 && f.fma && f.f16c) test_sum_probe(kernels_avx2());
   test_thread_pool();
   test_tensor_store();
   test_executor();
