@@ -281,7 +281,9 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
           // ggml's: the input rounded to F16, the result rounded to F16
           gelu: (i) => {
             const h = halfToNumber(numberToHalf(a[i]!));
-            return halfToNumber(numberToHalf(0.5 * h * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (h + 0.044715 * h ** 3)))));
+            return halfToNumber(
+              numberToHalf(0.5 * h * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (h + 0.044715 * h ** 3)))),
+            );
           },
         };
         for (const key of Object.keys(outs) as (keyof typeof outs)[]) {

@@ -5,7 +5,6 @@
 import {
   type Backend,
   BackendError,
-  type BackendErrorCode,
   type ComputeResult,
   type DeviceInfo,
   type DType,

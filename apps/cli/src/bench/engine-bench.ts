@@ -22,6 +22,7 @@ import { type BenchOptions, type BenchResult, runBench } from "./harness.js";
 interface SuiteOptions {
   layers: number;
   dtypes: string;
+  active: string;
   threads: number[];
   repetitions: number;
   dir: string;
@@ -38,6 +39,7 @@ async function main(): Promise<void> {
   const o = new Command("bench")
     .option("--layers <n>", "layers of the generated 7B slices", (v) => Number(v), 2)
     .option("--dtypes <list>", "weight types of the generated slices", "F16,Q4_0")
+    .option("--active <list>", "designed fractions of neurons firing per token (e.g. 0.05,0.1,0.25)", "0.1")
     .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [Math.min(2, availableParallelism())])
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", (v) => Number(v), 5)
     .option("--dir <dir>", "where to write the generated models (deleted afterwards)", tmpdir())
@@ -75,10 +77,21 @@ async function main(): Promise<void> {
   if (o.synthetic) {
     const dir = mkdtempSync(join(o.dir, "powerinfer-bench-"));
     try {
-      for (const dtype of o.dtypes.split(",") as SyntheticDType[]) {
-        const base = { preset: "7b" as const, arch: "relu-llama" as const, layers: o.quick ? 1 : o.layers, dtype };
-        const gguf = join(dir, `relu-llama-7b-${base.layers}L-${dtype}.gguf`);
-        const pwri = join(dir, `relu-llama-7b-${base.layers}L-${dtype}.powerinfer.gguf`);
+      const actives = o.active.split(",").map(Number);
+      if (actives.some((a) => !(a > 0 && a < 1))) throw new Error(`--active: fractions in (0, 1), got ${o.active}`);
+      for (const [dtype, activeFraction] of (o.dtypes.split(",") as SyntheticDType[]).flatMap((d) =>
+        actives.map((a) => [d, a] as const),
+      )) {
+        const base = {
+          preset: "7b" as const,
+          arch: "relu-llama" as const,
+          layers: o.quick ? 1 : o.layers,
+          dtype,
+          activeFraction,
+        };
+        const tag = `${base.layers}L-${dtype}-${Math.round(activeFraction * 100)}pct`;
+        const gguf = join(dir, `relu-llama-7b-${tag}.gguf`);
+        const pwri = join(dir, `relu-llama-7b-${tag}.powerinfer.gguf`);
         for (const [path, format] of [
           [gguf, "GGUF"],
           [pwri, "PWRI"],

@@ -153,7 +153,9 @@ export function describeModel(file: GgufFile, path: string, twin = false): { mod
     const layers = getOptionalNumber(file, `${arch}.block_count`);
     const full = getOptionalNumber(file, "powerinfer.synthetic.full_block_count");
     const slice = layers !== undefined && full !== undefined && layers < full ? ` ${layers}/${full}L` : "";
-    return { model: `${synth} ${preset}${slice} ${ftype}${fmt}`, type: `${arch} ${preset} ${ftype}` };
+    const active = getOptionalNumber(file, "powerinfer.synthetic.active_fraction");
+    const act = active !== undefined ? ` ${Math.round(active * 100)}%act` : "";
+    return { model: `${synth} ${preset}${slice} ${ftype}${act}${fmt}`, type: `${arch} ${preset} ${ftype}` };
   }
   return { model: `${arch} ${basename(path).replace(/\.gguf$/, "")}${fmt}`, type: `${arch} ${ftype}` };
 }
