@@ -360,12 +360,14 @@ describe.skipIf(!probe.usable)(`opt (${probe.reason})`, () => {
     });
   }
 
-  it("positions beyond the learned table are a typed CONTEXT_FULL error", async () => {
+  it("the context ends with the learned positions: n_ctx capped (said), then a typed CONTEXT_FULL error", async () => {
     const path = join(dir, "opt-short.gguf");
     writeOpt(path, spec, 2);
     const m = await Model.load(path, { backend });
     try {
       const s = m.createSession({ nCtx: 64 });
+      expect(s.nCtx).toBe(32);
+      expect(s.warnings.join("\n")).toMatch(/capped to the 32 positions this model learned/);
       s.evaluate(Array.from({ length: 32 }, (_, i) => 1 + i));
       let err: unknown;
       try {
@@ -375,7 +377,7 @@ describe.skipIf(!probe.usable)(`opt (${probe.reason})`, () => {
       }
       expect(err).toBeInstanceOf(EngineError);
       expect((err as EngineError).code).toBe("CONTEXT_FULL");
-      expect((err as Error).message).toMatch(/beyond the 32 positions/);
+      expect((err as Error).message).toMatch(/context full/);
       s.dispose();
     } finally {
       m.dispose();

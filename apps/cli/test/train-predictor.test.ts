@@ -151,8 +151,13 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
     expect(Number(m![1])).toBeLessThan(15); // of n_ff; dense computes 100 %
     // the same predictors in a plain GGUF (ffn_down kept, transposed on load), and merged into the dense file
     const gg = join(dir, "relu.pred.gguf");
-    expect(cli("convert", out, gg, "--to", "gguf").code).toBe(0);
+    expect(cli("convert", out, gg, "--to", "gguf", "--keep-predictors").code).toBe(0);
     expect(openGguf(gg).tensorMap.has("blk.0.ffn_down.weight")).toBe(true);
+    // without --keep-predictors a plain GGUF is llama.cpp's: the predictors are left out, and it says so
+    const plain = join(dir, "relu.plain.gguf");
+    const conv = cli("convert", out, plain, "--to", "gguf");
+    expect(conv.stderr).toMatch(/predictors \(blk\.N\.fc1\/fc2\) left out/);
+    expect([...openGguf(plain).tensorMap.keys()].filter((n) => /\.fc[12]\./.test(n))).toEqual([]);
     expect(run(gg).stdout).toBe(pw.stdout);
     const merged = join(dir, "relu.merged.gguf");
     expect(cli("convert", relu, merged, "--predictors", out).code).toBe(0);

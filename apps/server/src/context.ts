@@ -39,6 +39,7 @@ export interface SamplingFields {
   repeat_last_n?: number | null;
   ignore_eos?: boolean | null;
   cache_prompt?: boolean | null;
+  logit_bias?: Record<string, number> | [number, number | false][] | null;
 }
 
 /** Request fields → scheduler options, with llama.cpp's server defaults. A seed < 0 (−1) means random. */
@@ -65,7 +66,17 @@ export function samplingOptions(
     ignoreEos: b.ignore_eos ?? false,
     nProbs,
     cachePrompt: b.cache_prompt ?? true,
+    logitBias: logitBias(b.logit_bias),
   };
+}
+
+/** `logit_bias` in either API's form → token id → bias (false, llama.cpp's ban, is −Infinity). */
+function logitBias(v: SamplingFields["logit_bias"]): Map<number, number> | undefined {
+  if (!v) return undefined;
+  const pairs: [number, number | false][] = Array.isArray(v)
+    ? v
+    : Object.entries(v).map(([k, b]) => [Number(k), b] as [number, number]);
+  return new Map(pairs.map(([t, b]) => [t, b === false ? Number.NEGATIVE_INFINITY : b]));
 }
 
 /** Checks a tokenized prompt against a slot's context. @throws ApiError 400 (exceed_context_size_error). */

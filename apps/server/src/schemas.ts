@@ -76,6 +76,18 @@ const sampling = {
   stream: boolean().nullish(),
   n_predict: integer(-1).nullish(),
   cache_prompt: boolean().nullish(),
+  /** OpenAI: {"token id": bias}; llama.cpp: [[token id, bias or false (banned)], …]. */
+  logit_bias: z
+    .union(
+      [
+        z.record(z.string().regex(/^\d+$/), z.number().min(-100).max(100), { error: "an object of token id: bias" }),
+        z.array(z.tuple([integer(0), z.union([z.number(), z.literal(false)])]), {
+          error: "an array of [token id, bias or false] pairs",
+        }),
+      ],
+      { error: 'an object {"token id": bias in [-100, 100]} or an array of [token id, bias or false] pairs' },
+    )
+    .nullish(),
 };
 
 const streamOptions = z.object({ include_usage: boolean().nullish() }, { error: "an object" }).nullish();
@@ -106,18 +118,26 @@ const contentPart = z.object({ type: string(), text: string().nullish() }, { err
 export const chatBody = z.object({
   ...sampling,
   messages: array(
-    z.object(
-      {
-        role: string(),
-        content: z
-          .union([string(), array(contentPart, "an array of content parts"), z.null()], {
-            error: "a string or an array of content parts",
-          })
-          .optional(),
-        name: string().nullish(),
-      },
-      { error: "a message object" },
-    ),
+    z
+      .object(
+        {
+          role: z.enum(["system", "developer", "user", "assistant", "tool", "function"], {
+            error: 'one of "system", "developer", "user", "assistant", "tool"',
+          }),
+          content: z
+            .union([string(), array(contentPart, "an array of content parts"), z.null()], {
+              error: "a string or an array of content parts",
+            })
+            .optional(),
+          name: string().nullish(),
+        },
+        { error: "a message object" },
+      )
+      // only an assistant message (one that called tools) may come without content
+      .refine((m) => m.role === "assistant" || (m.content !== undefined && m.content !== null), {
+        path: ["content"],
+        message: "required for a non-assistant message (a string or an array of content parts)",
+      }),
     "an array of messages",
     1,
   ),

@@ -94,6 +94,31 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
     expect(r.usage).toEqual({ prompt_tokens: 5, completion_tokens: 32, total_tokens: 37 });
   });
 
+  it("logit_bias: OpenAI's {id: bias} and llama.cpp's [[id, false]] both move greedy decoding off the token", async () => {
+    const ref = reference.results[0]!; // "Once upon a time" → ", there was …"; "," is the first greedy token
+    const comma = ref.greedy_token_ids[0]!;
+    const a = await client.completions.create({
+      model: MODEL,
+      prompt: ref.prompt,
+      max_tokens: 3,
+      temperature: 0,
+      logit_bias: { [String(comma)]: -100 },
+    });
+    expect(a.choices[0]!.text.startsWith(",")).toBe(false);
+    const res = await fetch(`${url}/completion`, {
+      method: "POST",
+      body: JSON.stringify({ prompt: ref.prompt, n_predict: 3, temperature: 0, logit_bias: [[comma, false]] }),
+    });
+    const b = (await res.json()) as { content: string };
+    expect(b.content).toBe(a.choices[0]!.text);
+    const bad = await fetch(`${url}/v1/completions`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ prompt: "x", logit_bias: { [String(comma)]: "x" } }),
+    });
+    expect(bad.status).toBe(400);
+  });
+
   it("llama.cpp's /completion gives the same text, with token log-probabilities", async () => {
     const ref = reference.results[1]!;
     const res = await fetch(`${url}/completion`, {
@@ -413,8 +438,20 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
         [
           "/v1/chat/completions",
           { messages: [{ content: "hi" }] },
-          '"messages[0].role" is missing: expected a string',
+          '"messages[0].role" is missing: expected one of "system", "developer", "user", "assistant", "tool"',
           "messages[0].role",
+        ],
+        [
+          "/v1/chat/completions",
+          { messages: [{ role: "bogus", content: "hi" }] },
+          '"messages[0].role": expected one of "system", "developer", "user", "assistant", "tool", got "bogus"',
+          "messages[0].role",
+        ],
+        [
+          "/v1/chat/completions",
+          { messages: [{ role: "user" }] },
+          '"messages[0].content": required for a non-assistant message (a string or an array of content parts)',
+          "messages[0].content",
         ],
         [
           "/v1/chat/completions",

@@ -51,6 +51,11 @@ export interface RewriteOptions {
   quantize?: GGMLType;
   /** Metadata entries to add or replace (e.g. provenance). */
   metadata?: GgufMetadataEntry[];
+  /**
+   * Leave the input's predictor tensors (`blk.N.fc1/fc2`) out (ignored when `predictors` is given):
+   * llama.cpp refuses a GGUF with tensors its architecture does not know.
+   */
+  dropPredictors?: boolean;
 }
 
 /** What {@link rewriteModel} did. */
@@ -155,7 +160,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
   file.tensors.forEach((t, i) => {
     const down = DOWN.exec(t.name);
     const downT = DOWN_T.exec(t.name);
-    if (preds && PRED.test(t.name)) return; // replaced below
+    if ((preds || opts.dropPredictors) && PRED.test(t.name)) return; // replaced below, or dropped
     if ((down && pwri) || (downT && !pwri)) {
       // stored {a, b} (rows of length a) → {b, a}
       const [a, b] = t.shape as [number, number];

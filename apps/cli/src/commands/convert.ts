@@ -11,6 +11,7 @@ import { float } from "./common.js";
 interface ConvertOptions {
   to: string;
   predictors?: string;
+  keepPredictors?: boolean;
   sparseThreshold?: number;
 }
 
@@ -22,6 +23,10 @@ export function register(program: Command): void {
     .argument("<output>", "output file")
     .option("--to <format>", "pwri or gguf", "pwri")
     .option("--predictors <file>", "take the predictors (blk.N.fc1/fc2 and the threshold) from this model file")
+    .option(
+      "--keep-predictors",
+      "with --to gguf: keep the predictor tensors (powerinfer-ts reads them; llama.cpp does not)",
+    )
     .option("--sparse-threshold <x>", "set powerinfer.sparse_threshold (needs predictors)", float("sparse-threshold"))
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
@@ -42,7 +47,18 @@ export function register(program: Command): void {
             `note: the FFN uses ${cfg.ffn.activation}, not ReLU; PowerInfer reads PWRI llama files as ReLU models\n`,
           );
         }
-        const r = rewriteModelFile(file, output, { format: to === "pwri" ? "PWRI" : "GGUF", predictors: preds });
+        // a plain GGUF is for llama.cpp, which refuses tensors it does not know: predictors stay out unless kept
+        const drop = to === "gguf" && !preds && cfg.has_predictors && !o.keepPredictors;
+        if (drop) {
+          process.stderr.write(
+            "note: predictors (blk.N.fc1/fc2) left out: llama.cpp cannot load a GGUF with them (--keep-predictors keeps them for powerinfer-ts)\n",
+          );
+        }
+        const r = rewriteModelFile(file, output, {
+          format: to === "pwri" ? "PWRI" : "GGUF",
+          predictors: preds,
+          dropPredictors: drop,
+        });
         for (const n of r.notes) process.stderr.write(`note: ${n}\n`);
         process.stderr.write(`wrote ${output} (${r.format}, ${r.tensors} tensors)\n`);
       }),

@@ -307,7 +307,13 @@ export class Session {
     const cfg = model.config;
     this.nCtx = opts.nCtx ?? Math.min(cfg.n_ctx_train, 4096);
     if (!Number.isInteger(this.nCtx) || this.nCtx < 1) throw new EngineError("BAD_INPUT", `bad n_ctx ${opts.nCtx}`);
-    if (this.nCtx > cfg.n_ctx_train) {
+    const pe = model.weights.posEmbd;
+    const learned = pe ? (pe.ne[1] ?? 1) - model.weights.posOffset : Number.POSITIVE_INFINITY;
+    if (this.nCtx > learned) {
+      // learned positions (opt): no position past the table exists, so the context ends there
+      this.warnings.push(`n_ctx ${this.nCtx} capped to the ${learned} positions this model learned`);
+      this.nCtx = learned;
+    } else if (this.nCtx > cfg.n_ctx_train) {
       this.warnings.push(`n_ctx ${this.nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`);
     }
     this.nBatch = opts.nBatch ?? 512;

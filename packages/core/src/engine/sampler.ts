@@ -1,6 +1,6 @@
 /**
- * The sampler chain, in llama.cpp's common order: penalties → top-k → top-p → min-p → temperature →
- * draw. Temperature ≤ 0 is greedy (argmax of the raw logits, ties → lowest id, as llama.cpp's greedy
+ * The sampler chain, in llama.cpp's common order: logit bias → penalties → top-k → top-p → min-p →
+ * temperature → draw. Temperature ≤ 0 is greedy (argmax of the raw logits, ties → lowest id, as llama.cpp's greedy
  * sampler). Same seed, same logits → same tokens.
  */
 
@@ -26,6 +26,8 @@ export interface SamplerOptions {
   penaltyLastN?: number;
   /** RNG seed (uint32). Default: a random seed. */
   seed?: number;
+  /** Added to a token's logit before everything else (OpenAI/llama.cpp `logit_bias`); −Infinity bans it. */
+  logitBias?: ReadonlyMap<number, number>;
 }
 
 /** Index of the largest value; ties go to the lowest index. */
@@ -70,6 +72,7 @@ export class Sampler {
       frequencyPenalty: options.frequencyPenalty ?? 0,
       penaltyLastN: options.penaltyLastN ?? 64,
       seed: options.seed ?? Math.floor(Math.random() * 2 ** 32),
+      logitBias: options.logitBias ?? new Map(),
     };
     const o = this.options;
     const bad = (what: string) => {
@@ -85,6 +88,10 @@ export class Sampler {
       bad(`penalty window must be an integer ≥ 0, got ${o.penaltyLastN}`);
     if (!Number.isInteger(o.seed) || o.seed < 0 || o.seed > 0xffffffff)
       bad(`seed must be an integer in [0, 2^32), got ${o.seed}`);
+    for (const [t, b] of o.logitBias) {
+      if (!Number.isInteger(t) || t < 0) bad(`logit bias: token id must be an integer ≥ 0, got ${t}`);
+      if (Number.isNaN(b) || b === Number.POSITIVE_INFINITY) bad(`logit bias of token ${t} must be a number, got ${b}`);
+    }
     this.rand = mulberry32(this.options.seed);
   }
 
@@ -103,8 +110,12 @@ export class Sampler {
     const o = this.options;
     const penalised = o.repeatPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0;
     let l = logits;
-    if (penalised && this.recent.length > 0) {
+    if (o.logitBias.size > 0) {
       l = Float32Array.from(logits);
+      for (const [t, b] of o.logitBias) if (t < l.length) l[t] = l[t]! + b;
+    }
+    if (penalised && this.recent.length > 0) {
+      if (l === logits) l = Float32Array.from(logits);
       const counts = new Map<number, number>();
       for (const t of this.recent) counts.set(t, (counts.get(t) ?? 0) + 1);
       for (const [t, c] of counts) {
