@@ -13,7 +13,7 @@ import { createServer, type PowerinferServer } from "../src/index.js";
 const models = process.env.POWERINFER_TEST_MODELS!;
 const stories = join(models, "stories260K.gguf");
 const reference = JSON.parse(readFileSync(join(models, "reference", "stories260K.greedy32.json"), "utf8")) as {
-  results: { prompt: string; prompt_token_ids: number[]; greedy_text: string }[];
+  results: { prompt: string; prompt_token_ids: number[]; greedy_text: string; greedy_token_ids: number[] }[];
 };
 const probe = await cpuBackend.probe();
 const MODEL = "stories260K.gguf";
