@@ -66,6 +66,11 @@ describe("bad input gives one line naming the problem and a non-zero exit", () =
       /prompt has \d+ tokens.*n_ctx 32/,
     ],
     ["a bad number", () => ["run", "-m", stories, "-p", "x", "-n", "ten"], /n-predict must be an integer/],
+    [
+      "a missing text file",
+      () => ["perplexity", "-m", stories, "-f", join(dir, "nope.txt")],
+      /text file .*nope\.txt does not exist/,
+    ],
   ];
   for (const [what, args, pattern] of cases) {
     it(what, () => {

@@ -107,7 +107,15 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
 
 /** Text files up to 1 GiB; a device, a directory or a larger file is refused with a clear message. */
 export function readTextFile(path: string): string {
-  const st = statSync(path);
+  let st: ReturnType<typeof statSync>;
+  try {
+    st = statSync(path);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new InvalidArgumentError(
+      code === "ENOENT" ? `text file ${path} does not exist` : `cannot read text file ${path} (${code ?? String(e)})`,
+    );
+  }
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file`);
   if (st.size > 2 ** 30) throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
   return readFileSync(path, "utf8");
