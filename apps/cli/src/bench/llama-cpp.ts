@@ -5,6 +5,7 @@
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
+import { argmax } from "@powerinfer/core";
 
 type NodeLlamaCpp = typeof import("node-llama-cpp");
 type Llama = Awaited<ReturnType<NodeLlamaCpp["getLlama"]>>;
@@ -125,11 +126,8 @@ export async function loadLlamaCpp(): Promise<LlamaCppPeer | { unavailable: stri
               let size = 0;
               for (const t of map.keys()) size = Math.max(size, t + 1);
               const logits = new Float32Array(size);
-              let best = -1;
-              for (const [t, v] of map) {
-                logits[t] = v;
-                if (best < 0 || v > logits[best]! || (v === logits[best]! && t < best)) best = t;
-              }
+              for (const [t, v] of map) logits[t] = v;
+              const best = argmax(logits);
               all.push(logits);
               ids.push(best);
               input = [best];

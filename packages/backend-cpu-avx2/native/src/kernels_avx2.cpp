@@ -167,98 +167,11 @@ void dot_tile_loop(int64_t k, int nr, int nc, const uint8_t* const* w, const uin
 
 // ---- legacy quants (x in Q8_0 / Q8_1) -------------------------------------------------------
 
-// Σ (q − 8)·y = Σ q·y − 8·Σy: unsigned nibbles go straight into maddubs, and d_x·Σy is the
-// activation block's s.
-float dot_q4_0(int64_t k, const void* w, const void* x) {
-  const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
-  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
-  const int64_t nb = k / QK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  float corr = 0.0f;
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const float d0 = h2f(a[i].d), d1 = h2f(a[i + 1].d);
-    const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
-    const __m256i p1 = dot_u8_i32(unpack_nibbles(a[i + 1].qs), loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(d1 * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc1);
-    corr += d0 * b[i].s + d1 * b[i + 1].s;
-  }
-  for (; i < nb; i++) {
-    const float d0 = h2f(a[i].d);
-    const __m256i p0 = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(d0 * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
-    corr += d0 * b[i].s;
-  }
-  return hsum_ps(_mm256_add_ps(acc0, acc1)) - 8.0f * corr;
-}
-
-float dot_q4_1(int64_t k, const void* w, const void* x) {
-  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
-  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
-  __m256 acc = _mm256_setzero_ps();
-  float summ = 0.0f;
-  for (int64_t i = 0; i < k / QK; i++) {
-    const __m256i p = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
-    summ += h2f(a[i].m) * b[i].s;
-  }
-  return hsum_ps(acc) + summ;
-}
-
-float dot_q5_0(int64_t k, const void* w, const void* x) {
-  const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
-  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
-  __m256 acc = _mm256_setzero_ps();
-  const __m256i h16 = _mm256_set1_epi8(0x10);
-  for (int64_t i = 0; i < k / QK; i++) {
-    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
-    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(a[i].qs), hb), h16);
-    const __m256i p = dot_i8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
-  }
-  return hsum_ps(acc);
-}
-
-float dot_q5_1(int64_t k, const void* w, const void* x) {
-  const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
-  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
-  __m256 acc = _mm256_setzero_ps();
-  float summ = 0.0f;
-  const __m256i h16 = _mm256_set1_epi8(0x10);
-  for (int64_t i = 0; i < k / QK; i++) {
-    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
-    const __m256i q = _mm256_or_si256(unpack_nibbles(a[i].qs), hb);
-    const __m256i p = dot_u8_i32(q, loadu256(b[i].qs));
-    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
-    summ += h2f(a[i].m) * b[i].s;
-  }
-  return hsum_ps(acc) + summ;
-}
-
-float dot_q8_0(int64_t k, const void* w, const void* x) {
-  const BlockQ8_0* a = static_cast<const BlockQ8_0*>(w);
-  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
-  const int64_t nb = k / QK;
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 2 <= nb; i += 2) {
-    const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
-    const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), loadu256(b[i + 1].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
-    acc1 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * b[i + 1].d), _mm256_cvtepi32_ps(p1),
-                           acc1);
-  }
-  for (; i < nb; i++) {
-    const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
-    acc0 = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0);
-  }
-  return hsum_ps(_mm256_add_ps(acc0, acc1));
-}
-
-/// Up to 4 rows of Q4_0 / Q8_0 against one activation row, interleaved block by block: the rows
+/// NR (1–4) rows of Q4_0 / Q8_0 against one activation row, interleaved block by block: several rows
 /// are read as concurrent streams (more memory-level parallelism than one row after another) and
-/// share the activation loads; each row's arithmetic is exactly dot_q4_0's / dot_q8_0's.
+/// share the activation loads. Each row's arithmetic is the same whatever NR: two accumulators taking
+/// alternate blocks; Q4_0 as Σ (q − 8)·y = Σ q·y − 8·Σy (unsigned nibbles go straight into maddubs, and
+/// d_x·Σy is the activation block's s).
 template <int DT, int NR>
 void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
   const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x);
@@ -312,6 +225,20 @@ void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out
   }
 }
 
+float dot_q4_0(int64_t k, const void* w, const void* x) {
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  float out;
+  dot_rows_q<DT_Q4_0, 1>(k, &wp, static_cast<const uint8_t*>(x), &out);
+  return out;
+}
+
+float dot_q8_0(int64_t k, const void* w, const void* x) {
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  float out;
+  dot_rows_q<DT_Q8_0, 1>(k, &wp, static_cast<const uint8_t*>(x), &out);
+  return out;
+}
+
 /// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
 template <int DT>
 void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
@@ -319,8 +246,51 @@ void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_
   if (nc == 1 && nr == 3) return dot_rows_q<DT, 3>(k, w, x[0], out);
   if (nc == 1 && nr == 2) return dot_rows_q<DT, 2>(k, w, x[0], out);
   for (int r = 0; r < nr; r++) {
-    for (int c = 0; c < nc; c++) out[r * nc + c] = DT == DT_Q4_0 ? dot_q4_0(k, w[r], x[c]) : dot_q8_0(k, w[r], x[c]);
+    for (int c = 0; c < nc; c++) dot_rows_q<DT, 1>(k, w + r, x[c], out + r * nc + c);
   }
+}
+
+float dot_q4_1(int64_t k, const void* w, const void* x) {
+  const BlockQ4_1* a = static_cast<const BlockQ4_1*>(w);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  float summ = 0.0f;
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i p = dot_u8_i32(unpack_nibbles(a[i].qs), loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * b[i].s;
+  }
+  return hsum_ps(acc) + summ;
+}
+
+float dot_q5_0(int64_t k, const void* w, const void* x) {
+  const BlockQ5_0* a = static_cast<const BlockQ5_0*>(w);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
+    const __m256i q = _mm256_sub_epi8(_mm256_or_si256(unpack_nibbles(a[i].qs), hb), h16);
+    const __m256i p = dot_i8_i32(q, loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+  }
+  return hsum_ps(acc);
+}
+
+float dot_q5_1(int64_t k, const void* w, const void* x) {
+  const BlockQ5_1* a = static_cast<const BlockQ5_1*>(w);
+  const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
+  __m256 acc = _mm256_setzero_ps();
+  float summ = 0.0f;
+  const __m256i h16 = _mm256_set1_epi8(0x10);
+  for (int64_t i = 0; i < k / QK; i++) {
+    const __m256i hb = _mm256_and_si256(bits_to_bytes(load_u32(a[i].qh)), h16);
+    const __m256i q = _mm256_or_si256(unpack_nibbles(a[i].qs), hb);
+    const __m256i p = dot_u8_i32(q, loadu256(b[i].qs));
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+    summ += h2f(a[i].m) * b[i].s;
+  }
+  return hsum_ps(acc) + summ;
 }
 
 // ---- K-quants (x in Q8_K). Integer sums are exact, and each super-block's float combination is
