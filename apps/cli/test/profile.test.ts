@@ -58,6 +58,13 @@ describe.skipIf(!probe.usable)("powerinfer profile", () => {
     expect(() => checkStatsForModel(stats, { ...cfg, n_layer: 5 })).toThrow(EngineError);
   }, 600_000);
 
+  it("stops at --tokens positions even below the context size (one short chunk, BOS included)", () => {
+    const r = cli("profile", "-m", relu, "-f", text, "--tokens", "100", "-o", join(dir, "short.gguf"), "--json");
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(r.stdout).tokens).toBe(100);
+    expect(readActivationStats(join(dir, "short.gguf")).tokenCount).toBe(100);
+  });
+
   it("tells a user of a dense SiLU model plainly that sparse inference gains nothing", () => {
     const r = cli(
       "profile",

@@ -19,7 +19,8 @@ export interface ProfileResult {
 
 /**
  * @param tokens the corpus tokenized once, without BOS
- * @param opts.maxTokens stop after about this many positions
+ * @param opts.maxTokens stop after this many positions (BOS included): the last chunk is shortened to
+ *   fit, so a limit below n_ctx evaluates that many positions, not a whole context
  * @throws EngineError 'BAD_INPUT' for a model whose FFN is not ReLU (nothing fires "exactly 0"), or an empty corpus.
  */
 export function profileActivations(
@@ -46,7 +47,9 @@ export function profileActivations(
   const fractions: number[][] = Array.from({ length: cfg.n_layer }, () => []);
   let positions = 0;
   for (let c = 0; c < nChunks; c++) {
-    const chunk = tokens.slice(c * chunkLen, (c + 1) * chunkLen);
+    // the last chunk stops at `maxTokens` positions in all (a short limit need not fill a whole context)
+    const room = limit - positions - (bos === undefined ? 0 : 1);
+    const chunk = tokens.slice(c * chunkLen, c * chunkLen + Math.max(1, Math.min(chunkLen, room)));
     session.reset();
     session.evaluate(bos === undefined ? chunk : [bos, ...chunk], {
       onCapture: (layers, nTok) => {
