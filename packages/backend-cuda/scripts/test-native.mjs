@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Builds and runs the native tests (native/test, ctest): the kernels under the SIMT emulator at warp 32
 // and 64, with AddressSanitizer + UndefinedBehaviorSanitizer on the host code; with
-// POWERINFER_NATIVE_DEVICE=1 (scripts/device-check.sh sets it) also the same tests on the NVIDIA GPU
+// POWERINFER_NATIVE_DEVICE=1 also the same tests on the NVIDIA GPU
 // (exit 77 = skipped when there is none). Build directory: build/native-test (incremental).
 // Environment: POWERINFER_NATIVE_JOBS (default 2), POWERINFER_SANITIZE=0 (no sanitizers),
 // POWERINFER_NATIVE_DEVICE=1 (also build and run the CUDA device tests; needs nvcc).

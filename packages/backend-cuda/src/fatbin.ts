@@ -1,6 +1,6 @@
 /**
  * Which GPU code an ELF file (an addon, a shared library) carries: the CUDA fat binaries in its
- * `.nv_fatbin` section, read without cuobjdump. Used by the tests and `scripts/device-check.sh`.
+ * `.nv_fatbin` section, read without cuobjdump. Used by the tests and the device kit (apps/device-kit).
  *
  * A fat binary is a header (magic 0xBA55ED50, u16 version, u16 header size, u64 payload size) followed
  * by entries, each a header (u16 kind: 1 = PTX, 2 = ELF/SASS; u16 version; u32 header size; u64 payload

@@ -1,7 +1,7 @@
 /**
  * Runs the native tests (native/test via ctest): every kernel under the SIMT emulator at warp 32 and
  * 64, host code under AddressSanitizer + UndefinedBehaviorSanitizer. Skipped, with the reason, where
- * cmake is missing. (On a GPU machine `scripts/device-check.sh` also runs them on the device.)
+ * cmake is missing. (On a GPU machine the device kit runs them on the device.)
  */
 import { spawnSync } from "node:child_process";
 import { fileURLToPath } from "node:url";

@@ -1,0 +1,284 @@
+#!/usr/bin/env node
+// Builds the device kit: a self-contained folder (default <repo>/.device-kit, git-ignored) that runs the
+// project's GPU checks on a machine with a GPU but no Node, no npm and no network. Run after `pnpm build`
+// (the root script `pnpm device-kit` does both). Contents:
+//   node.xz                the running Node binary, xz -9 (unpacked by run.sh with xz or python3's lzma)
+//   js/powerinfer.mjs      the CLI bundled with esbuild (no node_modules); js/glpk.wasm beside it
+//   js/checks.mjs          the kit's checks (apps/device-kit/src/checks.ts), the GPU suite included
+//   build/Release/         the native addons: cpu, cuda (sm_80/86/89/90 + PTX), gpu-emu; libstdc++ and
+//                          libgcc linked statically, the CUDA runtime statically; native-status.json
+//   bin/                   native tests: powerinfer_cuda_tests (GPU), powerinfer_gpu_tests (emulator)
+//   models/                stories260K variants, the PowerInfer fixtures, llama.cpp's reference ids
+//   text/profile.txt       the text the generated slices are profiled on
+//   run.sh, README.txt, kit.json (commit, Node, glibc needed, CUDA architectures, sizes)
+// The bundles find the addons through the packages' own "../build/Release/<addon>" paths, which from
+// js/*.mjs resolve to the kit's build/Release; glpk.js finds its .wasm next to the bundle.
+//
+// Options: --out DIR (default <repo>/.device-kit; an existing folder is replaced only if it holds a
+// kit.json), --models DIR (default $POWERINFER_TEST_MODELS or <repo>/../shared/models),
+// --cache DIR (native builds and the compressed Node; default <repo>/node_modules/.cache/device-kit).
+// Environment: POWERINFER_NATIVE_JOBS (default: cores), POWERINFER_CUDA_ARCHS (default
+// "80-real;86-real;89-real;90"), POWERINFER_BUILD_CUDA=0 (a kit without the CUDA addon).
+// Fails (exit 1) when a part is missing or the kit exceeds 56 MiB.
+import { execFileSync, spawnSync } from "node:child_process";
+import { createHash } from "node:crypto";
+import {
+  chmodSync,
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  renameSync,
+  rmSync,
+  statSync,
+  writeFileSync,
+} from "node:fs";
+import { createRequire } from "node:module";
+import { cpus } from "node:os";
+import { dirname, join, relative, resolve } from "node:path";
+import { parseArgs } from "node:util";
+import { fileURLToPath } from "node:url";
+
+const here = dirname(fileURLToPath(import.meta.url));
+const pkgDir = join(here, "..");
+const root = resolve(pkgDir, "../..");
+const MAX_BYTES = 56 * 2 ** 20;
+
+const { values: args } = parseArgs({
+  options: {
+    out: { type: "string", default: join(root, ".device-kit") },
+    models: { type: "string", default: process.env.POWERINFER_TEST_MODELS ?? join(root, "..", "shared", "models") },
+    cache: { type: "string", default: join(root, "node_modules", ".cache", "device-kit") },
+  },
+});
+const out = resolve(args.out);
+const models = resolve(args.models);
+const cache = resolve(args.cache);
+const jobs = process.env.POWERINFER_NATIVE_JOBS ?? String(cpus().length);
+const archs = process.env.POWERINFER_CUDA_ARCHS ?? "80-real;86-real;89-real;90";
+const started = Date.now();
+
+function die(msg) {
+  console.error(`device-kit: ${msg}`);
+  process.exit(1);
+}
+function log(msg) {
+  console.log(`device-kit: ${msg} (${((Date.now() - started) / 1000).toFixed(0)} s)`);
+}
+function has(cmd, a = ["--version"]) {
+  const r = spawnSync(cmd, a, { stdio: "ignore" });
+  return !r.error && r.status === 0;
+}
+
+// ---- the output folder ----
+if (existsSync(out)) {
+  if (!existsSync(join(out, "kit.json"))) die(`${out} exists and is not a device kit (no kit.json): not replaced`);
+  rmSync(out, { recursive: true, force: true });
+}
+for (const d of ["js", "build/Release", "bin", "models/reference", "models/powerinfer", "text"]) {
+  mkdirSync(join(out, d), { recursive: true });
+}
+mkdirSync(cache, { recursive: true });
+
+// ---- 1. JavaScript bundles ----
+const cliEntry = join(root, "apps/cli/dist/bin.js");
+if (!existsSync(cliEntry)) die(`${relative(root, cliEntry)} is missing: run \`pnpm build\` first`);
+const esbuild = await import("esbuild");
+// ESM bundles of CommonJS dependencies call require(); give them one.
+const banner = {
+  js: "import { createRequire as __kitCreateRequire } from 'node:module'; const require = __kitCreateRequire(import.meta.url);",
+};
+const common = {
+  bundle: true,
+  platform: "node",
+  format: "esm",
+  target: "node20",
+  banner,
+  // the llama.cpp benchmark peer is a development tool, not part of the kit
+  external: ["node-llama-cpp"],
+  logLevel: "warning",
+  legalComments: "none",
+};
+await esbuild.build({ ...common, entryPoints: [cliEntry], outfile: join(out, "js/powerinfer.mjs") });
+await esbuild.build({
+  ...common,
+  entryPoints: [join(pkgDir, "src/checks.ts")],
+  outfile: join(out, "js/checks.mjs"),
+  alias: { vitest: join(pkgDir, "src/vitest-shim.ts") },
+});
+const requireFromCore = createRequire(join(root, "packages/core/package.json"));
+const glpkWasm = join(dirname(requireFromCore.resolve("glpk.js/node")), "glpk.wasm");
+copyFileSync(glpkWasm, join(out, "js/glpk.wasm"));
+log("bundled the CLI and the checks");
+
+// ---- 2. native addons and tests, with the C++ runtime linked statically ----
+const staticFlags = "-static-libstdc++ -static-libgcc";
+function cmakeJs(pkg, extra) {
+  const dir = join(root, "packages", pkg);
+  const req = createRequire(join(dir, "package.json"));
+  const bin = req.resolve("cmake-js/bin/cmake-js");
+  const buildDir = join(cache, `build-${pkg}`);
+  const a = [
+    bin,
+    "build",
+    "--directory",
+    dir,
+    "--out",
+    buildDir,
+    "--config",
+    "Release",
+    "--parallel",
+    jobs,
+    "--log-level",
+    "warn",
+    `--CDCMAKE_SHARED_LINKER_FLAGS=${staticFlags}`,
+    `--CDCMAKE_EXE_LINKER_FLAGS=${staticFlags}`,
+    ...extra,
+  ];
+  const r = spawnSync(process.execPath, a, { cwd: dir, stdio: ["ignore", "inherit", "inherit"] });
+  if (r.error || r.status !== 0) die(`native build of ${pkg} failed (exit ${r.status ?? r.error?.message})`);
+  return join(buildDir, "Release");
+}
+if (!has("cmake")) die("cmake not found on PATH");
+const cpuOut = cmakeJs("backend-cpu-avx2", []);
+copyFileSync(join(cpuOut, "powerinfer_cpu.node"), join(out, "build/Release/powerinfer_cpu.node"));
+const wantCuda =
+  process.env.POWERINFER_BUILD_CUDA !== "0" && (has(process.env.CUDACXX ?? "nvcc") || has("/usr/local/cuda/bin/nvcc"));
+const gpuOut = cmakeJs("backend-cuda", [
+  "--CDPOWERINFER_BUILD_TESTS=ON",
+  `--CDPOWERINFER_CUDA=${wantCuda ? "ON" : "OFF"}`,
+  `--CDPOWERINFER_CUDA_ARCHS=${archs}`,
+]);
+let cudaTargets = [];
+const status = {
+  cuda: { built: false, reason: "this kit was built without a CUDA toolkit" },
+  emu: { built: true, reason: "" },
+  rocm: { built: false, reason: "not in this kit (built for NVIDIA GPUs)" },
+};
+copyFileSync(join(gpuOut, "powerinfer_gpu_emu.node"), join(out, "build/Release/powerinfer_gpu_emu.node"));
+// cmake-js puts executables beside the addons (Release/) or in the build folder: find them
+function findBuilt(name) {
+  for (const d of [gpuOut, dirname(gpuOut)]) if (existsSync(join(d, name))) return join(d, name);
+  return undefined;
+}
+for (const t of ["powerinfer_gpu_tests", ...(wantCuda ? ["powerinfer_cuda_tests"] : [])]) {
+  const p = findBuilt(t);
+  if (!p) die(`the native build produced no ${t}`);
+  copyFileSync(p, join(out, "bin", t));
+  chmodSync(join(out, "bin", t), 0o755);
+}
+if (wantCuda) {
+  const p = join(gpuOut, "powerinfer_cuda.node");
+  if (!existsSync(p)) die("nvcc was found but the build produced no powerinfer_cuda.node");
+  copyFileSync(p, join(out, "build/Release/powerinfer_cuda.node"));
+  status.cuda = { built: true, reason: "" };
+  // what the driver will find in the addon's fat binary: SASS per architecture, PTX for newer GPUs
+  const { fatbinEntries } = await import("@powerinfer/backend-cuda");
+  cudaTargets = [...new Set(fatbinEntries(p).map((e) => `${e.kind === "ptx" ? "compute" : "sm"}_${e.sm}`))].sort();
+  if (!cudaTargets.includes("sm_90")) die(`the CUDA addon has no sm_90 code (found ${cudaTargets.join(", ")})`);
+}
+writeFileSync(join(out, "build/Release/native-status.json"), `${JSON.stringify(status, null, 2)}\n`);
+log(`built the native addons${wantCuda ? ` (CUDA ${archs})` : " (no CUDA toolkit: no CUDA addon)"}`);
+
+// ---- 3. Node, compressed (cached per Node version and binary size) ----
+const nodeBin = process.execPath;
+const nodeKey = `${process.version}-${process.platform}-${process.arch}-${statSync(nodeBin).size}`;
+const nodeXz = join(cache, `node-${nodeKey}.xz`);
+if (!existsSync(nodeXz)) {
+  if (!has("xz")) die("xz not found on PATH (Debian: apt-get install xz-utils)");
+  log(`compressing ${nodeBin} with xz -9 (about a minute and a half, once per Node version)`);
+  execFileSync("sh", ["-c", `xz -9 -T1 -c "$0" > "$1.part"`, nodeBin, nodeXz]);
+  renameSync(`${nodeXz}.part`, nodeXz);
+}
+copyFileSync(nodeXz, join(out, "node.xz"));
+
+// ---- 4. models and text ----
+const modelFiles = [
+  "stories260K.gguf",
+  "stories260K-F16.gguf",
+  "stories260K-BF16.gguf",
+  "stories260K-Q8_0-ffn_down-F16.gguf",
+  "stories260K-Q4_0-ffn_down-F16.gguf",
+  "reference/stories260K.greedy32.json",
+  "reference/stories260K-F16.greedy32.json",
+  "reference/stories260K-BF16.greedy32.json",
+  "reference/stories260K-Q8_0-ffn_down-F16.greedy32.json",
+  "reference/stories260K-Q4_0-ffn_down-F16.greedy32.json",
+  "powerinfer/tiny-f32.powerinfer.gguf",
+  "powerinfer/tiny-f16.powerinfer.gguf",
+  "powerinfer/tiny-q4_0.powerinfer.gguf",
+];
+for (const f of modelFiles) {
+  const src = join(models, f);
+  if (!existsSync(src)) die(`${src} is missing (set --models or POWERINFER_TEST_MODELS)`);
+  copyFileSync(src, join(out, "models", f));
+}
+copyFileSync(join(pkgDir, "kit/profile.txt"), join(out, "text/profile.txt"));
+copyFileSync(join(pkgDir, "kit/README.txt"), join(out, "README.txt"));
+copyFileSync(join(pkgDir, "kit/run.sh"), join(out, "run.sh"));
+chmodSync(join(out, "run.sh"), 0o755);
+
+// ---- 5. kit.json: what is in it and what it needs ----
+/** Orders "2.28" < "2.34" < "2.34.1". */
+function compareVersions(a, b) {
+  const x = a.split(".").map(Number);
+  const y = b.split(".").map(Number);
+  for (let i = 0; i < Math.max(x.length, y.length); i++)
+    if ((x[i] ?? 0) !== (y[i] ?? 0)) return (x[i] ?? 0) - (y[i] ?? 0);
+  return 0;
+}
+/** The highest GLIBC_x.y symbol version an ELF file needs (objdump -T), or undefined. */
+function glibcNeeded(file) {
+  if (!has("objdump")) return undefined;
+  const r = spawnSync("objdump", ["-T", file], { encoding: "utf8", maxBuffer: 64 * 2 ** 20 });
+  const v = [...(r.stdout ?? "").matchAll(/GLIBC_([0-9]+(?:\.[0-9]+)+)/g)].map((m) => m[1]);
+  return v.sort(compareVersions).at(-1);
+}
+const elves = [
+  nodeBin,
+  ...readdirSync(join(out, "build/Release"))
+    .filter((f) => f.endsWith(".node"))
+    .map((f) => join(out, "build/Release", f)),
+  ...readdirSync(join(out, "bin")).map((f) => join(out, "bin", f)),
+];
+const needs = Object.fromEntries(
+  elves.map((f) => [relative(out, f).startsWith("..") ? "node" : relative(out, f), glibcNeeded(f)]),
+);
+const allNeeds = Object.values(needs).filter(Boolean);
+const glibc = allNeeds.sort(compareVersions).at(-1);
+let commit = "unknown";
+try {
+  commit = execFileSync("git", ["rev-parse", "--short=12", "HEAD"], { cwd: root, encoding: "utf8" }).trim();
+  const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
+    cwd: root,
+    encoding: "utf8",
+  }).trim();
+  if (dirty) commit += "+changes";
+} catch {
+  // not a git checkout
+}
+function walk(d) {
+  return readdirSync(d, { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory() ? walk(join(d, e.name)) : [join(d, e.name)],
+  );
+}
+const files = Object.fromEntries(walk(out).map((f) => [relative(out, f), statSync(f).size]));
+const kitJson = {
+  commit,
+  built: new Date().toISOString(),
+  node: process.version,
+  glibc_needed: glibc ?? "unknown",
+  glibc_needed_by: needs,
+  cuda_archs: status.cuda.built ? archs : "none",
+  cuda_fatbin: cudaTargets,
+  sha256_node_xz: createHash("sha256")
+    .update(readFileSync(join(out, "node.xz")))
+    .digest("hex"),
+  files,
+};
+writeFileSync(join(out, "kit.json"), `${JSON.stringify(kitJson, null, 2)}\n`);
+const total = walk(out).reduce((s, f) => s + statSync(f).size, 0);
+const mib = (total / 2 ** 20).toFixed(1);
+if (total > MAX_BYTES) die(`the kit is ${mib} MiB, over its 56 MiB limit`);
+log(`${out}: ${mib} MiB (limit 56), commit ${commit}, needs glibc ≥ ${kitJson.glibc_needed}`);
