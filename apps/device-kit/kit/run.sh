@@ -4,10 +4,11 @@
 # plain JavaScript (js/), the native addons and native test binaries (build/Release, bin/), small models
 # (models/). Larger models are generated here with `powerinfer gen-model`.
 #
-# usage: run.sh [--quick] [--cpu] [--out DIR] [--keep]
+# usage: run.sh [--quick] [--cpu] [--rocm] [--out DIR] [--keep]
 #   --quick  steps 1-4 and one 7B hybrid row (under 2 minutes on 16 cores)
 #   --cpu    no GPU: steps 3-6 on the CPU (conformance on the CPU backend, the GPU suite and logits on
 #            the SIMT emulator, the CPU standing in for the device in hybrid rows)
+#   --rocm   an AMD GPU through the ROCm backend (a kit built with `build-kit.mjs --rocm`)
 #   --out    folder for the table (table.md), the rows as they end (rows.tsv) and each step's log (logs/)
 #   --keep   keep the scratch folder (unpacked node, generated models)
 # Environment: KIT_BUDGET_S (seconds for all steps; default 290, --quick 110, --cpu 840),
@@ -18,13 +19,15 @@ set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 quick=0
 cpu=0
+gpu=cuda
 out=""
 keep=0
-usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
 while [ $# -gt 0 ]; do
   case $1 in
   --quick) quick=1 ;;
   --cpu) cpu=1 ;;
+  --rocm) gpu=rocm ;;
   --keep) keep=1 ;;
   --out)
     [ $# -ge 2 ] || { echo "run.sh: --out needs a folder" >&2; exit 2; }
@@ -114,7 +117,7 @@ check() {
 }
 
 echo "powerinfer-ts device kit $(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$kit/kit.json" | head -1)," \
-  "mode: $([ $cpu = 1 ] && echo cpu || echo gpu)$([ $quick = 1 ] && echo ', quick'), budget $budget s, $jobs cores, out $out"
+  "mode: $([ $cpu = 1 ] && echo cpu || echo $gpu)$([ $quick = 1 ] && echo ', quick'), budget $budget s, $jobs cores, out $out"
 
 # ---- Node, from the kit only (never one on PATH) ----
 t0=$(now)
@@ -154,32 +157,43 @@ if [ $cpu = 1 ]; then
   st=ok
   [ $glibc_ok = 1 ] || st=FAIL
   row "1 machine (--cpu: no GPU used)" $st "$host; $(detail_of $env_rc env)" $(($(now) - t0))
+elif [ $gpu = rocm ]; then
+  st=ok
+  grep -qE '^rocm: usable' "$out/logs/env.log" || st=FAIL
+  [ $glibc_ok = 1 ] || st=FAIL
+  [ -x "$kit/bin/powerinfer_rocm_tests" ] || st=FAIL
+  row "1 GPU (ROCm)" $st "$(awk '/^rocm:/ { p = 1; print; next } /^[^ ]/ { p = 0 } p' "$out/logs/env.log" | tr '\n' ' '); amdgpu $(cat /sys/module/amdgpu/version 2>/dev/null || echo '?'); $host" $(($(now) - t0))
 elif ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
   row "1 GPU" FAIL "nvidia-smi finds no GPU (use --cpu on a machine without one); $host" $(($(now) - t0))
 else
-  gpu=$(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | head -1)
+  name=$(nvidia-smi --query-gpu=name,compute_cap,memory.total,driver_version --format=csv,noheader | head -1)
   st=ok
   grep -qE '^cuda: usable' "$out/logs/env.log" || st=FAIL
   [ $glibc_ok = 1 ] || st=FAIL
-  row "1 GPU" $st "$gpu; $host; $(grep -E '^cuda:' "$out/logs/env.log" | head -1)" $(($(now) - t0))
+  row "1 GPU" $st "$name; $host; $(grep -E '^cuda:' "$out/logs/env.log" | head -1)" $(($(now) - t0))
 fi
 
 # ---- 2. native kernel tests ----
 t0=$(now)
 if [ $cpu = 1 ]; then
-  # the device binary must load and skip (77) without a GPU; the kernels under the emulator instead
-  run native-device 60 "$kit/bin/powerinfer_cuda_tests"
-  rc=$?
-  if [ $rc != 77 ]; then
-    row "2 native tests (no GPU)" FAIL "powerinfer_cuda_tests exited $rc without a GPU (77 = skipped expected): $(tail -2 "$out/logs/native-device.log" | tr '\n' ' ')" $(($(now) - t0))
+  # the device binaries must load and skip (77) without a GPU; the kernels under the emulator instead
+  bad=""
+  for dev_tests in "$kit"/bin/powerinfer_cuda_tests "$kit"/bin/powerinfer_rocm_tests; do
+    [ -e "$dev_tests" ] || continue
+    run native-device 60 "$dev_tests"
+    rc=$?
+    [ $rc = 77 ] || bad="$bad $(basename "$dev_tests") exited $rc without a GPU (77 = skipped expected): $(tail -2 "$out/logs/native-device.log" | tr '\n' ' ');"
+  done
+  if [ -n "$bad" ]; then
+    row "2 native tests (no GPU)" FAIL "$bad" $(($(now) - t0))
   else
     run native 300 "$kit/bin/powerinfer_gpu_tests" --emu-warp 32
     rc=$?
     st=$([ $rc = 0 ] && echo ok || echo FAIL)
-    row "2 native tests on the emulator" $st "device binary skips without a GPU (77); emulator warp 32: $(tail -1 "$out/logs/native.log")" $(($(now) - t0))
+    row "2 native tests on the emulator" $st "device binaries skip without a GPU (77); emulator warp 32: $(tail -1 "$out/logs/native.log")" $(($(now) - t0))
   fi
 else
-  run native 120 "$kit/bin/powerinfer_cuda_tests"
+  run native 120 "$kit/bin/powerinfer_${gpu}_tests"
   rc=$?
   st=$([ $rc = 0 ] && echo ok || echo FAIL)
   row "2 native tests on the GPU" $st "exit $rc: $(tail -1 "$out/logs/native.log")" $(($(now) - t0))
@@ -190,17 +204,20 @@ if [ $cpu = 1 ]; then
   check "3a conformance kit: cpu" conformance 240 "${CHECKS[@]}" conformance --backend cpu
   [ $quick = 1 ] || check "3b GPU suite: emulator" gpu-suite 300 "${CHECKS[@]}" gpu-suite --backend gpu-emu
 else
-  check "3a conformance kit: cuda" conformance 120 "${CHECKS[@]}" conformance --backend cuda
-  check "3b GPU suite: cuda" gpu-suite 120 "${CHECKS[@]}" gpu-suite --backend cuda
+  check "3a conformance kit: $gpu" conformance 120 "${CHECKS[@]}" conformance --backend $gpu
+  check "3b GPU suite: $gpu" gpu-suite 120 "${CHECKS[@]}" gpu-suite --backend $gpu
 fi
 
 # ---- 4. logits, device vs CPU, both vs llama.cpp's reference ids (the emulator is slow: one prompt, 8 steps) ----
-check "4 logits $([ $cpu = 1 ] && echo emulator || echo cuda) vs cpu" logits 240 \
-  "${CHECKS[@]}" logits --device "$([ $cpu = 1 ] && echo gpu-emu || echo cuda)" --models "$kit/models" \
+check "4 logits $([ $cpu = 1 ] && echo emulator || echo $gpu) vs cpu" logits 240 \
+  "${CHECKS[@]}" logits --device "$([ $cpu = 1 ] && echo gpu-emu || echo $gpu)" --models "$kit/models" \
   $([ $cpu = 1 ] && echo "--cases 1 --steps 8")
 
 # ---- 5. generated 7B/13B slices: dense CPU, sparse CPU, hybrid, all on the GPU ----
-device=$([ $cpu = 1 ] && echo cpu || echo cuda)
+device=$([ $cpu = 1 ] && echo cpu || echo $gpu)
+# device memory is read with nvidia-smi (CUDA only)
+smi=0
+[ $cpu = 0 ] && [ $gpu = cuda ] && smi=1
 tps() { grep -E '^ *eval time' "$out/logs/$1.log" | grep -oE '[0-9.]+ tokens per second' | head -1; }
 mib_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' '; }
 # speed NAME LOG ARGS...: one decode run; its row gives tokens/s, the plan's device bytes and the measured device memory
@@ -209,7 +226,7 @@ speed() {
   shift 2
   t0=$(now)
   smi_log=$scratch/$log.smi
-  if [ $cpu = 0 ]; then
+  if [ $smi = 1 ]; then
     base=$(mib_used)
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 >"$smi_log" 2>/dev/null &
     smi_pid=$!
@@ -231,7 +248,7 @@ speed() {
     local sparse
     sparse=$(grep -oE 'neurons computed per token: [0-9.]+ %' "$out/logs/$log.log" | head -1)
     [ -n "$sparse" ] && detail="$detail; $sparse"
-    if [ $cpu = 0 ] && [ -n "${base:-}" ] && [ -n "$peak" ]; then
+    if [ $smi = 1 ] && [ -n "${base:-}" ] && [ -n "$peak" ]; then
       detail="$detail; device memory measured (nvidia-smi peak − idle): $((peak - base)) MiB"
     fi
   else
@@ -272,7 +289,7 @@ for preset in $presets; do
     if [ $cpu = 1 ]; then
       row "5 $preset all on the GPU" skip "--cpu: no GPU" 0
     else
-      speed "5 $preset all on the GPU" "gpu-$preset" -m "$model" --backend cuda --sparse predictor --disable-gpu-index
+      speed "5 $preset all on the GPU" "gpu-$preset" -m "$model" --backend $gpu --sparse predictor --disable-gpu-index
     fi
   fi
 done
@@ -281,7 +298,7 @@ done
 if [ $quick = 0 ]; then
   t0=$(now)
   port=$((20000 + $$ % 20000))
-  backend=$([ $cpu = 1 ] && echo cpu || echo cuda)
+  backend=$([ $cpu = 1 ] && echo cpu || echo $gpu)
   "${PI[@]}" serve -m "$kit/models/stories260K.gguf" --host 127.0.0.1 --port "$port" -np 8 -c 2048 --backend "$backend" \
     >"$out/logs/server.log" 2>&1 &
   server_pid=$!

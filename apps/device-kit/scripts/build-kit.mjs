@@ -17,6 +17,8 @@
 // Options: --out DIR (default <repo>/.device-kit; an existing folder is replaced only if it holds a
 // kit.json), --models DIR (default $POWERINFER_TEST_MODELS or <repo>/../shared/models),
 // --cache DIR (native builds and the compressed Node; default <repo>/node_modules/.cache/device-kit).
+// --rocm: also the ROCm addon and its device tests (hipcc needed; the HIP runtime, libamdhip64, is the
+// target machine's), for `run.sh --rocm` on an AMD GPU.
 // Environment: POWERINFER_NATIVE_JOBS (default: cores), POWERINFER_CUDA_ARCHS (default
 // "80-real;86-real;89-real;90"), POWERINFER_BUILD_CUDA=0 (a kit without the CUDA addon).
 // Fails (exit 1) when a part is missing or the kit exceeds 56 MiB.
@@ -50,6 +52,7 @@ const { values: args } = parseArgs({
     out: { type: "string", default: join(root, ".device-kit") },
     models: { type: "string", default: process.env.POWERINFER_TEST_MODELS ?? join(root, "..", "shared", "models") },
     cache: { type: "string", default: join(root, "node_modules", ".cache", "device-kit") },
+    rocm: { type: "boolean", default: false },
   },
 });
 const out = resolve(args.out);
@@ -178,6 +181,24 @@ if (wantCuda) {
   cudaTargets = [...new Set(fatbinEntries(p).map((e) => `${e.kind === "ptx" ? "compute" : "sm"}_${e.sm}`))].sort();
   if (!cudaTargets.includes("sm_90")) die(`the CUDA addon has no sm_90 code (found ${cudaTargets.join(", ")})`);
 }
+if (args.rocm) {
+  if (!has(process.env.HIPCC ?? "hipcc")) die("--rocm needs hipcc (Debian: apt-get install hipcc)");
+  const rocmOut = cmakeJs("backend-rocm", [
+    "--CDPOWERINFER_BUILD_TESTS=ON",
+    `--CDPI_GPU_SRC=${join(root, "packages/backend-cuda/native/gpu")}`,
+    ...(process.env.POWERINFER_ROCM_ARCHS ? [`--CDPOWERINFER_ROCM_ARCHS=${process.env.POWERINFER_ROCM_ARCHS}`] : []),
+  ]);
+  const addon = join(rocmOut, "powerinfer_rocm.node");
+  const tests = [join(rocmOut, "powerinfer_rocm_tests"), join(dirname(rocmOut), "powerinfer_rocm_tests")].find((p) =>
+    existsSync(p),
+  );
+  if (!existsSync(addon) || !tests) die("the ROCm build produced no powerinfer_rocm.node or powerinfer_rocm_tests");
+  copyFileSync(addon, join(out, "build/Release/powerinfer_rocm.node"));
+  copyFileSync(tests, join(out, "bin/powerinfer_rocm_tests"));
+  chmodSync(join(out, "bin/powerinfer_rocm_tests"), 0o755);
+  status.rocm = { built: true, reason: "" };
+  log("built the ROCm addon and its device tests");
+}
 writeFileSync(join(out, "build/Release/native-status.json"), `${JSON.stringify(status, null, 2)}\n`);
 log(`built the native addons${wantCuda ? ` (CUDA ${archs})` : " (no CUDA toolkit: no CUDA addon)"}`);
 
@@ -272,6 +293,7 @@ const kitJson = {
   glibc_needed_by: needs,
   cuda_archs: status.cuda.built ? archs : "none",
   cuda_fatbin: cudaTargets,
+  rocm: status.rocm.built,
   sha256_node_xz: createHash("sha256")
     .update(readFileSync(join(out, "node.xz")))
     .digest("hex"),

@@ -13,13 +13,14 @@
  *                                          and the PowerInfer fixtures, both against llama.cpp's reference ids
  *   serve-load --url URL [--n 8]           N concurrent completions against a running `powerinfer serve`
  *
- * Backend names: cpu, cuda, gpu-emu (the SIMT emulator: the GPU kernels on the CPU, for `run.sh --cpu`).
+ * Backend names: cpu, cuda, rocm, gpu-emu (the SIMT emulator: the GPU kernels on the CPU, for `run.sh --cpu`).
  */
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { parseArgs } from "node:util";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { cudaBackend, gpuEmulatorBackend } from "@powerinfer/backend-cuda";
+import { rocmBackend } from "@powerinfer/backend-rocm";
 import {
   argmax,
   type Backend,
@@ -34,6 +35,7 @@ import { runRegistered } from "./vitest-shim.ts";
 const DESCRIPTORS: Record<string, BackendDescriptor> = {
   cpu: cpuBackend,
   cuda: cudaBackend,
+  rocm: rocmBackend,
   "gpu-emu": gpuEmulatorBackend,
 };
 
@@ -70,7 +72,10 @@ async function env(): Promise<void> {
         `  ${dev.kind} ${dev.name}: ${(dev.freeMemory / 2 ** 30).toFixed(1)} GiB free / ${(dev.totalMemory / 2 ** 30).toFixed(1)} GiB`,
       );
     }
-    if (p.usable) usable.push(name === "cuda" ? `cuda (${p.devices.map((x) => x.name).join(", ")})` : name);
+    if (p.usable)
+      usable.push(
+        p.devices.some((x) => x.kind === "gpu") ? `${name} (${p.devices.map((x) => x.name).join(", ")})` : name,
+      );
   }
   result("ok", `backends usable: ${usable.join(", ")}`);
 }
