@@ -7,10 +7,13 @@ import {
   explainPlan,
   gpuIndexToPlan,
   type PlannerInput,
+  planExact,
+  planGlpk,
   planGreedy,
   planPlacement,
   planToGpuIndex,
 } from "../src/index.js";
+import { powerLawFrequencies } from "../src/synthetic/stats-math.js";
 
 /** Power-law activation counts: neuron i of a layer fires with probability ∝ (rank+1)^−alpha. */
 function powerLawCounts(nLayers: number, nFf: number, seed: number, tokens = 10_000): Int32Array[] {
@@ -72,6 +75,66 @@ describe("placement planner", () => {
     }
   });
 
+  it("the exact solver equals GLPK's proven optimum on small instances (mixed bytes, per-layer minimum), and bounds greedy", async () => {
+    for (const seed of [21, 22, 23, 24, 25]) {
+      const counts = powerLawCounts(6, 768 + 256 * (seed % 3), seed);
+      const input: PlannerInput = {
+        counts,
+        tokenCount: 10_000,
+        bytesPerNeuron: counts.map((_, l) => [24_576, 6_912, 13_056][l % 3]!),
+        budgetBytes: 2_000_000 + seed * 911_111,
+        minNeuronsPerLayer: seed % 2 ? 512 : 0,
+      };
+      const exact = planExact(input)!;
+      const glpk = await planGlpk(input);
+      const greedy = planGreedy(input);
+      expect(exact.method).toBe("dp");
+      expect(glpk.method).toBe("glpk"); // proven optimal by GLPK on instances this small
+      expect(objective(input, exact)).toBe(objective(input, glpk));
+      expect(exact.gap).toBe(0);
+      expect(exact.totalBytes).toBeLessThanOrEqual(input.budgetBytes);
+      for (const L of exact.layers)
+        if (input.minNeuronsPerLayer) expect(L.hot.length === 0 || L.hot.length >= 512).toBe(true);
+      // greedy's gap is measured against the fractional bound, which no placement exceeds
+      expect(greedy.bound).toBeGreaterThanOrEqual(exact.deviceShare - 1e-12);
+      expect(greedy.gap).toBeGreaterThanOrEqual(0);
+      expect(greedy.deviceShare).toBeLessThanOrEqual(exact.deviceShare + 1e-12);
+    }
+  });
+
+  it("solves 7B- and 70B-shaped instances (gen-model's power law) at 10-50 % budgets, proven optimal", async () => {
+    // n_layer × n_ff, device bytes per neuron of an F16 PowerInfer file (gate, up and down_t rows)
+    for (const [nLayer, nFf, nEmbd] of [
+      [32, 11008, 4096],
+      [80, 28672, 8192],
+    ] as const) {
+      const freq = powerLawFrequencies(nFf, { mean: 0.1, hotShare: 0.25 });
+      let s = nLayer >>> 0;
+      const rnd = () => {
+        s = (s * 1664525 + 1013904223) >>> 0;
+        return s / 2 ** 32;
+      };
+      const counts = Array.from({ length: nLayer }, () => {
+        const c = new Int32Array(nFf);
+        for (let i = 0; i < nFf; i++)
+          c[(i * 7919 + Math.floor(rnd() * 97)) % nFf] += Math.round(freq[i]! * 100_000 * (0.9 + 0.2 * rnd()));
+        return c;
+      });
+      const bytesPerNeuron = counts.map(() => 3 * nEmbd * 2);
+      const ffnBytes = nLayer * nFf * 3 * nEmbd * 2;
+      for (const share of nLayer === 80 ? [0.1, 0.5] : [0.1, 0.25, 0.5]) {
+        const input: PlannerInput = { counts, tokenCount: 100_000, bytesPerNeuron, budgetBytes: share * ffnBytes };
+        const plan = await planPlacement(input);
+        expect(plan.method, `${nLayer} layers at ${share}`).toBe("dp");
+        expect(plan.gap).toBe(0);
+        expect(plan.totalBytes).toBeLessThanOrEqual(input.budgetBytes);
+        expect(plan.totalBytes).toBeGreaterThan(input.budgetBytes - nLayer * 256 * bytesPerNeuron[0]!);
+        expect(objective(input, plan)).toBeGreaterThanOrEqual(objective(input, planGreedy(input)));
+        expect(explainPlan(plan, nFf).split("\n")[0]).toMatch(/proven optimal \(dp, [0-9.]+ s\)$/);
+      }
+    }
+  });
+
   it("a zero budget puts everything on the CPU; an ample one everything on the device", async () => {
     const counts = powerLawCounts(3, 512, 9);
     const base = { counts, tokenCount: 10_000, bytesPerNeuron: [100, 100, 100] };
@@ -85,14 +148,14 @@ describe("placement planner", () => {
   it("hot sets are the hottest neurons, ascending, and the explanation is stable", async () => {
     const counts = [Int32Array.from([5, 50, 1, 40, 0, 30, 2, 20]), Int32Array.from([9, 9, 9, 9, 1, 1, 1, 1])];
     const input: PlannerInput = { counts, tokenCount: 100, bytesPerNeuron: [10, 10], budgetBytes: 60, bucketSize: 2 };
-    const plan = await planPlacement(input);
+    const { solveMs: _, ...plan } = await planPlacement(input);
     // buckets of 2 by count: layer0 {1,3}=90, {5,7}=50, {0,6}=7…; layer1 {0,1}=18, {2,3}=18 — 6 neurons fit
     expect(Array.from(plan.layers[0]!.hot)).toEqual([1, 3, 5, 7]);
     expect(Array.from(plan.layers[1]!.hot)).toEqual([0, 1]);
     expect(plan.layers[0]!.deviceShare).toBeCloseTo(140 / 148, 10);
     expect(explainPlan(plan, 8)).toBe(
       [
-        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device; expected share of activations served by the device 84.0 %",
+        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device; expected share of activations served by the device 84.0 %; proven optimal (dp)",
         "layer | hot neurons | device bytes | device share | CPU share",
         "    0 |     4 / 8 |     0.00 MiB |       94.6 % |     5.4 %",
         "    1 |     2 / 8 |     0.00 MiB |       45.0 % |    55.0 %",

@@ -9,9 +9,13 @@
  *   subject to Σ bytes[l,b]·x[l,b] ≤ budget,
  *              x[l,b+1] ≤ x[l,b]                (a layer takes its hottest buckets first),
  *              x[l,0] ≤ x[l,k−1], k = ⌈min/bucketSize⌉  (a layer holds 0 or ≥ min neurons on the device).
- * Solved with GLPK (glpk.js, the solver PowerInfer uses); a greedy solver (hottest bucket per byte
- * first) is the fallback and the test oracle — with equal bucket sizes and no per-layer minimum the
- * greedy solution is optimal and the two agree.
+ * Solved exactly by dynamic programming over the layers: a layer's choice is how many of its hottest
+ * buckets go to the device (0, or k…n_l), so the program is a knapsack with one group per layer, and with
+ * bucket bytes counted in units of their greatest common divisor the table has ⌊budget / unit⌋ + 1 columns
+ * (a 70B model, 80 layers × 112 buckets, is ~10⁸ steps at most). Where the table would be larger, GLPK
+ * (glpk.js, the solver PowerInfer uses) solves it; a greedy solver (hottest bucket per byte first) is the
+ * last fallback and the test oracle. Every plan carries an upper bound on what any placement can serve
+ * (the exact optimum, or the fractional knapsack's value) and its gap to it.
  */
 import { type GpuIndex, GgufValueType } from "@powerinfer/gguf";
 import GLPK from "glpk.js/node";
@@ -48,6 +52,17 @@ export interface PlacementPlan {
   /** Activations served by the device over all activations (expected). */
   deviceShare: number;
   solver: "ilp" | "greedy";
+  /**
+   * How it was found: "dp" (exact), "glpk" (exact: GLPK proved it optimal), "greedy", or "index" (read
+   * from a GPU index: bound and gap unknown, NaN).
+   */
+  method: "dp" | "glpk" | "greedy" | "index";
+  /** Upper bound on `deviceShare` for any placement within the budget (the optimum when proven). */
+  bound: number;
+  /** (bound − deviceShare) / bound: 0 means proven optimal. */
+  gap: number;
+  /** Milliseconds {@link planPlacement} took to solve it. */
+  solveMs?: number;
 }
 
 interface Bucket {
@@ -80,11 +95,35 @@ function buckets(input: PlannerInput): Bucket[][] {
   });
 }
 
+/**
+ * Share of all activations that the fractional knapsack serves: buckets by count per byte, the last one
+ * cut to fit. It relaxes the integer program (no order or minimum constraints, fractional buckets), so no
+ * placement within the budget serves more.
+ */
+function fractionalBound(input: PlannerInput, per: Bucket[][]): number {
+  const all = per.flat().sort((a, b) => b.count / (b.bytes || 1) - a.count / (a.bytes || 1));
+  let left = input.budgetBytes;
+  let served = 0;
+  let total = 0;
+  for (const b of all) total += b.count;
+  for (const b of all) {
+    if (b.bytes <= left) {
+      served += b.count;
+      left -= b.bytes;
+    } else {
+      served += (b.count * left) / b.bytes;
+      break;
+    }
+  }
+  return total ? Math.min(1, served / total) : 0;
+}
+
 function toPlan(
   input: PlannerInput,
   perLayer: Bucket[][],
   chosen: (b: Bucket) => boolean,
-  solver: "ilp" | "greedy",
+  method: "dp" | "glpk" | "greedy",
+  bound?: number,
 ): PlacementPlan {
   let total = 0;
   let served = 0;
@@ -103,7 +142,18 @@ function toPlan(
       deviceShare: layerCount ? layerServed / layerCount : 0,
     };
   });
-  return { layers, totalBytes: total, budgetBytes: input.budgetBytes, deviceShare: all ? served / all : 0, solver };
+  const deviceShare = all ? served / all : 0;
+  const ub = Math.max(deviceShare, bound ?? fractionalBound(input, perLayer));
+  return {
+    layers,
+    totalBytes: total,
+    budgetBytes: input.budgetBytes,
+    deviceShare,
+    solver: method === "greedy" ? "greedy" : "ilp",
+    method,
+    bound: ub,
+    gap: ub > 0 ? Math.max(0, (ub - deviceShare) / ub) : 0,
+  };
 }
 
 /** Greedy: hottest bucket per byte first, respecting the order within a layer and the per-layer minimum. */
@@ -138,17 +188,87 @@ export function planGreedy(input: PlannerInput): PlacementPlan {
   return toPlan(input, per, (b) => chosen.has(b), "greedy");
 }
 
+function gcd(a: number, b: number): number {
+  while (b) [a, b] = [b, a % b];
+  return a;
+}
+
+/** Largest DP table (layers × buckets × budget units) solved by {@link planExact}; larger goes to GLPK. */
+const MAX_DP_STEPS = 3e8;
+
+/**
+ * The exact optimum by dynamic programming (see the module comment), or undefined when bucket bytes are
+ * not integers or the table would exceed {@link MAX_DP_STEPS} steps.
+ */
+export function planExact(input: PlannerInput): PlacementPlan | undefined {
+  const per = buckets(input);
+  const size = input.bucketSize ?? 256;
+  const k = Math.max(1, Math.ceil((input.minNeuronsPerLayer ?? 0) / size));
+  const all = per.flat();
+  if (all.some((b) => !Number.isInteger(b.bytes) || b.bytes < 0)) return undefined;
+  const unit = all.reduce((g, b) => gcd(g, b.bytes), 0) || 1;
+  const cap = Math.max(0, Math.floor(input.budgetBytes / unit));
+  // columns beyond the whole model's size change nothing
+  const width =
+    Math.min(
+      cap,
+      all.reduce((s, b) => s + b.bytes / unit, 0),
+    ) + 1;
+  if (per.reduce((s, bs) => s + (bs.length + 1) * width, 0) > MAX_DP_STEPS) return undefined;
+  // best[u]: most activations served with at most u units over the layers so far
+  let best = new Float64Array(width);
+  const take: Int32Array[] = [];
+  for (const bs of per) {
+    const next = Float64Array.from(best); // take 0 buckets of this layer
+    const choice = new Int32Array(width);
+    let cost = 0;
+    let value = 0;
+    for (let j = 1; j <= bs.length; j++) {
+      cost += bs[j - 1]!.bytes / unit;
+      value += bs[j - 1]!.count;
+      if (j < k && bs.length >= k) continue; // a layer holds 0 or at least k buckets
+      for (let u = cost; u < width; u++) {
+        const v = best[u - cost]! + value;
+        if (v > next[u]!) {
+          next[u] = v;
+          choice[u] = j;
+        }
+      }
+    }
+    take.push(choice);
+    best = next;
+  }
+  const counts = new Array<number>(per.length);
+  let u = width - 1;
+  for (let l = per.length - 1; l >= 0; l--) {
+    const j = take[l]![u]!;
+    counts[l] = j;
+    for (let i = 0; i < j; i++) u -= per[l]![i]!.bytes / unit;
+  }
+  const plan = toPlan(input, per, (b) => b.index < counts[b.layer]!, "dp");
+  return { ...plan, bound: plan.deviceShare, gap: 0 };
+}
+
 let glpkPromise: ReturnType<typeof GLPK> | undefined;
 
 /**
- * Solves the integer program with GLPK; falls back to {@link planGreedy} when the solver fails or
- * finds no optimal solution within `timeLimitMs`.
+ * Solves the integer program exactly ({@link planExact}); where its table would be too large, with GLPK
+ * ({@link planGlpk}), which falls back to {@link planGreedy}.
  */
 export async function planPlacement(
   input: PlannerInput,
   opts: { solver?: "ilp" | "greedy"; timeLimitMs?: number } = {},
 ): Promise<PlacementPlan> {
-  if (opts.solver === "greedy") return planGreedy(input);
+  const start = performance.now();
+  const plan = opts.solver === "greedy" ? planGreedy(input) : (planExact(input) ?? (await planGlpk(input, opts)));
+  return { ...plan, solveMs: performance.now() - start };
+}
+
+/**
+ * Solves the integer program with GLPK; falls back to {@link planGreedy} when the solver fails or
+ * finds no optimal solution within `timeLimitMs` (default 10 s).
+ */
+export async function planGlpk(input: PlannerInput, opts: { timeLimitMs?: number } = {}): Promise<PlacementPlan> {
   const per = buckets(input);
   const size = input.bucketSize ?? 256;
   const k = Math.ceil((input.minNeuronsPerLayer ?? 0) / size);
@@ -200,8 +320,8 @@ export async function planPlacement(
       { msglev: glpk.GLP_MSG_OFF, tmlim: (opts.timeLimitMs ?? 10_000) / 1000 },
     );
     if (res.result.status !== glpk.GLP_OPT) return planGreedy(input);
-    const plan = toPlan(input, per, (b) => res.result.vars[name(b)] === 1, "ilp");
-    return plan.totalBytes <= input.budgetBytes ? plan : planGreedy(input);
+    const plan = toPlan(input, per, (b) => res.result.vars[name(b)] === 1, "glpk");
+    return plan.totalBytes <= input.budgetBytes ? { ...plan, bound: plan.deviceShare, gap: 0 } : planGreedy(input);
   } catch {
     return planGreedy(input);
   }
@@ -210,9 +330,15 @@ export async function planPlacement(
 /** A human-readable account of a plan: per layer hot count, bytes and expected device share. */
 export function explainPlan(plan: PlacementPlan, nFf: number): string {
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+  const took = plan.solveMs === undefined ? "" : `, ${(plan.solveMs / 1000).toFixed(2)} s`;
   const lines = [
     `placement (${plan.solver}): ${mib(plan.totalBytes)} of ${mib(plan.budgetBytes)} budget on the device; ` +
-      `expected share of activations served by the device ${(plan.deviceShare * 100).toFixed(1)} %`,
+      `expected share of activations served by the device ${(plan.deviceShare * 100).toFixed(1)} %; ` +
+      (Number.isNaN(plan.gap)
+        ? "read from the GPU index"
+        : plan.gap === 0
+          ? `proven optimal (${plan.method}${took})`
+          : `within ${(plan.gap * 100).toFixed(2)} % of the optimum (${plan.method}${took}; bound ${(plan.bound * 100).toFixed(1)} %)`),
     "layer | hot neurons | device bytes | device share | CPU share",
     ...plan.layers.map(
       (L, l) =>
