@@ -1,6 +1,6 @@
 /** `powerinfer plan`: profile → plan → GPU index reuse, on the shared ReLU model. */
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdtempSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -147,5 +147,96 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     );
     expect(missing.code).not.toBe(0);
     expect(missing.stderr).toMatch(/no activation statistics at .*none\.gguf: run `powerinfer profile/);
+  });
+});
+
+describe.skipIf(!probe.usable)("GPU indexes the user gave, and budgets that fit nothing", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-gpuidx-"));
+  const tiny = join(dir, "tiny-f16.powerinfer.gguf");
+  copyFileSync(join(models, "powerinfer", "tiny-f16.powerinfer.gguf"), tiny);
+  const foreign = join(models, "powerinfer", "tiny.generated.gpuidx"); // written by PowerInfer's solver
+  const run = ["run", "-m", tiny, "-p", "Once upon a time", "-n", "12", "--temp", "0", "-c", "64", "--kv-type", "f32"];
+
+  it("uses PowerInfer's own GPU index as it is (no statistics needed) and gives the CPU's greedy text", () => {
+    const p = cli(
+      "plan",
+      "-m",
+      tiny,
+      "--gpu-index",
+      foreign,
+      "--device-backend",
+      "cpu",
+      "--vram-budget",
+      "1",
+      "--json",
+    );
+    expect(p.code, p.stderr).toBe(0);
+    const r = JSON.parse(p.stdout);
+    expect(r.reused).toBe(true);
+    expect(r.notes.join("\n")).toMatch(/as it is: a GPU index without powerinfer-ts's provenance keys/);
+    expect(r.plan.layers.map((L: { hot: number }) => L.hot)).toEqual([512, 256]);
+    const cpu = cli(...run, "--disable-gpu-index");
+    const hybrid = cli(...run, "--gpu-index", foreign, "--device-backend", "cpu", "--vram-budget", "1");
+    expect(hybrid.code, hybrid.stderr).toBe(0);
+    expect(hybrid.stderr).toMatch(/hybrid: 768 hot neurons .* on cpu/);
+    expect(hybrid.stdout).toBe(cpu.stdout);
+  });
+
+  it("never replaces a GPU index the user named unless --reset-gpu-index says so", () => {
+    const mine = join(dir, "mine.gpuidx");
+    copyFileSync(foreign, mine);
+    const before = readFileSync(mine);
+    // a budget the PowerInfer index does not fit: solving again needs statistics
+    const stats = join(dir, "tiny.activations.gguf");
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    expect(cli("profile", "-m", tiny, "-f", text, "--tokens", "200", "-o", stats).code).toBe(0);
+    const common = ["-m", tiny, "--stats", stats, "--gpu-index", mine, "--device-backend", "cpu"];
+    const p = cli("plan", ...common, "--vram-budget", "0.0002", "--bucket-size", "64", "--json");
+    expect(p.code, p.stderr).toBe(0);
+    const r = JSON.parse(p.stdout);
+    expect(r.reused).toBe(false);
+    expect(r.notes.join("\n")).toMatch(
+      /mine\.gpuidx is kept as it is .* the new plan goes to .*tiny-f16\.powerinfer\.generated\.gpuidx/,
+    );
+    expect(r.gpuIndexPath).toBe(join(dir, "tiny-f16.powerinfer.generated.gpuidx"));
+    expect(readFileSync(mine).equals(before)).toBe(true);
+    expect(readGpuIndex(r.gpuIndexPath).layers.map((L) => L.gpuBucket.length)).toEqual(
+      r.plan.layers.map((L: { hot: number }) => L.hot),
+    );
+    const reset = cli(
+      "plan",
+      ...common,
+      "--vram-budget",
+      "0.0002",
+      "--bucket-size",
+      "64",
+      "--reset-gpu-index",
+      "--json",
+    );
+    expect(reset.code, reset.stderr).toBe(0);
+    expect(JSON.parse(reset.stdout).gpuIndexPath).toBe(mine);
+    expect(readFileSync(mine).equals(before)).toBe(false);
+  });
+
+  it("a budget that holds no hot neuron runs everything on the CPU, with one note and nothing on the device", () => {
+    const stats = join(dir, "zero.activations.gguf");
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    expect(cli("profile", "-m", tiny, "-f", text, "--tokens", "100", "-o", stats).code).toBe(0);
+    const cpu = cli(...run, "--disable-gpu-index");
+    const zero = cli(
+      ...run,
+      "--stats",
+      stats,
+      "--gpu-index",
+      join(dir, "zero.gpuidx"),
+      "--device-backend",
+      "cpu",
+      "--vram-budget",
+      "0",
+    );
+    expect(zero.code, zero.stderr).toBe(0);
+    expect(zero.stderr).toMatch(/note: the device budget holds no hot neuron: every FFN neuron stays on cpu/);
+    expect(zero.stderr).not.toMatch(/hybrid:/);
+    expect(zero.stdout).toBe(cpu.stdout);
   });
 });

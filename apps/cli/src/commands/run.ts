@@ -1,7 +1,14 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
 import { existsSync } from "node:fs";
-import { defaultGpuIndexPath, defaultStatsPath, HybridSession, resolvePlan, type Session } from "@powerinfer/core";
+import {
+  defaultGpuIndexPath,
+  defaultStatsPath,
+  HybridSession,
+  type PlacementPlan,
+  resolvePlan,
+  type Session,
+} from "@powerinfer/core";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
@@ -68,6 +75,7 @@ export function register(program: Command): void {
           device = undefined;
         }
         let session: Session | HybridSession;
+        let plan: PlacementPlan | undefined;
         if (device) {
           const r = await resolvePlan(model, {
             budgetBytes: budgetBytes(o, device.devices[0]?.freeMemory ?? 0),
@@ -78,10 +86,21 @@ export function register(program: Command): void {
             solver: o.solver as "ilp",
             bucketSize: o.bucketSize,
           });
+          plan = r.plan;
           for (const n of r.notes) process.stderr.write(`${n}\n`);
-          session = new HybridSession(model, { device, plan: r.plan, nCtx: o.ctxSize, kvType: o.kvType as "f16" });
+          const nHot = r.plan.layers.reduce((s, L) => s + L.hot.length, 0);
+          if (nHot === 0) {
+            process.stderr.write(
+              `note: the device budget holds no hot neuron: every FFN neuron stays on ${backend.name}\n`,
+            );
+            device.dispose();
+            device = undefined;
+          }
+        }
+        if (device) {
+          session = new HybridSession(model, { device, plan: plan!, nCtx: o.ctxSize, kvType: o.kvType as "f16" });
           process.stderr.write(
-            `hybrid: ${r.plan.layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons (${(session.deviceBytes() / 2 ** 20).toFixed(2)} MiB) on ${device.name}, the rest on ${backend.name}\n`,
+            `hybrid: ${plan!.layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons (${(session.deviceBytes() / 2 ** 20).toFixed(2)} MiB) on ${device.name}, the rest on ${backend.name}\n`,
           );
         } else {
           const s = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });

@@ -40,8 +40,9 @@ export interface FfnTiming {
 }
 
 interface LayerSplit {
-  device: SparseFfnWeights;
-  deviceRows: TensorHandle;
+  /** Absent for a layer without hot neurons: nothing of it is allocated on the device. */
+  device?: SparseFfnWeights;
+  deviceRows?: TensorHandle;
   cpu: SparseFfnWeights;
   cpuRows: TensorHandle;
   nHot: number;
@@ -107,13 +108,16 @@ export class HybridSession {
         };
         const ids = (b: Backend, a: Int32Array) =>
           b.createTensor("i32", [Math.max(1, a.length)], a.length ? a : Int32Array.of(-1));
+        const onDevice = hot.length > 0;
         this.splits.push({
-          device: {
-            gate: L.ffnGate && keep(gatherRows(main, L.ffnGate, hot, this.device)),
-            up: keep(gatherRows(main, L.ffnUp, hot, this.device)),
-            downT: keep(gatherRows(main, downT, hot, this.device)),
-          },
-          deviceRows: keep(ids(this.device, hot)),
+          device: onDevice
+            ? {
+                gate: L.ffnGate && keep(gatherRows(main, L.ffnGate, hot, this.device)),
+                up: keep(gatherRows(main, L.ffnUp, hot, this.device)),
+                downT: keep(gatherRows(main, downT, hot, this.device)),
+              }
+            : undefined,
+          deviceRows: onDevice ? keep(ids(this.device, hot)) : undefined,
           cpu: { gate: L.ffnGate, up: L.ffnUp, downT },
           cpuRows: keep(ids(main, cold), main),
           nHot: hot.length,
@@ -174,8 +178,14 @@ export class HybridSession {
 
       // 2. device (hot rows) and main (cold rows) at once
       const split = this.splits[l]!;
-      const side = (b: Backend, W: SparseFfnWeights, rows: TensorHandle, n: number, name: "device" | "cpu") => {
-        if (n === 0) return Promise.resolve(new Float32Array(E * T));
+      const side = (
+        b: Backend,
+        W: SparseFfnWeights | undefined,
+        rows: TensorHandle | undefined,
+        n: number,
+        name: "device" | "cpu",
+      ) => {
+        if (n === 0 || !W || !rows) return Promise.resolve(new Float32Array(E * T));
         const gs = new Graph();
         const hh = gs.input("f32", [E, T], hOut);
         const lg = logitsOut ? gs.input("f32", [cfg.n_ff, T], logitsOut) : undefined;

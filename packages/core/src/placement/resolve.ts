@@ -43,6 +43,7 @@ export interface ResolvedPlan {
   plan: PlacementPlan;
   /** True when an existing GPU index was used as it was. */
   reused: boolean;
+  /** Where the plan was read from or written to (the path asked for when it was not saved). */
   gpuIndexPath: string;
   /** Why a GPU index was (not) reused or written. */
   notes: string[];
@@ -61,15 +62,25 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   if (!o.reset && existsSync(gpuIndexPath)) {
     const idx = readGpuIndex(gpuIndexPath);
     const { layers, provenance } = gpuIndexToPlan(idx, bytesPerNeuron);
-    if (
+    const shapeOk =
+      layers.length === cfg.n_layer &&
+      idx.layers.every((L) => L.gpuIdx.length === cfg.n_ff) &&
+      layers.every((L) => L.hot.every((n) => n >= 0 && n < cfg.n_ff));
+    const totalBytes = layers.reduce((s, L) => s + L.bytes, 0);
+    const ours =
       provenance &&
       provenance.budgetBytes === o.budgetBytes &&
       provenance.backend === o.backend &&
-      provenance.statsFile === statsPath &&
-      layers.length === cfg.n_layer
-    ) {
-      const totalBytes = layers.reduce((s, L) => s + L.bytes, 0);
-      notes.push(`reusing ${gpuIndexPath} (solved for this budget, backend and statistics)`);
+      provenance.statsFile === statsPath;
+    // an index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits
+    const foreign = !provenance && totalBytes <= o.budgetBytes;
+    if (shapeOk && (ours || foreign)) {
+      const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+      notes.push(
+        ours
+          ? `reusing ${gpuIndexPath} (solved for this budget, backend and statistics)`
+          : `using ${gpuIndexPath} as it is: a GPU index without powerinfer-ts's provenance keys (written by PowerInfer?), ${layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons, ${mib(totalBytes)} within the ${mib(o.budgetBytes)} budget`,
+      );
       // the expected shares come from the statistics the plan was solved with, when they are still there
       const counts = existsSync(statsPath) ? readActivationStats(statsPath).counts : undefined;
       let served = 0;
@@ -100,7 +111,11 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       };
     }
     notes.push(
-      `${gpuIndexPath} was solved for ${provenance ? "another budget, backend or statistics file" : "an unknown budget (written by PowerInfer?)"}; solving again`,
+      !shapeOk
+        ? `${gpuIndexPath} does not fit this model (${layers.length} layers of ${idx.layers[0]?.gpuIdx.length ?? 0} neurons; the model has ${cfg.n_layer} of ${cfg.n_ff}); solving again`
+        : provenance
+          ? `${gpuIndexPath} was solved for another budget, backend or statistics file; solving again`
+          : `${gpuIndexPath} (written by PowerInfer?) holds ${(totalBytes / 2 ** 20).toFixed(2)} MiB of hot neurons, more than the ${(o.budgetBytes / 2 ** 20).toFixed(2)} MiB budget; solving again`,
     );
   }
   if (!existsSync(statsPath)) {
@@ -121,21 +136,32 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     },
     { solver: o.solver },
   );
-  if (!o.noWrite) {
+  // A GPU index the user named is theirs: replaced only on --reset-gpu-index; a new plan goes to the
+  // default path beside the model instead (when that is another file), or stays in memory.
+  let writePath: string | undefined = gpuIndexPath;
+  if (o.gpuIndexPath !== undefined && !o.reset && existsSync(gpuIndexPath)) {
+    const fallback = defaultGpuIndexPath(path);
+    writePath = fallback !== gpuIndexPath ? fallback : undefined;
+    notes.push(
+      `${gpuIndexPath} is kept as it is (--reset-gpu-index replaces it); ${writePath ? `the new plan goes to ${writePath}` : "the new plan is not saved"}`,
+    );
+  }
+  if (!o.noWrite && writePath) {
     const idx: GpuIndex = planToGpuIndex(plan, cfg.n_ff, {
       budgetBytes: o.budgetBytes,
       backend: o.backend,
       statsFile: statsPath,
     });
     try {
-      writeGpuIndex(gpuIndexPath, idx);
-      notes.push(`wrote ${gpuIndexPath}`);
+      writeGpuIndex(writePath, idx);
+      notes.push(`wrote ${writePath}`);
     } catch (e) {
       // a read-only model folder: use the plan without saving it
       notes.push(
-        `could not write ${gpuIndexPath} (${(e as Error).message}); using the plan unsaved — pass --gpu-index PATH to keep it`,
+        `could not write ${writePath} (${(e as Error).message}); using the plan unsaved — pass --gpu-index PATH to keep it`,
       );
+      writePath = undefined;
     }
   }
-  return { plan, reused: false, gpuIndexPath, notes };
+  return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes };
 }
