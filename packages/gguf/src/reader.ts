@@ -46,8 +46,13 @@ export interface GgufTensorInfo {
   byteLength: number;
   /** Offset of the data relative to the data section (a multiple of the alignment). */
   offset: number;
-  /** Absolute file offset of the data (`dataOffset + offset`). */
+  /** Absolute file offset of the data (`dataOffset + offset`) in the file holding it. */
   fileOffset: number;
+  /**
+   * File holding the data when it is not `GgufFile.path`: the shard of a split model (set for every
+   * tensor of a model opened with `openGgufModel` from a first shard).
+   */
+  path?: string;
 }
 
 /** A parsed GGUF or PWRI header. */
@@ -72,6 +77,11 @@ export interface GgufFile {
   tensors: GgufTensorInfo[];
   /** Tensors by name. */
   tensorMap: Map<string, GgufTensorInfo>;
+  /**
+   * The shards, in order, of a split model opened from its first shard with `openGgufModel`
+   * (`path` is then the first shard; `fileSize`, `dataOffset` and `alignment` are the first shard's).
+   */
+  splits?: Array<{ path: string; fileSize: number; tensorCount: number }>;
 }
 
 interface ByteSource {
@@ -86,6 +96,44 @@ const bufferSources = new WeakMap<GgufFile, Uint8Array>();
 const CHUNK = 64 * 1024;
 // ignoreBOM keeps a leading U+FEFF in the string (the default would strip it and break round-trips).
 const utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
+/** Keys must be valid UTF-8: decoding them fails instead of substituting U+FFFD. */
+const utf8Strict = new TextDecoder("utf-8", { ignoreBOM: true, fatal: true });
+// C0 controls, DEL and C1 controls.
+const CONTROL_CHAR = /[\u0000-\u001f\u007f-\u009f]/;
+/** The GGUF specification's naming convention: lower_snake_case segments separated by dots. */
+const KEY_CONVENTION = /^[a-z0-9_]+(\.[a-z0-9_]+)*$/;
+
+/**
+ * Why a metadata key breaks the GGUF naming convention (ASCII lower_snake_case segments separated by
+ * dots, at most 65535 bytes), or undefined when it follows it. Such keys are read (a warning, not an
+ * error); see {@link GgufErrorCode} `BAD_KEY` for keys that are refused.
+ */
+export function keyConventionProblem(key: string): string | undefined {
+  if (KEY_CONVENTION.test(key) && key.length <= 65535) return undefined;
+  if (key.length > 65535) return `metadata key "${key.slice(0, 40)}…" is longer than 65535 bytes`;
+  return `metadata key ${JSON.stringify(key)} does not follow the GGUF naming convention (ASCII lower_snake_case segments separated by dots)`;
+}
+
+/**
+ * Why a metadata key is refused — empty, or containing control characters — or undefined when it is
+ * acceptable. (Invalid UTF-8 is caught when the key's bytes are decoded.)
+ */
+export function keyProblem(key: string): string | undefined {
+  if (key.length === 0) return "metadata key is empty";
+  const m = CONTROL_CHAR.exec(key);
+  if (m) {
+    const hex = m[0].charCodeAt(0).toString(16).padStart(2, "0");
+    const shown = JSON.stringify(key).replace(
+      /[\u007f-\u009f]/g,
+      (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, "0")}`,
+    );
+    return `metadata key ${shown} contains the control character U+00${hex.toUpperCase()}`;
+  }
+  if (/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(key)) {
+    return `metadata key ${JSON.stringify(key)} is not valid Unicode (a lone surrogate)`;
+  }
+  return undefined;
+}
 
 class Cursor {
   pos = 0;
@@ -203,6 +251,23 @@ class Cursor {
   string(what: string): string {
     const n = this.count(what, 1);
     return decodeUtf8(this.bytes(n, what));
+  }
+
+  /** A metadata key: a string that must be non-empty, valid UTF-8 and free of control characters. */
+  key(what: string): string {
+    const at = this.pos;
+    const n = this.count(what, 1);
+    const b = this.bytes(n, what);
+    let key: string;
+    try {
+      key = utf8Strict.decode(b);
+    } catch {
+      const hex = Array.from(b.subarray(0, 32), (x) => x.toString(16).padStart(2, "0")).join(" ");
+      this.fail("BAD_KEY", `${what} is not valid UTF-8 (bytes ${hex}${b.length > 32 ? " …" : ""})`, at);
+    }
+    const problem = keyProblem(key);
+    if (problem) this.fail("BAD_KEY", key.length === 0 ? `${what} is empty` : problem, at);
+    return key;
   }
 
   typedArray(t: GgufValueType, n: number, what: string): GgufValue {
@@ -328,7 +393,7 @@ function parse(src: ByteSource, path: string): GgufFile {
   let alignment = GGUF_DEFAULT_ALIGNMENT;
   for (let i = 0; i < Number(kvCount); i++) {
     const keyAt = c.pos;
-    const key = c.string(`metadata key #${i}`);
+    const key = c.key(`metadata key #${i}`);
     if (metadata.has(key)) c.fail("DUPLICATE_KEY", `duplicate metadata key "${key}"`, keyAt);
     const typeAt = c.pos;
     const type = c.u32(`type of "${key}"`);
@@ -360,6 +425,8 @@ function parse(src: ByteSource, path: string): GgufFile {
   const tensors: GgufTensorInfo[] = [];
   const tensorMap = new Map<string, GgufTensorInfo>();
   const offsetFieldAt: number[] = [];
+  // Only a PowerInfer GPU index may hold empty tensors (a layer with no GPU neurons has an empty gpu_bucket).
+  const gpuIndex = metadata.get("general.architecture") === "generic.gpu_index";
   for (let i = 0; i < Number(tensorCount); i++) {
     const nameAt = c.pos;
     const name = c.string(`tensor #${i} name`);
@@ -375,6 +442,9 @@ function parse(src: ByteSource, path: string): GgufFile {
       const neAt = c.pos;
       const ne = c.u64(`tensor "${name}" ne[${d}]`);
       if (ne > MAX_I64) c.fail("ELEMENT_OVERFLOW", `tensor "${name}" ne[${d}] = ${ne} does not fit in int64`, neAt);
+      if (ne === 0n && !(gpuIndex && name.endsWith(".gpu_bucket"))) {
+        c.fail("BAD_SHAPE", `tensor "${name}" has a zero-sized dimension (ne[${d}] = 0)`, neAt);
+      }
       n *= ne;
       if (n > MAX_SAFE) {
         c.fail("ELEMENT_OVERFLOW", `tensor "${name}" has more than 2^53-1 elements (overflow at ne[${d}])`, neAt);
@@ -523,26 +593,27 @@ export function getTensor(file: GgufFile, name: string): GgufTensorInfo {
  */
 export function readTensorBytes(file: GgufFile, tensor: GgufTensorInfo | string): Uint8Array {
   const t = typeof tensor === "string" ? getTensor(file, tensor) : tensor;
-  const buf = bufferSources.get(file);
+  const buf = t.path === undefined ? bufferSources.get(file) : undefined;
   if (buf) return buf.subarray(t.fileOffset, t.fileOffset + t.byteLength);
+  const path = t.path ?? file.path;
   let fd: number;
   try {
-    fd = fs.openSync(file.path, "r");
+    fd = fs.openSync(path, "r");
   } catch (e) {
-    throw ioError(file.path, "open the file", e);
+    throw ioError(path, "open the file", e);
   }
   try {
     const out = readFully(fd, t.fileOffset, t.byteLength);
     if (out.length !== t.byteLength) {
       throw new GgufError("TRUNCATED", `tensor "${t.name}": file ends before its ${t.byteLength} bytes`, {
         offset: t.fileOffset,
-        path: file.path,
+        path,
       });
     }
     return out;
   } catch (e) {
     if (e instanceof GgufError) throw e;
-    throw ioError(file.path, `read tensor "${t.name}"`, e);
+    throw ioError(path, `read tensor "${t.name}"`, e);
   } finally {
     fs.closeSync(fd);
   }
