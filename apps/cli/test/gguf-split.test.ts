@@ -119,12 +119,33 @@ describe("powerinfer gguf-split", () => {
     expect(r.code, r.stderr).toBe(0);
     const q = [1, 2].map((i) => join(dir, `q8-0000${i}-of-00002.gguf`));
     expect(q.map((p) => openGguf(p).tensors.length)).toEqual([24, 24]);
+    if (probe.usable) {
+      const unsplit = join(dir, "q8-unsplit.gguf");
+      expect(cli(["quantize", stories, unsplit, "Q8_0"]).code).toBe(0);
+      const a = cli(["run", "-m", q[0], ...greedyArgs]);
+      expect(a.code, a.stderr).toBe(0);
+      expect(a.stdout.startsWith(ref.prompt)).toBe(true);
+      expect(a.stdout).toBe(cli(["run", "-m", unsplit, ...greedyArgs]).stdout);
+    }
     const c = cli(["convert", "--to", "gguf", "--split-max-size", "1M", q[0], join(dir, "c.gguf")]);
     expect(c.code, c.stderr).toBe(0);
     // one shard of a split model read back whole: the split keys are its own, not the input's
     const one = openGguf(join(dir, "c-00001-of-00001.gguf"));
     expect(one.tensors).toHaveLength(48);
     expect(one.metadata.get("split.count")).toBe(1);
+    // a split model rewritten as one file loses the input's split keys
+    const whole = join(dir, "whole.pwri.gguf");
+    expect(cli(["convert", "--to", "pwri", q[0], whole]).code).toBe(0);
+    const w = openGguf(whole);
+    expect(w.format).toBe("PWRI");
+    expect(w.tensors).toHaveLength(48);
+    expect([...w.metadata.keys()].filter((k) => k.startsWith("split."))).toEqual([]);
+    // no output over an input shard
+    const over = cli(["quantize", "--split-max-size", "200K", stories, join(dir, "q8.gguf"), "Q8_0"]);
+    expect(over.code).toBe(0);
+    const clash = cli(["quantize", "--split-max-size", "200K", q[0], join(dir, "q8.gguf"), "Q8_0"]);
+    expect(clash.code).toBe(1);
+    expect(clash.stderr).toMatch(/output .*q8-00001-of-00002\.gguf is also an input; choose another path/);
   });
 
   it.skipIf("unavailable" in peer || !probe.usable)(

@@ -2,7 +2,7 @@
  * `powerinfer convert`: rewrites a model as PowerInfer GGUF (`PWRI`: ffn_down stored transposed as
  * ffn_down_t) or back to plain GGUF, optionally taking the predictors of another file.
  */
-import { openGguf, openGgufModel, parseModelConfig, withoutSplitKeys } from "@powerinfer/gguf";
+import { openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -39,8 +39,8 @@ export function register(program: Command): void {
       action(async (input: string, output: string, o: ConvertOptions) => {
         const to = o.to.toLowerCase();
         if (to !== "pwri" && to !== "gguf") throw new InvalidArgumentError(`--to must be pwri or gguf, got "${o.to}"`);
-        const opened = openGgufModel(input);
-        const file = opened.splits ? withoutSplitKeys(opened) : opened;
+        // the first shard of a split model opens the whole model; the output is one file (or new shards)
+        const file = openGgufModel(input);
         const cfg = parseModelConfig(file);
         let preds: ReturnType<typeof readPredictors> | undefined;
         if (o.predictors) {
@@ -63,7 +63,7 @@ export function register(program: Command): void {
           );
         }
         let r: ReturnType<typeof rewriteModelFile> | undefined;
-        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(opened), (path) => {
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
           r = rewriteModelFile(file, path, {
             format: to === "pwri" ? "PWRI" : "GGUF",
             predictors: preds,

@@ -2,7 +2,7 @@
  * `powerinfer quantize IN OUT TYPE`: converts the weight matrices of a model (F32/F16/BF16) to Q8_0, Q4_0,
  * F16, BF16 or F32, keeping its container (GGUF or PowerInfer PWRI), predictors and metadata.
  */
-import { ggmlTypeFromName, ggmlTypeName, openGgufModel, withoutSplitKeys } from "@powerinfer/gguf";
+import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
 import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -30,11 +30,11 @@ export function register(program: Command): void {
         if (type === undefined || !(QUANTIZE_TYPES as readonly number[]).includes(type)) {
           throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
         }
-        const opened = openGgufModel(input);
-        const file = opened.splits ? withoutSplitKeys(opened) : opened;
+        // the first shard of a split model opens the whole model; the output is one file (or new shards)
+        const file = openGgufModel(input);
         const t0 = performance.now();
         let r: ReturnType<typeof rewriteModelFile> | undefined;
-        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(opened), (path) => {
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
           r = rewriteModelFile(file, path, { quantize: type });
         });
         if (!r) return;
