@@ -109,8 +109,12 @@ describe("powerinfer gguf-split", () => {
     writeFileSync(joined, Buffer.concat(shards.map((p) => readFileSync(p))));
     const j = cli(["run", "-m", joined, "-p", "x"]);
     expect(j.code).toBe(1);
-    expect(j.stderr).toMatch(/joined into one file \(with cat\).*powerinfer gguf-split --merge FIRST_SHARD OUT/);
+    expect(j.stderr).toMatch(/joined into one file \(with cat\).*powerinfer gguf-split --merge \S*joined\.gguf OUT`$/m);
     expect(j.stderr.trim().split("\n")).toHaveLength(1);
+    // the fix it names works: the joined shards merge into the same file as the shards
+    const fixed = join(dir, "fixed.gguf");
+    expect(cli(["gguf-split", "--merge", joined, fixed]).code).toBe(0);
+    expect(Buffer.compare(readFileSync(fixed), readFileSync(out))).toBe(0);
   });
 
   it("quantize --split-max-size writes shards that run", () => {

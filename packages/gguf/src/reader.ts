@@ -144,6 +144,8 @@ class Cursor {
   constructor(
     private readonly src: ByteSource,
     private readonly path: string,
+    /** Where the container starts in the file (added to the offsets errors report). */
+    private readonly base = 0,
   ) {
     this.buf = src.whole ?? new Uint8Array(0);
     this.dv = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
@@ -154,7 +156,7 @@ class Cursor {
   }
 
   fail(code: GgufErrorCode, message: string, offset = this.pos): never {
-    throw new GgufError(code, message, { offset, path: this.path });
+    throw new GgufError(code, message, { offset: offset + this.base, path: this.path });
   }
 
   /** Make [pos, pos+n) addressable in `buf`; return the index of pos in it. */
@@ -358,8 +360,8 @@ function decodeUtf8(b: Uint8Array): string {
 const MAX_I64 = (1n << 63n) - 1n;
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 
-function parse(src: ByteSource, path: string): GgufFile {
-  const c: Cursor = new Cursor(src, path);
+function parse(src: ByteSource, path: string, base = 0): GgufFile {
+  const c: Cursor = new Cursor(src, path, base);
   const magicBytes = c.bytes(4, "magic");
   const magic = String.fromCharCode(...magicBytes);
   if (magic !== "GGUF" && magic !== "PWRI") {
@@ -498,13 +500,14 @@ function parse(src: ByteSource, path: string): GgufFile {
       );
     }
   }
+  if (base !== 0) for (const t of tensors) t.fileOffset += base;
   return {
     path,
     format,
     version,
     alignment,
-    dataOffset,
-    fileSize: src.size,
+    dataOffset: dataOffset + base,
+    fileSize: src.size + base,
     metadata,
     metadataTypes,
     tensors,
@@ -550,6 +553,16 @@ function readFully(fd: number, pos: number, length: number): Uint8Array {
  *   byte offset of the bad field (see {@link GgufErrorCode})
  */
 export function openGguf(path: string): GgufFile {
+  return openGgufAt(path, 0);
+}
+
+/**
+ * Read the header of a GGUF container that starts at byte `base` of a file (e.g. the second of several
+ * shards joined with `cat`). Offsets in the result (`dataOffset`, tensors' `fileOffset`) and in errors
+ * are absolute in the file; `fileSize` is the whole file's.
+ * @throws GgufError as {@link openGguf}
+ */
+export function openGgufAt(path: string, base: number): GgufFile {
   let fd: number;
   try {
     fd = fs.openSync(path, "r");
@@ -563,17 +576,20 @@ export function openGguf(path: string): GgufFile {
     } catch (e) {
       throw ioError(path, "stat the file", e);
     }
+    if (base < 0 || base > size) {
+      throw new GgufError("TRUNCATED", `no GGUF container at byte ${base}: the file has ${size} bytes`, { path });
+    }
     const src: ByteSource = {
-      size,
+      size: size - base,
       read: (o, n) => {
         try {
-          return readFully(fd, o, n);
+          return readFully(fd, base + o, n);
         } catch (e) {
-          throw ioError(path, `read ${n} bytes at offset ${o}`, e);
+          throw ioError(path, `read ${n} bytes at offset ${base + o}`, e);
         }
       },
     };
-    return parse(src, path);
+    return parse(src, path, base);
   } finally {
     fs.closeSync(fd);
   }

@@ -18,7 +18,7 @@ import * as nodePath from "node:path";
 import { ACTIVATION_STATS_ARCH } from "./activation-stats.js";
 import { GgufError } from "./errors.js";
 import { GPU_INDEX_ARCH } from "./gpu-index.js";
-import { type GgufFile, type GgufTensorInfo, openGguf } from "./reader.js";
+import { type GgufFile, type GgufTensorInfo, openGguf, openGgufAt } from "./reader.js";
 import { writeGgufStreaming } from "./stream-writer.js";
 import { GgufValueType } from "./values.js";
 import { type GgufMetadataEntry, metadataEntries } from "./writer.js";
@@ -111,23 +111,23 @@ function contentEnd(file: GgufFile): number {
   return end;
 }
 
-/** Whether another GGUF container starts right after this file's own content (shards joined with `cat`). */
-function joinedAfter(file: GgufFile): boolean {
+/** Where another GGUF container starts right after this one's own content (shards joined with `cat`), if one does. */
+function nextJoined(file: GgufFile): number | undefined {
   const end = contentEnd(file);
-  const starts = [end, Math.ceil(end / file.alignment) * file.alignment, file.dataOffset];
+  const starts = [end, Math.ceil(end / file.alignment) * file.alignment];
   let fd: number;
   try {
     fd = fs.openSync(file.path, "r");
   } catch {
-    return false;
+    return undefined;
   }
   try {
     const b = Buffer.alloc(4);
     for (const at of starts) {
       if (at + 4 > file.fileSize) continue;
-      if (fs.readSync(fd, b, 0, 4, at) === 4 && b.toString("latin1") === "GGUF") return true;
+      if (fs.readSync(fd, b, 0, 4, at) === 4 && b.toString("latin1") === "GGUF") return at;
     }
-    return false;
+    return undefined;
   } finally {
     fs.closeSync(fd);
   }
@@ -135,6 +135,67 @@ function joinedAfter(file: GgufFile): boolean {
 
 function splitError(path: string, msg: string): GgufError {
   return new GgufError("BAD_SPLIT", msg, { path });
+}
+
+/** Checks shard i of `files` against the first shard's split keys. */
+function checkShard(f: GgufFile, i: number, info: GgufSplitInfo, where: string): void {
+  const s = splitInfo(f);
+  if (!s) throw splitError(f.path, `${where}has no "${KEY_SPLIT_COUNT}": not shard ${i + 1} of this model`);
+  if (s.count !== info.count) {
+    throw splitError(f.path, `${where}"${KEY_SPLIT_COUNT}" is ${s.count}, but the first shard says ${info.count}`);
+  }
+  if (s.no !== i) {
+    throw splitError(
+      f.path,
+      `${where}"${KEY_SPLIT_NO}" is ${s.no}; as shard ${i + 1} of ${info.count} it must be ${i}`,
+    );
+  }
+}
+
+/** The shards as one model: tensor counts add up, no tensor twice, each tensor with its shard's path. */
+function combine(path: string, info: GgufSplitInfo, files: GgufFile[]): GgufFile {
+  const first = files[0];
+  const total = files.reduce((n, f) => n + f.tensors.length, 0);
+  if (total !== info.tensorsCount) {
+    throw splitError(
+      path,
+      `the ${info.count} shards hold ${total} tensors (${files.map((f) => f.tensors.length).join(" + ")}), but "${KEY_SPLIT_TENSORS_COUNT}" is ${info.tensorsCount}`,
+    );
+  }
+  const tensors: GgufTensorInfo[] = [];
+  const tensorMap = new Map<string, GgufTensorInfo>();
+  const shardOf = new Map<string, number>();
+  files.forEach((f, i) => {
+    for (const t of f.tensors) {
+      const prev = shardOf.get(t.name);
+      if (prev !== undefined) {
+        throw new GgufError(
+          "DUPLICATE_TENSOR",
+          `tensor "${t.name}" is in shard ${prev + 1} (${nodePath.basename(files[prev].path)}) and in shard ${i + 1}`,
+          { path: f.path },
+        );
+      }
+      shardOf.set(t.name, i);
+      const withPath = { ...t, path: f.path };
+      tensors.push(withPath);
+      tensorMap.set(t.name, withPath);
+    }
+  });
+  return {
+    ...first,
+    tensors,
+    tensorMap,
+    splits: files.map((f) => ({ path: f.path, fileSize: f.fileSize, tensorCount: f.tensors.length })),
+  };
+}
+
+/** Options of {@link openGgufModel}. */
+export interface OpenModelOptions {
+  /**
+   * Accept the shards of a split model joined into one file with `cat` (each shard's container read
+   * where the previous one ends; for merging them). Default false: such a file is refused.
+   */
+  joined?: boolean;
 }
 
 /**
@@ -148,10 +209,10 @@ function splitError(path: string, msg: string): GgufError {
  * shards.
  * @throws GgufError `BAD_SPLIT` for a shard other than the first (the message names the first), a
  *   missing or inconsistent shard, a first shard whose name does not say where the others are, and
- *   shards joined into one file with `cat`; `DUPLICATE_TENSOR` for a tensor in two shards; any error
- *   of {@link openGguf} for each shard
+ *   shards joined into one file with `cat` (unless `opts.joined`); `DUPLICATE_TENSOR` for a tensor in
+ *   two shards; any error of {@link openGguf} for each shard
  */
-export function openGgufModel(path: string): GgufFile {
+export function openGgufModel(path: string, opts: OpenModelOptions = {}): GgufFile {
   const first = openGguf(path);
   const info = splitInfo(first);
   if (!info) return first;
@@ -163,13 +224,25 @@ export function openGgufModel(path: string): GgufFile {
       `this is shard ${info.no + 1} of ${info.count} of a split model; give the first shard${firstPath ? `, ${firstPath}` : ` (the one with "${KEY_SPLIT_NO}" = 0)`}`,
     );
   }
-  if (info.count > 1 && joinedAfter(first)) {
-    throw splitError(
-      path,
-      `holds the ${info.count} shards of a split model joined into one file (with cat); split models are not joined that way: keep the shards as separate files (${splitPath("NAME", 0, info.count)} …) and give the first, or merge them with \`powerinfer gguf-split --merge FIRST_SHARD OUT\``,
-    );
-  }
   const files: GgufFile[] = [first];
+  if (info.count > 1 && nextJoined(first) !== undefined) {
+    if (!opts.joined) {
+      throw splitError(
+        path,
+        `holds the ${info.count} shards of a split model joined into one file (with cat), which no loader reads; keep the shards as separate files (${splitPath("NAME", 0, info.count)} …) and give the first, or make one model file of it with \`powerinfer gguf-split --merge ${path} OUT\``,
+      );
+    }
+    for (let i = 1; i < info.count; i++) {
+      const at = nextJoined(files[i - 1]);
+      if (at === undefined) {
+        throw splitError(path, `the joined file ends after shard ${i} of ${info.count}: shard ${i + 1} is missing`);
+      }
+      const f = openGgufAt(path, at);
+      checkShard(f, i, info, `shard ${i + 1} (at byte ${at}): `);
+      files.push(f);
+    }
+    return combine(path, info, files);
+  }
   if (info.count > 1) {
     if (!name || name.count !== info.count || name.no !== 0) {
       throw splitError(
@@ -183,48 +256,11 @@ export function openGgufModel(path: string): GgufFile {
         throw splitError(p, `shard ${i + 1} of ${info.count} of the split model ${nodePath.basename(path)} is missing`);
       }
       const f = openGguf(p);
-      const s = splitInfo(f);
-      if (!s)
-        throw splitError(p, `shard ${i + 1} of ${info.count} has no "${KEY_SPLIT_COUNT}": not a shard of this model`);
-      if (s.count !== info.count) {
-        throw splitError(p, `"${KEY_SPLIT_COUNT}" is ${s.count}, but the first shard says ${info.count}`);
-      }
-      if (s.no !== i) {
-        throw splitError(p, `"${KEY_SPLIT_NO}" is ${s.no}; as shard ${i + 1} of ${info.count} it must be ${i}`);
-      }
+      checkShard(f, i, info, "");
       files.push(f);
     }
   }
-  const total = files.reduce((n, f) => n + f.tensors.length, 0);
-  if (total !== info.tensorsCount) {
-    throw splitError(
-      path,
-      `the ${info.count} shards hold ${total} tensors (${files.map((f) => f.tensors.length).join(" + ")}), but "${KEY_SPLIT_TENSORS_COUNT}" is ${info.tensorsCount}`,
-    );
-  }
-  const tensors: GgufTensorInfo[] = [];
-  const tensorMap = new Map<string, GgufTensorInfo>();
-  const shardOf = new Map<string, string>();
-  for (const f of files) {
-    for (const t of f.tensors) {
-      const prev = shardOf.get(t.name);
-      if (prev !== undefined) {
-        throw new GgufError("DUPLICATE_TENSOR", `tensor "${t.name}" is in shard ${prev} and in this shard`, {
-          path: f.path,
-        });
-      }
-      shardOf.set(t.name, nodePath.basename(f.path));
-      const withPath = { ...t, path: f.path };
-      tensors.push(withPath);
-      tensorMap.set(t.name, withPath);
-    }
-  }
-  return {
-    ...first,
-    tensors,
-    tensorMap,
-    splits: files.map((f) => ({ path: f.path, fileSize: f.fileSize, tensorCount: f.tensors.length })),
-  };
+  return combine(path, info, files);
 }
 
 /** What a GGUF file holds, as far as running it goes. */
@@ -437,14 +473,15 @@ export async function writeGgufSplit(
 /**
  * Merge the shards of a split model into one file, as llama.cpp's `gguf-split --merge` does: the first
  * shard's metadata with `split.count` set to 0 (so the result is not taken for a shard), then every
- * shard's tensors in order, their data byte for byte. Written atomically.
- * @param firstShard path of the first shard (`…-00001-of-0000N.gguf`)
+ * shard's tensors in order, their data byte for byte. Written atomically. Shards joined into one file
+ * with `cat` are merged the same way.
+ * @param firstShard path of the first shard (`…-00001-of-0000N.gguf`), or of the shards joined with `cat`
  * @returns the size of the file written
  * @throws GgufError as {@link openGgufModel}; `BAD_SPLIT` when the input is not a split model; `IO`
  *   when `out` is one of the shards, and for file-system failures
  */
 export async function mergeGgufSplit(firstShard: string, out: string): Promise<number> {
-  const file = openGgufModel(firstShard);
+  const file = openGgufModel(firstShard, { joined: true });
   if (!file.splits) {
     throw new GgufError("BAD_SPLIT", `not a split model (no "${KEY_SPLIT_COUNT}" above 0): nothing to merge`, {
       path: firstShard,

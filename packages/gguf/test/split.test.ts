@@ -123,7 +123,26 @@ describe("split models (gguf-split layout)", () => {
     e = catchGguf(() => openGgufModel(joined));
     expect(e.code).toBe("BAD_SPLIT");
     expect(e.message).toMatch(/joined\.gguf: holds the 3 shards of a split model joined into one file \(with cat\)/);
-    expect(e.message).toContain("powerinfer gguf-split --merge");
+    expect(e.message).toContain(`powerinfer gguf-split --merge ${joined} OUT`);
+    // ... which merges them: the same file as merging the shards
+    const fromJoined = openGgufModel(joined, { joined: true });
+    expect(fromJoined.tensors.map((t) => [t.name, t.path])).toEqual(original.tensors.map((t) => [t.name, joined]));
+    for (const t of original.tensors) {
+      expect(Buffer.compare(readTensorBytes(fromJoined, t.name), readTensorBytes(original, t))).toBe(0);
+    }
+    await mergeGgufSplit(joined, join(dir, "from-joined.gguf"));
+    await mergeGgufSplit(paths[0], join(dir, "from-shards.gguf"));
+    expect(
+      Buffer.compare(readFileSync(join(dir, "from-joined.gguf")), readFileSync(join(dir, "from-shards.gguf"))),
+    ).toBe(0);
+    // a joined file cut inside its last shard
+    const cut = join(dir, "cut.gguf");
+    writeFileSync(
+      cut,
+      readFileSync(joined).subarray(0, readFileSync(paths[0]).length + readFileSync(paths[1]).length + 100),
+    );
+    e = catchGguf(() => openGgufModel(cut, { joined: true }));
+    expect(["TRUNCATED", "LENGTH_PAST_END", "TENSOR_OUT_OF_BOUNDS"]).toContain(e.code);
 
     const renamed = join(dir, "renamed.gguf");
     copyFileSync(paths[0], renamed);
@@ -149,7 +168,7 @@ describe("split models (gguf-split layout)", () => {
     writeGguf(splitPath(join(sub, "d"), 1, 2), { metadata: keys(1, 2), tensors: [t] });
     let e = catchGguf(() => openGgufModel(splitPath(join(sub, "d"), 0, 2)));
     expect(e.code).toBe("DUPLICATE_TENSOR");
-    expect(e.message).toMatch(/tensor "w" is in shard d-00001-of-00002\.gguf and in this shard/);
+    expect(e.message).toMatch(/tensor "w" is in shard 1 \(d-00001-of-00002\.gguf\) and in shard 2$/);
     writeGguf(splitPath(join(sub, "d"), 0, 2), { metadata: keys(0, 3), tensors: [t] });
     writeGguf(splitPath(join(sub, "d"), 1, 2), { metadata: keys(1, 3), tensors: [{ ...t, name: "v" }] });
     e = catchGguf(() => openGgufModel(splitPath(join(sub, "d"), 0, 2)));
@@ -227,7 +246,7 @@ function valueAt(buf: Uint8Array, key: string): number {
 }
 
 describe("fuzz: damaged split models open whole or throw a typed GgufError", () => {
-  it("300 seeded damages (shards truncated, split counts changed, shards removed or swapped)", async () => {
+  it("300 seeded damages (shards truncated, split counts changed, shards removed or swapped), as files and joined with cat", async () => {
     const base = await split("fuzz-base");
     const bytes = base.map((p) => new Uint8Array(readFileSync(p)));
     const rand = rng(0x5911_7);
@@ -241,6 +260,7 @@ describe("fuzz: damaged split models open whole or throw a typed GgufError", () 
       "IO", // the first shard removed
     ]);
     const outcomes = new Map<string, number>();
+    const joinedOutcomes = new Map<string, number>();
     const sub = mkdtempSync(join(dir, "fuzz-"));
     const prefix = join(sub, "m");
     for (let iter = 0; iter < 300; iter++) {
@@ -293,7 +313,27 @@ describe("fuzz: damaged split models open whole or throw a typed GgufError", () 
         outcome = e.code;
       }
       outcomes.set(outcome, (outcomes.get(outcome) ?? 0) + 1);
+      // the same shards joined with cat, opened for merging
+      const joined = join(sub, "joined.gguf");
+      writeFileSync(joined, Buffer.concat(files.filter((_, i) => present[i])));
+      try {
+        const f = openGgufModel(joined, { joined: true });
+        if (f.splits) {
+          expect(f.tensors.map((t) => t.name)).toEqual(original.tensors.map((t) => t.name));
+          for (const t of original.tensors) {
+            expect(Buffer.compare(readTensorBytes(f, t.name), readTensorBytes(original, t))).toBe(0);
+          }
+        }
+        joinedOutcomes.set("opened", (joinedOutcomes.get("opened") ?? 0) + 1);
+      } catch (e) {
+        if (!(e instanceof GgufError)) throw new Error(`joined #${iter} (${kinds.join(", ")}): ${(e as Error).stack}`);
+        expect(allowed.has(e.code) || e.code === "BAD_MAGIC", `joined #${iter}: ${e.code} ${e.message}`).toBe(true);
+        joinedOutcomes.set(e.code, (joinedOutcomes.get(e.code) ?? 0) + 1);
+      }
     }
+    if (process.env.FUZZ_VERBOSE) console.log("joined", [...joinedOutcomes]);
+    expect(joinedOutcomes.get("opened") ?? 0).toBeGreaterThan(0);
+    expect(joinedOutcomes.get("BAD_SPLIT") ?? 0).toBeGreaterThan(0);
     if (process.env.FUZZ_VERBOSE) console.log([...outcomes]);
     expect(outcomes.get("BAD_SPLIT") ?? 0).toBeGreaterThan(50);
     expect(outcomes.get("opened") ?? 0).toBeGreaterThan(0);

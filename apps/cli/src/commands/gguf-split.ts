@@ -69,7 +69,10 @@ export function register(program: Command): void {
     .description(
       "split a model into shards OUT_PREFIX-0000i-of-0000N.gguf as llama.cpp's gguf-split does, or merge a split model (give its first shard) into one file",
     )
-    .argument("<in>", "model to split, or with --merge the first shard of a split model")
+    .argument(
+      "<in>",
+      "model to split, or with --merge the first shard of a split model (or its shards joined with cat)",
+    )
     .argument("<out>", "output prefix of the shards, or with --merge the output file")
     .option("--split", "split (the default)")
     .option("--merge", "merge the shards of a split model into one file")
@@ -90,7 +93,7 @@ export function register(program: Command): void {
           if (o.splitMaxTensors !== undefined || o.splitMaxSize !== undefined) {
             throw new InvalidArgumentError("--merge takes no --split-max-* option");
           }
-          const file = openGgufModel(input);
+          const file = openGgufModel(input, { joined: true });
           if (o.dryRun) {
             process.stdout.write(
               `would merge ${file.splits?.length ?? 1} shards (${file.tensors.length} tensors) into ${out}\n`,
