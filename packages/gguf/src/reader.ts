@@ -55,6 +55,14 @@ export interface GgufTensorInfo {
   path?: string;
 }
 
+/**
+ * Whether a tensor may have a zero-sized dimension: only a PowerInfer GPU index's `blk.N.gpu_bucket`
+ * (a layer with no GPU neurons); weights may not.
+ */
+export function zeroSizedAllowed(architecture: unknown, tensorName: string): boolean {
+  return architecture === "generic.gpu_index" && tensorName.endsWith(".gpu_bucket");
+}
+
 /** A parsed GGUF or PWRI header. */
 export interface GgufFile {
   /** Path it was read from (or the name given to {@link parseGgufBuffer}). */
@@ -427,8 +435,7 @@ function parse(src: ByteSource, path: string, base = 0): GgufFile {
   const tensors: GgufTensorInfo[] = [];
   const tensorMap = new Map<string, GgufTensorInfo>();
   const offsetFieldAt: number[] = [];
-  // Only a PowerInfer GPU index may hold empty tensors (a layer with no GPU neurons has an empty gpu_bucket).
-  const gpuIndex = metadata.get("general.architecture") === "generic.gpu_index";
+  const arch = metadata.get("general.architecture");
   for (let i = 0; i < Number(tensorCount); i++) {
     const nameAt = c.pos;
     const name = c.string(`tensor #${i} name`);
@@ -444,7 +451,7 @@ function parse(src: ByteSource, path: string, base = 0): GgufFile {
       const neAt = c.pos;
       const ne = c.u64(`tensor "${name}" ne[${d}]`);
       if (ne > MAX_I64) c.fail("ELEMENT_OVERFLOW", `tensor "${name}" ne[${d}] = ${ne} does not fit in int64`, neAt);
-      if (ne === 0n && !(gpuIndex && name.endsWith(".gpu_bucket"))) {
+      if (ne === 0n && !zeroSizedAllowed(arch, name)) {
         c.fail("BAD_SHAPE", `tensor "${name}" has a zero-sized dimension (ne[${d}] = 0)`, neAt);
       }
       n *= ne;

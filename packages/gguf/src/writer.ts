@@ -14,7 +14,7 @@ import * as fs from "node:fs";
 import * as nodePath from "node:path";
 import { GgufError } from "./errors.js";
 import { type GGMLType, ggmlTypeName, ggmlTypeToPwri, isGgmlType, tensorByteLength } from "./ggml-types.js";
-import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, type GgufFile, keyProblem } from "./reader.js";
+import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, type GgufFile, keyProblem, zeroSizedAllowed } from "./reader.js";
 import { type GgufValue, GgufValueType, type GgufValueTypeInfo, isValueType, valueTypeSize } from "./values.js";
 
 /** One metadata entry to write. */
@@ -318,6 +318,7 @@ function plan(spec: GgufWriteSpec): Plan {
     writeValue(w, e.type, e.value, e.key);
   }
 
+  const arch = entries.find((e) => e.key === "general.architecture")?.value;
   const names = new Set<string>();
   const tensors: Plan["tensors"] = [];
   let offset = 0;
@@ -338,6 +339,9 @@ function plan(spec: GgufWriteSpec): Plan {
       );
     }
     if (!isGgmlType(t.type)) throw new GgufError("UNKNOWN_TYPE", `tensor "${t.name}": unknown ggml type id ${t.type}`);
+    if (t.shape.some((d) => d === 0) && !zeroSizedAllowed(arch, t.name)) {
+      throw new GgufError("BAD_SHAPE", `tensor "${t.name}" has a zero-sized dimension [${t.shape}]`);
+    }
     let storedType: number = t.type;
     if (format === "PWRI") {
       const id = ggmlTypeToPwri(t.type);

@@ -234,6 +234,15 @@ describe("typed parse errors name the byte offset", () => {
       nKv: 1,
     });
     expectError(notBucket.build(), "BAD_SHAPE", notBucket.marks.ne0_0, /zero-sized/);
+    // the writer refuses what the reader refuses
+    const w = catchGguf(() =>
+      serializeGguf({
+        metadata: [],
+        tensors: [{ name: "w", type: GGMLType.F32, shape: [8, 0], data: new Uint8Array(0) }],
+      }),
+    );
+    expect(w.code).toBe("BAD_SHAPE");
+    expect(w.message).toBe('tensor "w" has a zero-sized dimension [8,0]');
   });
 
   it("TOO_MANY_DIMS", () => {
