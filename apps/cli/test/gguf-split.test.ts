@@ -9,7 +9,15 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { Model } from "@powerinfer/core";
-import { GgufTypes, GgufValueType, metadataEntries, openGguf, readTensorBytes, serializeGguf } from "@powerinfer/gguf";
+import {
+  GgufTypes,
+  GgufValueType,
+  metadataEntries,
+  openGguf,
+  readTensorBytes,
+  serializeGguf,
+  writeActivationStats,
+} from "@powerinfer/gguf";
 import { afterAll, describe, expect, it } from "vitest";
 import { loadLlamaCpp } from "../src/bench/llama-cpp.js";
 
@@ -201,7 +209,7 @@ function withKey(name: string, placeholder: string, patch: (buf: Uint8Array, at:
 }
 
 describe("vocabulary-only files and malformed metadata keys", () => {
-  it("run and serve refuse a vocabulary-only file in one line; inspect describes it", () => {
+  it("run and serve refuse a vocabulary-only file in one line; inspect describes it; a GPU index and activation statistics are named", () => {
     const msg = `powerinfer: GgufError NOT_A_MODEL: ${vocab}: this is a vocabulary-only file: it holds a tokenizer but no weights\n`;
     const run = cli(["run", "-m", vocab, "-p", "hello"]);
     expect(run.code).toBe(1);
@@ -215,6 +223,20 @@ describe("vocabulary-only files and malformed metadata keys", () => {
     expect(inspect.stdout).toMatch(/^sparse: +this is a vocabulary-only file/m);
     const idx = cli(["run", "-m", join(models, "powerinfer", "tiny.generated.gpuidx"), "-p", "x"]);
     expect(idx.stderr).toMatch(/^powerinfer: GgufError NOT_A_MODEL: .*this is a PowerInfer GPU index/);
+    const statsPath = join(dir, "m.activations.gguf");
+    writeActivationStats(statsPath, {
+      counts: [Int32Array.of(3, 0, 1, 2)],
+      nFf: 4,
+      tokenCount: 3,
+      corpusName: "t.txt",
+      corpusSha256: "0".repeat(64),
+      modelSha256: "0".repeat(64),
+    });
+    const stats = cli(["run", "-m", statsPath, "-p", "x"]);
+    expect(stats.code).toBe(1);
+    expect(stats.stderr).toBe(
+      `powerinfer: GgufError NOT_A_MODEL: ${statsPath}: this is an activation-statistics file (written by \`powerinfer profile\`), not a model: give the model file it was measured on\n`,
+    );
   });
 
   const bad: Array<[string, () => string, RegExp]> = [
