@@ -3,7 +3,7 @@
  * vocabulary-only files, and malformed metadata keys — real processes, real files.
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -18,7 +18,7 @@ import {
   serializeGguf,
   writeActivationStats,
 } from "@powerinfer/gguf";
-import { afterAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { loadLlamaCpp } from "../src/bench/llama-cpp.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -46,9 +46,13 @@ const peer = await loadLlamaCpp();
 describe("powerinfer gguf-split", () => {
   const prefix = join(dir, "stories260K");
   const shards = [1, 2, 3].map((i) => `${prefix}-0000${i}-of-00003.gguf`);
+  // every test here uses these shards (and runs alone too)
+  let r: ReturnType<typeof cli>;
+  beforeAll(() => {
+    r = cli(["gguf-split", "--split-max-tensors", "20", stories, prefix]);
+  });
 
   it("splits stories260K into 3 shards by --split-max-tensors 20 (20, 20, 8 tensors)", () => {
-    const r = cli(["gguf-split", "--split-max-tensors", "20", stories, prefix]);
     expect(r.code, r.stderr).toBe(0);
     expect(r.stderr.trim().split("\n")).toEqual([
       `wrote ${shards[0]} (20 tensors, 0.64 MB)`,
@@ -164,9 +168,16 @@ describe("powerinfer gguf-split", () => {
     "llama.cpp (node-llama-cpp) loads our shards and gives the same greedy ids as the unsplit file",
     async () => {
       if ("unavailable" in peer) return;
+      // shards and a merged file of their own, written by the command
+      const own = join(dir, "peer", "stories260K");
+      mkdirSync(dirname(own), { recursive: true });
+      expect(cli(["gguf-split", "--split-max-tensors", "20", stories, own]).code).toBe(0);
+      const first = `${own}-00001-of-00003.gguf`;
+      const merged = join(dir, "peer", "merged.gguf");
+      expect(cli(["gguf-split", "--merge", first, merged]).code).toBe(0);
       try {
         const ids: number[][] = [];
-        for (const path of [stories, shards[0], join(dir, "merged.gguf")]) {
+        for (const path of [stories, first, merged]) {
           const runner = await peer.open(path, { contextSize: 256, batchSize: 256, threads: 1 });
           ids.push((await runner.greedy(ref.prompt_token_ids, 32)).ids);
           await runner.dispose();
@@ -176,7 +187,7 @@ describe("powerinfer gguf-split", () => {
         expect(ids[2]).toEqual(ids[0]);
         // and ours from the shards, the same ids
         const backend = await cpuBackend.load({ threads: 1 });
-        const model = await Model.load(shards[0], { backend });
+        const model = await Model.load(first, { backend });
         expect(model.file.splits).toHaveLength(3);
         const s = model.createSession({ nCtx: 256 });
         const got: number[] = [];
