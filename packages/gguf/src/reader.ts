@@ -22,6 +22,7 @@ import * as fs from "node:fs";
 import { GgufError, type GgufErrorCode } from "./errors.js";
 import { GGML_TYPE_INFO, type GGMLType, isGgmlType, pwriTypeToGgml } from "./ggml-types.js";
 import { dequantize } from "./quant.js";
+import type { GgufShard } from "./split.js";
 import { type GgufValue, GgufValueType, type GgufValueTypeInfo, isValueType, valueTypeSize } from "./values.js";
 
 /** Default `general.alignment` (GGUF spec). */
@@ -89,7 +90,7 @@ export interface GgufFile {
    * The shards, in order, of a split model opened from its first shard with `openGgufModel`
    * (`path` is then the first shard; `fileSize`, `dataOffset` and `alignment` are the first shard's).
    */
-  splits?: Array<{ path: string; fileSize: number; tensorCount: number }>;
+  splits?: GgufShard[];
 }
 
 interface ByteSource {
