@@ -6,6 +6,7 @@ import { register as bench } from "./commands/bench.js";
 import { register as chat } from "./commands/chat.js";
 import { register as convert } from "./commands/convert.js";
 import { register as genModel } from "./commands/gen-model.js";
+import { register as ggufSplit } from "./commands/gguf-split.js";
 import { register as inspect } from "./commands/inspect.js";
 import { register as perplexity } from "./commands/perplexity.js";
 import { register as plan } from "./commands/plan.js";
@@ -32,6 +33,7 @@ export function createProgram(): Command {
     inspect,
     convert,
     quantize,
+    ggufSplit,
     genModel,
     bench,
     backends,

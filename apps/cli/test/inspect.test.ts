@@ -91,7 +91,11 @@ describe("inspect", () => {
   it("non-model files get a verdict too", () => {
     expect(inspectFile(m("powerinfer/tiny.generated.gpuidx")).sparse.verdict).toBe("not-a-model");
     const vocab = inspectFile(m("vocab/ggml-vocab-gpt-2.gguf"));
-    expect(vocab.sparse).toEqual({ verdict: "not-a-model", reason: "no tensors: a vocabulary-only file" });
+    expect(vocab.sparse).toEqual({
+      verdict: "not-a-model",
+      reason: "this is a vocabulary-only file: it holds a tokenizer but no weights",
+    });
+    expect(vocab.kind).toBe("vocabulary");
     expect(vocab.config).toBeNull();
     expect(vocab.configError).toContain('unsupported architecture "gpt2"');
     expect(formatInspect(vocab)).toContain("hyper-parameters: not available");

@@ -26,6 +26,12 @@ export type GgufErrorCode =
   | "DUPLICATE_TENSOR"
   /** Two metadata entries with the same key. */
   | "DUPLICATE_KEY"
+  /** A metadata key that is empty, not valid UTF-8, or contains control characters. */
+  | "BAD_KEY"
+  /** Shards of a split model (`split.no` / `split.count`) that are missing, inconsistent or joined wrongly. */
+  | "BAD_SPLIT"
+  /** A well-formed GGUF that is not a model (vocabulary-only, GPU index, activation statistics) given as one. */
+  | "NOT_A_MODEL"
   /** A tensor with more than 4 dimensions (ggml's GGML_MAX_DIMS). */
   | "TOO_MANY_DIMS"
   /** A tensor's element count or byte size does not fit in 2^53 - 1 (or a dimension in int64). */

@@ -22,6 +22,7 @@ import * as fs from "node:fs";
 import { GgufError, type GgufErrorCode } from "./errors.js";
 import { GGML_TYPE_INFO, type GGMLType, isGgmlType, pwriTypeToGgml } from "./ggml-types.js";
 import { dequantize } from "./quant.js";
+import type { GgufShard } from "./split.js";
 import { type GgufValue, GgufValueType, type GgufValueTypeInfo, isValueType, valueTypeSize } from "./values.js";
 
 /** Default `general.alignment` (GGUF spec). */
@@ -46,8 +47,21 @@ export interface GgufTensorInfo {
   byteLength: number;
   /** Offset of the data relative to the data section (a multiple of the alignment). */
   offset: number;
-  /** Absolute file offset of the data (`dataOffset + offset`). */
+  /** Absolute file offset of the data (`dataOffset + offset`) in the file holding it. */
   fileOffset: number;
+  /**
+   * File holding the data when it is not `GgufFile.path`: the shard of a split model (set for every
+   * tensor of a model opened with `openGgufModel` from a first shard).
+   */
+  path?: string;
+}
+
+/**
+ * Whether a tensor may have a zero-sized dimension: only a PowerInfer GPU index's `blk.N.gpu_bucket`
+ * (a layer with no GPU neurons); weights may not.
+ */
+export function zeroSizedAllowed(architecture: unknown, tensorName: string): boolean {
+  return architecture === "generic.gpu_index" && tensorName.endsWith(".gpu_bucket");
 }
 
 /** A parsed GGUF or PWRI header. */
@@ -72,6 +86,11 @@ export interface GgufFile {
   tensors: GgufTensorInfo[];
   /** Tensors by name. */
   tensorMap: Map<string, GgufTensorInfo>;
+  /**
+   * The shards, in order, of a split model opened from its first shard with `openGgufModel`
+   * (`path` is then the first shard; `fileSize`, `dataOffset` and `alignment` are the first shard's).
+   */
+  splits?: GgufShard[];
 }
 
 interface ByteSource {
@@ -86,6 +105,44 @@ const bufferSources = new WeakMap<GgufFile, Uint8Array>();
 const CHUNK = 64 * 1024;
 // ignoreBOM keeps a leading U+FEFF in the string (the default would strip it and break round-trips).
 const utf8 = new TextDecoder("utf-8", { ignoreBOM: true });
+/** Keys must be valid UTF-8: decoding them fails instead of substituting U+FFFD. */
+const utf8Strict = new TextDecoder("utf-8", { ignoreBOM: true, fatal: true });
+// C0 controls, DEL and C1 controls.
+const CONTROL_CHAR = /[\u0000-\u001f\u007f-\u009f]/;
+/** The GGUF specification's naming convention: lower_snake_case segments separated by dots. */
+const KEY_CONVENTION = /^[a-z0-9_]+(\.[a-z0-9_]+)*$/;
+
+/**
+ * Why a metadata key breaks the GGUF naming convention (ASCII lower_snake_case segments separated by
+ * dots, at most 65535 bytes), or undefined when it follows it. Such keys are read (a warning, not an
+ * error); see {@link GgufErrorCode} `BAD_KEY` for keys that are refused.
+ */
+export function keyConventionProblem(key: string): string | undefined {
+  if (KEY_CONVENTION.test(key) && key.length <= 65535) return undefined;
+  if (key.length > 65535) return `metadata key "${key.slice(0, 40)}…" is longer than 65535 bytes`;
+  return `metadata key ${JSON.stringify(key)} does not follow the GGUF naming convention (ASCII lower_snake_case segments separated by dots)`;
+}
+
+/**
+ * Why a metadata key is refused — empty, or containing control characters — or undefined when it is
+ * acceptable. (Invalid UTF-8 is caught when the key's bytes are decoded.)
+ */
+export function keyProblem(key: string): string | undefined {
+  if (key.length === 0) return "metadata key is empty";
+  const m = CONTROL_CHAR.exec(key);
+  if (m) {
+    const hex = m[0].charCodeAt(0).toString(16).padStart(2, "0");
+    const shown = JSON.stringify(key).replace(
+      /[\u007f-\u009f]/g,
+      (ch) => `\\u${ch.charCodeAt(0).toString(16).padStart(4, "0")}`,
+    );
+    return `metadata key ${shown} contains the control character U+00${hex.toUpperCase()}`;
+  }
+  if (/[\ud800-\udbff](?![\udc00-\udfff])|(?<![\ud800-\udbff])[\udc00-\udfff]/.test(key)) {
+    return `metadata key ${JSON.stringify(key)} is not valid Unicode (a lone surrogate)`;
+  }
+  return undefined;
+}
 
 class Cursor {
   pos = 0;
@@ -96,6 +153,8 @@ class Cursor {
   constructor(
     private readonly src: ByteSource,
     private readonly path: string,
+    /** Where the container starts in the file (added to the offsets errors report). */
+    private readonly base = 0,
   ) {
     this.buf = src.whole ?? new Uint8Array(0);
     this.dv = new DataView(this.buf.buffer, this.buf.byteOffset, this.buf.byteLength);
@@ -106,7 +165,7 @@ class Cursor {
   }
 
   fail(code: GgufErrorCode, message: string, offset = this.pos): never {
-    throw new GgufError(code, message, { offset, path: this.path });
+    throw new GgufError(code, message, { offset: offset + this.base, path: this.path });
   }
 
   /** Make [pos, pos+n) addressable in `buf`; return the index of pos in it. */
@@ -205,6 +264,23 @@ class Cursor {
     return decodeUtf8(this.bytes(n, what));
   }
 
+  /** A metadata key: a string that must be non-empty, valid UTF-8 and free of control characters. */
+  key(what: string): string {
+    const at = this.pos;
+    const n = this.count(what, 1);
+    const b = this.bytes(n, what);
+    let key: string;
+    try {
+      key = utf8Strict.decode(b);
+    } catch {
+      const hex = Array.from(b.subarray(0, 32), (x) => x.toString(16).padStart(2, "0")).join(" ");
+      this.fail("BAD_KEY", `${what} is not valid UTF-8 (bytes ${hex}${b.length > 32 ? " …" : ""})`, at);
+    }
+    const problem = keyProblem(key);
+    if (problem) this.fail("BAD_KEY", key.length === 0 ? `${what} is empty` : problem, at);
+    return key;
+  }
+
   typedArray(t: GgufValueType, n: number, what: string): GgufValue {
     const size = valueTypeSize(t);
     const src = this.bytes(n * size, what);
@@ -293,8 +369,8 @@ function decodeUtf8(b: Uint8Array): string {
 const MAX_I64 = (1n << 63n) - 1n;
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 
-function parse(src: ByteSource, path: string): GgufFile {
-  const c: Cursor = new Cursor(src, path);
+function parse(src: ByteSource, path: string, base = 0): GgufFile {
+  const c: Cursor = new Cursor(src, path, base);
   const magicBytes = c.bytes(4, "magic");
   const magic = String.fromCharCode(...magicBytes);
   if (magic !== "GGUF" && magic !== "PWRI") {
@@ -328,7 +404,7 @@ function parse(src: ByteSource, path: string): GgufFile {
   let alignment = GGUF_DEFAULT_ALIGNMENT;
   for (let i = 0; i < Number(kvCount); i++) {
     const keyAt = c.pos;
-    const key = c.string(`metadata key #${i}`);
+    const key = c.key(`metadata key #${i}`);
     if (metadata.has(key)) c.fail("DUPLICATE_KEY", `duplicate metadata key "${key}"`, keyAt);
     const typeAt = c.pos;
     const type = c.u32(`type of "${key}"`);
@@ -360,6 +436,7 @@ function parse(src: ByteSource, path: string): GgufFile {
   const tensors: GgufTensorInfo[] = [];
   const tensorMap = new Map<string, GgufTensorInfo>();
   const offsetFieldAt: number[] = [];
+  const arch = metadata.get("general.architecture");
   for (let i = 0; i < Number(tensorCount); i++) {
     const nameAt = c.pos;
     const name = c.string(`tensor #${i} name`);
@@ -375,6 +452,9 @@ function parse(src: ByteSource, path: string): GgufFile {
       const neAt = c.pos;
       const ne = c.u64(`tensor "${name}" ne[${d}]`);
       if (ne > MAX_I64) c.fail("ELEMENT_OVERFLOW", `tensor "${name}" ne[${d}] = ${ne} does not fit in int64`, neAt);
+      if (ne === 0n && !zeroSizedAllowed(arch, name)) {
+        c.fail("BAD_SHAPE", `tensor "${name}" has a zero-sized dimension (ne[${d}] = 0)`, neAt);
+      }
       n *= ne;
       if (n > MAX_SAFE) {
         c.fail("ELEMENT_OVERFLOW", `tensor "${name}" has more than 2^53-1 elements (overflow at ne[${d}])`, neAt);
@@ -428,13 +508,14 @@ function parse(src: ByteSource, path: string): GgufFile {
       );
     }
   }
+  if (base !== 0) for (const t of tensors) t.fileOffset += base;
   return {
     path,
     format,
     version,
     alignment,
-    dataOffset,
-    fileSize: src.size,
+    dataOffset: dataOffset + base,
+    fileSize: src.size + base,
     metadata,
     metadataTypes,
     tensors,
@@ -480,6 +561,16 @@ function readFully(fd: number, pos: number, length: number): Uint8Array {
  *   byte offset of the bad field (see {@link GgufErrorCode})
  */
 export function openGguf(path: string): GgufFile {
+  return openGgufAt(path, 0);
+}
+
+/**
+ * Read the header of a GGUF container that starts at byte `base` of a file (e.g. the second of several
+ * shards joined with `cat`). Offsets in the result (`dataOffset`, tensors' `fileOffset`) and in errors
+ * are absolute in the file; `fileSize` is the whole file's.
+ * @throws GgufError as {@link openGguf}
+ */
+export function openGgufAt(path: string, base: number): GgufFile {
   let fd: number;
   try {
     fd = fs.openSync(path, "r");
@@ -493,17 +584,20 @@ export function openGguf(path: string): GgufFile {
     } catch (e) {
       throw ioError(path, "stat the file", e);
     }
+    if (base < 0 || base > size) {
+      throw new GgufError("TRUNCATED", `no GGUF container at byte ${base}: the file has ${size} bytes`, { path });
+    }
     const src: ByteSource = {
-      size,
+      size: size - base,
       read: (o, n) => {
         try {
-          return readFully(fd, o, n);
+          return readFully(fd, base + o, n);
         } catch (e) {
-          throw ioError(path, `read ${n} bytes at offset ${o}`, e);
+          throw ioError(path, `read ${n} bytes at offset ${base + o}`, e);
         }
       },
     };
-    return parse(src, path);
+    return parse(src, path, base);
   } finally {
     fs.closeSync(fd);
   }
@@ -523,26 +617,27 @@ export function getTensor(file: GgufFile, name: string): GgufTensorInfo {
  */
 export function readTensorBytes(file: GgufFile, tensor: GgufTensorInfo | string): Uint8Array {
   const t = typeof tensor === "string" ? getTensor(file, tensor) : tensor;
-  const buf = bufferSources.get(file);
+  const buf = t.path === undefined ? bufferSources.get(file) : undefined;
   if (buf) return buf.subarray(t.fileOffset, t.fileOffset + t.byteLength);
+  const path = t.path ?? file.path;
   let fd: number;
   try {
-    fd = fs.openSync(file.path, "r");
+    fd = fs.openSync(path, "r");
   } catch (e) {
-    throw ioError(file.path, "open the file", e);
+    throw ioError(path, "open the file", e);
   }
   try {
     const out = readFully(fd, t.fileOffset, t.byteLength);
     if (out.length !== t.byteLength) {
       throw new GgufError("TRUNCATED", `tensor "${t.name}": file ends before its ${t.byteLength} bytes`, {
         offset: t.fileOffset,
-        path: file.path,
+        path,
       });
     }
     return out;
   } catch (e) {
     if (e instanceof GgufError) throw e;
-    throw ioError(file.path, `read tensor "${t.name}"`, e);
+    throw ioError(path, `read tensor "${t.name}"`, e);
   } finally {
     fs.closeSync(fd);
   }

@@ -12,7 +12,7 @@ import * as fs from "node:fs";
 import * as nodePath from "node:path";
 import { GgufError } from "./errors.js";
 import { type GGMLType, ggmlTypeName, ggmlTypeToPwri, isGgmlType, tensorByteLength } from "./ggml-types.js";
-import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT } from "./reader.js";
+import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, zeroSizedAllowed } from "./reader.js";
 import { GgufValueType } from "./values.js";
 import { type GgufWriteSpec, metadataEntries, serializeGguf } from "./writer.js";
 
@@ -83,6 +83,7 @@ function planStream(spec: GgufStreamSpec): StreamPlan {
     new DataView(b.buffer).setBigUint64(0, BigInt(v), true);
     parts.push(b);
   };
+  const arch = entries.find((e) => e.key === "general.architecture")?.value;
   const names = new Set<string>();
   const tensors: StreamPlan["tensors"] = [];
   let offset = 0;
@@ -103,6 +104,9 @@ function planStream(spec: GgufStreamSpec): StreamPlan {
       );
     }
     if (!isGgmlType(t.type)) throw new GgufError("UNKNOWN_TYPE", `tensor "${t.name}": unknown ggml type id ${t.type}`);
+    if (t.shape.some((d) => d === 0) && !zeroSizedAllowed(arch, t.name)) {
+      throw new GgufError("BAD_SHAPE", `tensor "${t.name}" has a zero-sized dimension [${t.shape}]`);
+    }
     let storedType: number = t.type;
     if (format === "PWRI") {
       const id = ggmlTypeToPwri(t.type);

@@ -14,7 +14,7 @@ import * as fs from "node:fs";
 import * as nodePath from "node:path";
 import { GgufError } from "./errors.js";
 import { type GGMLType, ggmlTypeName, ggmlTypeToPwri, isGgmlType, tensorByteLength } from "./ggml-types.js";
-import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, type GgufFile } from "./reader.js";
+import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, type GgufFile, keyProblem, zeroSizedAllowed } from "./reader.js";
 import { type GgufValue, GgufValueType, type GgufValueTypeInfo, isValueType, valueTypeSize } from "./values.js";
 
 /** One metadata entry to write. */
@@ -281,6 +281,8 @@ function plan(spec: GgufWriteSpec): Plan {
 
   const keys = new Set<string>();
   for (const e of entries) {
+    const problem = typeof e.key === "string" ? keyProblem(e.key) : "metadata key is not a string";
+    if (problem) throw new GgufError("BAD_KEY", problem);
     if (keys.has(e.key)) throw new GgufError("DUPLICATE_KEY", `duplicate metadata key "${e.key}"`);
     keys.add(e.key);
   }
@@ -316,6 +318,7 @@ function plan(spec: GgufWriteSpec): Plan {
     writeValue(w, e.type, e.value, e.key);
   }
 
+  const arch = entries.find((e) => e.key === "general.architecture")?.value;
   const names = new Set<string>();
   const tensors: Plan["tensors"] = [];
   let offset = 0;
@@ -336,6 +339,9 @@ function plan(spec: GgufWriteSpec): Plan {
       );
     }
     if (!isGgmlType(t.type)) throw new GgufError("UNKNOWN_TYPE", `tensor "${t.name}": unknown ggml type id ${t.type}`);
+    if (t.shape.some((d) => d === 0) && !zeroSizedAllowed(arch, t.name)) {
+      throw new GgufError("BAD_SHAPE", `tensor "${t.name}" has a zero-sized dimension [${t.shape}]`);
+    }
     let storedType: number = t.type;
     if (format === "PWRI") {
       const id = ggmlTypeToPwri(t.type);
@@ -377,7 +383,7 @@ function tensorData(t: GgufTensorSpec, byteLength: number): Uint8Array {
 /**
  * Serialize a GGUF / PWRI file in memory.
  * @throws GgufError `BAD_VALUE` (value does not match its type, wrong data length, bad alignment),
- *   `DUPLICATE_KEY`, `DUPLICATE_TENSOR`, `TOO_MANY_DIMS`, `BAD_SHAPE`, `UNKNOWN_TYPE`,
+ *   `BAD_KEY` (empty key, control characters), `DUPLICATE_KEY`, `DUPLICATE_TENSOR`, `TOO_MANY_DIMS`, `BAD_SHAPE`, `UNKNOWN_TYPE`,
  *   `UNSUPPORTED_TYPE` (type PowerInfer lacks, in PWRI output)
  */
 export function serializeGguf(spec: GgufWriteSpec): Uint8Array {

@@ -9,6 +9,7 @@ import {
   getOptionalNumber,
   getOptionalString,
   getString,
+  keyConventionProblem,
   openGguf,
   parseGgufBuffer,
   readTensorBytes,
@@ -181,6 +182,67 @@ describe("typed parse errors name the byte offset", () => {
       .u32(GgufValueType.UINT8)
       .raw(2);
     expectError(k.build(), "DUPLICATE_KEY", k.marks.second, /duplicate metadata key "k"/);
+  });
+
+  it("BAD_KEY: empty, control characters, invalid UTF-8; a naming-convention break is only reported", () => {
+    const kv = (key: number[]) => {
+      const c = header(0, 1)
+        .mark("key")
+        .u64(key.length)
+        .raw(...key);
+      return c.u32(GgufValueType.UINT8).raw(7);
+    };
+    const ascii = (s: string) => Array.from(s, (ch) => ch.charCodeAt(0));
+    let c = kv([]);
+    expectError(c.build(), "BAD_KEY", c.marks.key, /metadata key #0 is empty/);
+    c = kv([...ascii("general."), 0x01, ...ascii("name")]);
+    expectError(c.build(), "BAD_KEY", c.marks.key, /"general\.\\u0001name" contains the control character U\+0001/);
+    c = kv([...ascii("a"), 0x7f]);
+    expectError(c.build(), "BAD_KEY", c.marks.key, /control character U\+007F/);
+    c = kv([...ascii("general.na"), 0xff, 0xfe]);
+    expectError(c.build(), "BAD_KEY", c.marks.key, /metadata key #0 is not valid UTF-8 \(bytes 67 65 6e .* ff fe\)/);
+    // A C1 control character encoded as valid UTF-8 (U+0085) is refused too.
+    c = kv([...ascii("k"), 0xc2, 0x85]);
+    expectError(c.build(), "BAD_KEY", c.marks.key, /U\+0085/);
+    // Upper case, dashes and non-ASCII letters break only the convention: the file reads.
+    for (const key of ["General.Name", "my-key", "général.nom", "a..b"]) {
+      const f = parseGgufBuffer(kv(Array.from(new TextEncoder().encode(key))).build());
+      expect(f.metadata.get(key)).toBe(7);
+      expect(keyConventionProblem(key)).toMatch(/does not follow the GGUF naming convention/);
+    }
+    expect(keyConventionProblem("tokenizer.ggml.bos_token_id")).toBeUndefined();
+    // The writer refuses what the reader refuses.
+    for (const key of ["", "a\u0000b", "x\u0085"]) {
+      const e = catchGguf(() =>
+        serializeGguf({ metadata: [{ key, type: { type: GgufValueType.UINT8 }, value: 1 }], tensors: [] }),
+      );
+      expect(e.code).toBe("BAD_KEY");
+    }
+  });
+
+  it("BAD_SHAPE for a zero-sized dimension, except a GPU index's empty gpu_bucket", () => {
+    const c = withTensors([{ name: "w", dims: [8, 0], type: GGMLType.F32, offset: 0 }], 32);
+    expectError(c.build(), "BAD_SHAPE", c.marks.ne0_1, /tensor "w" has a zero-sized dimension \(ne\[1\] = 0\)/);
+    const arch = (k: Craft) => k.str("general.architecture").u32(GgufValueType.STRING).str("generic.gpu_index");
+    const ok = withTensors([{ name: "blk.0.gpu_bucket", dims: [0], type: GGMLType.F32, offset: 0 }], 0, {
+      kv: arch,
+      nKv: 1,
+    });
+    expect(parseGgufBuffer(ok.build()).tensors[0].nElements).toBe(0);
+    const notBucket = withTensors([{ name: "blk.0.gpu_idx", dims: [0], type: GGMLType.F32, offset: 0 }], 0, {
+      kv: arch,
+      nKv: 1,
+    });
+    expectError(notBucket.build(), "BAD_SHAPE", notBucket.marks.ne0_0, /zero-sized/);
+    // the writer refuses what the reader refuses
+    const w = catchGguf(() =>
+      serializeGguf({
+        metadata: [],
+        tensors: [{ name: "w", type: GGMLType.F32, shape: [8, 0], data: new Uint8Array(0) }],
+      }),
+    );
+    expect(w.code).toBe("BAD_SHAPE");
+    expect(w.message).toBe('tensor "w" has a zero-sized dimension [8,0]');
   });
 
   it("TOO_MANY_DIMS", () => {

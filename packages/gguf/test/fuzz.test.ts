@@ -26,6 +26,7 @@ const CODES = new Set<GgufErrorCode>([
   "UNKNOWN_TYPE",
   "DUPLICATE_TENSOR",
   "DUPLICATE_KEY",
+  "BAD_KEY",
   "TOO_MANY_DIMS",
   "ELEMENT_OVERFLOW",
   "BAD_SHAPE",
@@ -88,9 +89,10 @@ function synthetic(): Uint8Array {
 }
 
 /** Offsets of the u64 length/count fields and u32 type/dims fields of a parsed buffer's header. */
-function fieldOffsets(buf: Uint8Array, f: GgufFile): { u64: number[]; u32: number[] } {
+function fieldOffsets(buf: Uint8Array, f: GgufFile): { u64: number[]; u32: number[]; keys: number[][] } {
   const u64 = [8, 16];
   const u32: number[] = [];
+  const keys: number[][] = [];
   const enc = new TextEncoder();
   let from = 24;
   const find = (s: string) => {
@@ -107,6 +109,7 @@ function fieldOffsets(buf: Uint8Array, f: GgufFile): { u64: number[]; u32: numbe
     const end = at + enc.encode(key).length;
     u64.push(at - 8);
     u32.push(end);
+    keys.push([at, end - at]);
     if (info.type === GgufValueType.STRING) u64.push(end + 4);
     if (info.type === GgufValueType.ARRAY) {
       u32.push(end + 4);
@@ -125,7 +128,7 @@ function fieldOffsets(buf: Uint8Array, f: GgufFile): { u64: number[]; u32: numbe
     u64.push(end + 8 + 8 * t.shape.length); // offset
     from = end;
   }
-  return { u64, u32 };
+  return { u64, u32, keys };
 }
 
 /** [label, bytes, the whole file's header (for field offsets when `bytes` is only a prefix)]. */
@@ -141,7 +144,7 @@ const SOURCES: Array<[string, () => Uint8Array, string?]> = [
   ["gpt-2 vocab, first 96 KiB", () => head("vocab/ggml-vocab-gpt-2.gguf", 96 * 1024), "vocab/ggml-vocab-gpt-2.gguf"],
   ["synthetic", synthetic],
 ];
-const PER_SOURCE = 400;
+const PER_SOURCE = 500;
 
 describe("fuzz: mutated headers parse or throw a typed GgufError", () => {
   it(`${SOURCES.length * PER_SOURCE} seeded mutations (byte flips, truncations, length-field overwrites)`, () => {
@@ -162,7 +165,7 @@ describe("fuzz: mutated headers parse or throw a typed GgufError", () => {
         const nMut = 1 + (rand() % 3);
         const kinds: string[] = [];
         for (let m = 0; m < nMut; m++) {
-          const kind = rand() % 5;
+          const kind = rand() % 6;
           const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
           if (kind === 0) {
             // flip 1-8 random bits in the header region
@@ -194,6 +197,19 @@ describe("fuzz: mutated headers parse or throw a typed GgufError", () => {
             ];
             dv.setBigUint64(at, BigInt.asUintN(64, pick(vals)), true);
             kinds.push("len64");
+          } else if (kind === 5) {
+            // a key byte becomes a control character, invalid UTF-8, or (a length of 0) the key empty
+            const [at, len] = pick(fields.keys);
+            const v = pick([0x00, 0x01, 0x0a, 0x1f, 0x7f, 0x80, 0xc3, 0xff, -1]);
+            if (v < 0) {
+              if (at - 8 + 8 > buf.length) continue;
+              dv.setBigUint64(at - 8, 0n, true);
+            } else {
+              const i = at + (rand() % len);
+              if (i >= buf.length) continue;
+              buf[i] = v;
+            }
+            kinds.push("key");
           } else {
             const at = pick(fields.u32);
             if (at + 4 > buf.length) continue;
@@ -248,10 +264,18 @@ describe("fuzz: mutated headers parse or throw a typed GgufError", () => {
       }
     }
     if (process.env.FUZZ_VERBOSE) console.log(total, slowest.toFixed(1), [...outcomes]);
-    expect(total).toBeGreaterThanOrEqual(2000);
+    expect(total).toBeGreaterThanOrEqual(2500);
     // The mutations reach deep into the parser: successes and many different typed errors.
     expect(outcomes.get("parsed") ?? 0).toBeGreaterThan(50);
-    for (const code of ["TRUNCATED", "LENGTH_PAST_END", "UNKNOWN_TYPE", "TENSOR_OUT_OF_BOUNDS", "BAD_MAGIC"]) {
+    for (const code of [
+      "TRUNCATED",
+      "LENGTH_PAST_END",
+      "UNKNOWN_TYPE",
+      "TENSOR_OUT_OF_BOUNDS",
+      "BAD_MAGIC",
+      "BAD_KEY",
+      "BAD_SHAPE",
+    ]) {
       expect(outcomes.get(code) ?? 0, `${code} in ${JSON.stringify([...outcomes])}`).toBeGreaterThan(0);
     }
     expect(slowest).toBeLessThan(1000);

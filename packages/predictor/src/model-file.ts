@@ -17,7 +17,8 @@ import {
   GgufTypes,
   ggmlTypeName,
   metadataEntries,
-  openGguf,
+  withoutSplitKeys,
+  openGgufModel,
   quantize,
   readTensorBytes,
   writeGguf,
@@ -87,13 +88,14 @@ function transposeF32(a: Float32Array, rows: number, cols: number): Float32Array
  *   quantize to F16 first), RangeError for predictors that do not fit the model
  */
 export function rewriteModel(inPath: string, outPath: string, opts: RewriteOptions = {}): RewriteResult {
-  const file = openGguf(inPath);
+  const file = openGgufModel(inPath);
   return rewriteModelFile(file, outPath, opts);
 }
 
 /** {@link rewriteModel} on an opened file. */
 export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteOptions = {}): RewriteResult {
-  if (resolvePath(outPath) === resolvePath(file.path)) {
+  const inputs = file.splits ? file.splits.map((s) => s.path) : [file.path];
+  if (inputs.some((p) => resolvePath(outPath) === resolvePath(p))) {
     throw new RangeError(`output ${outPath} is the input model; choose another path (the input would be lost)`);
   }
   const format = opts.format ?? file.format;
@@ -204,8 +206,9 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
     if (preds && layer !== undefined) specs.push(...predictorSpecs(layer));
   });
 
-  // Metadata: the input's, then replacements/additions.
-  const entries = metadataEntries(file);
+  // Metadata: the input's (a split model's without its split keys: the output is one file), then
+  // replacements/additions.
+  const entries = metadataEntries(file.splits ? withoutSplitKeys(file) : file);
   const set = (e: GgufMetadataEntry) => {
     const i = entries.findIndex((x) => x.key === e.key);
     if (i >= 0) entries[i] = e;

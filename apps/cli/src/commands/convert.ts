@@ -2,10 +2,11 @@
  * `powerinfer convert`: rewrites a model as PowerInfer GGUF (`PWRI`: ffn_down stored transposed as
  * ffn_down_t) or back to plain GGUF, optionally taking the predictors of another file.
  */
-import { openGguf, parseModelConfig } from "@powerinfer/gguf";
+import { openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
+import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 import { float } from "./common.js";
 
 interface ConvertOptions {
@@ -13,6 +14,7 @@ interface ConvertOptions {
   predictors?: string;
   keepPredictors?: boolean;
   sparseThreshold?: number;
+  splitMaxSize?: number;
 }
 
 export function register(program: Command): void {
@@ -20,7 +22,7 @@ export function register(program: Command): void {
     .command("convert")
     .description("rewrite a model as PowerInfer GGUF (PWRI, ffn_down transposed) or plain GGUF")
     .argument("<input>", "GGUF or PowerInfer GGUF model")
-    .argument("<output>", "output file")
+    .argument("<output>", "output file (with --split-max-size: OUT without .gguf is the prefix of the shards)")
     .option("--to <format>", "pwri or gguf", "pwri")
     .option("--predictors <file>", "take the predictors (blk.N.fc1/fc2 and the threshold) from this model file")
     .option(
@@ -28,11 +30,17 @@ export function register(program: Command): void {
       "with --to gguf: keep the predictor tensors (powerinfer-ts reads them; llama.cpp does not)",
     )
     .option("--sparse-threshold <x>", "set powerinfer.sparse_threshold (needs predictors)", float("sparse-threshold"))
+    .option(
+      "--split-max-size <size>",
+      "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
+      (v) => parseSplitSize(v),
+    )
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
         const to = o.to.toLowerCase();
         if (to !== "pwri" && to !== "gguf") throw new InvalidArgumentError(`--to must be pwri or gguf, got "${o.to}"`);
-        const file = openGguf(input);
+        // the first shard of a split model opens the whole model; the output is one file (or new shards)
+        const file = openGgufModel(input);
         const cfg = parseModelConfig(file);
         let preds: ReturnType<typeof readPredictors> | undefined;
         if (o.predictors) {
@@ -54,13 +62,19 @@ export function register(program: Command): void {
             "note: predictors (blk.N.fc1/fc2) left out: llama.cpp cannot load a GGUF with them (--keep-predictors keeps them for powerinfer-ts)\n",
           );
         }
-        const r = rewriteModelFile(file, output, {
-          format: to === "pwri" ? "PWRI" : "GGUF",
-          predictors: preds,
-          dropPredictors: drop,
+        let r: ReturnType<typeof rewriteModelFile> | undefined;
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
+          r = rewriteModelFile(file, path, {
+            format: to === "pwri" ? "PWRI" : "GGUF",
+            predictors: preds,
+            dropPredictors: drop,
+          });
         });
+        if (!r) return;
         for (const n of r.notes) process.stderr.write(`note: ${n}\n`);
-        process.stderr.write(`wrote ${output} (${r.format}, ${r.tensors} tensors)\n`);
+        process.stderr.write(
+          `wrote ${paths.length > 1 ? `${paths.length} shards ${paths[0]} …` : paths[0]} (${r.format}, ${r.tensors} tensors)\n`,
+        );
       }),
     );
 }

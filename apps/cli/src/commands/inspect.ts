@@ -3,15 +3,21 @@
  * architecture and hyper-parameters, the tensor table, sizes — and whether it can run sparse.
  */
 import {
+  GgufError,
   type GgufFile,
   type GgufValue,
   GgufValueType,
   type GgufValueTypeInfo,
   ggmlTypeName,
+  ggufFileKind,
+  keyConventionProblem,
   type ModelConfig,
+  notAModelReason,
   openGguf,
+  openGgufModel,
   parseModelConfig,
   readActivationStats,
+  splitInfo,
   valueTypeName,
 } from "@powerinfer/gguf";
 import { existsSync } from "node:fs";
@@ -36,8 +42,10 @@ export interface InspectTensor {
   /** ggml order, ne0 first. */
   shape: number[];
   bytes: number;
-  /** Absolute file offset of the data. */
+  /** Absolute file offset of the data (in its shard, for a split model). */
   offset: number;
+  /** 1-based shard holding the tensor, for a split model. */
+  shard?: number;
 }
 
 /** Everything `inspect` reports; JSON-serializable (64-bit integers are given as decimal strings). */
@@ -56,6 +64,20 @@ export interface InspectReport {
   config: ModelConfig | null;
   /** Why there is no config (missing key, unsupported architecture, …). */
   configError: string | null;
+  /** What the file holds: a model, or a file of another kind (vocabulary-only, GPU index, …). */
+  kind: string;
+  /**
+   * For a split model (or one shard of it): the shard number (1-based) of this file, the shard count,
+   * the shards found (path, bytes, tensors) and, when the model cannot be opened from this file, why.
+   */
+  split?: {
+    shard: number;
+    count: number;
+    shards: Array<{ path: string; fileSize: number; tensorCount: number }>;
+    error?: string;
+  };
+  /** Warnings: metadata keys that break the GGUF naming convention. */
+  warnings: string[];
   tensors: InspectTensor[];
   /** Sum of the tensors' data bytes. */
   tensorBytes: number;
@@ -104,7 +126,8 @@ export function sparseVerdict(
   if (arch === "generic.gpu_index") {
     return { verdict: "not-a-model", reason: "a PowerInfer GPU index (neuron placement plan), not a model" };
   }
-  if (file.tensors.length === 0) return { verdict: "not-a-model", reason: "no tensors: a vocabulary-only file" };
+  const notAModel = notAModelReason(file);
+  if (notAModel) return { verdict: "not-a-model", reason: notAModel };
   if (!config) return { verdict: "not-a-model", reason: `cannot run this file: ${configError}` };
   const act = config.ffn.up_activation
     ? `ReLU(gate)·ReLU(up)`
@@ -135,21 +158,39 @@ export function sparseVerdict(
  * @throws GgufError when the file cannot be read or is not a valid GGUF / PWRI container
  */
 export function inspectFile(path: string): InspectReport {
-  const file = openGguf(path);
+  let file: GgufFile;
+  let splitError: string | undefined;
+  try {
+    file = openGgufModel(path);
+  } catch (e) {
+    // a shard that does not open as a model (not the first, others missing) is still shown on its own
+    if (!(e instanceof GgufError) || e.code !== "BAD_SPLIT") throw e;
+    file = openGguf(path);
+    splitError = e.message;
+  }
+  const si = splitInfo(file);
   let config: ModelConfig | null = null;
   let configError: string | null = null;
   try {
+    if (splitError) throw new Error(splitError);
     config = parseModelConfig(file);
   } catch (e) {
     configError = e instanceof Error ? e.message.replace(`${path}: `, "") : String(e);
   }
+  const shardNo = new Map((file.splits ?? []).map((s, i) => [s.path, i + 1]));
   const tensors = file.tensors.map((t) => ({
     name: t.name,
     type: ggmlTypeName(t.type),
     shape: t.shape,
     bytes: t.byteLength,
     offset: t.fileOffset,
+    ...(t.path !== undefined && shardNo.has(t.path) ? { shard: shardNo.get(t.path) } : {}),
   }));
+  const warnings: string[] = [];
+  for (const key of file.metadata.keys()) {
+    const w = keyConventionProblem(key);
+    if (w) warnings.push(w);
+  }
   const typeCounts: Record<string, number> = {};
   for (const t of tensors) typeCounts[t.type] = (typeCounts[t.type] ?? 0) + 1;
   const arch = file.metadata.get("general.architecture");
@@ -165,6 +206,18 @@ export function inspectFile(path: string): InspectReport {
     name: typeof name === "string" ? name : null,
     config,
     configError,
+    kind: ggufFileKind(file),
+    ...(si
+      ? {
+          split: {
+            shard: si.no + 1,
+            count: si.count,
+            shards: file.splits ?? [{ path, fileSize: file.fileSize, tensorCount: file.tensors.length }],
+            ...(splitError ? { error: splitError.replace(`${path}: `, "") } : {}),
+          },
+        }
+      : {}),
+    warnings,
     tensors,
     tensorBytes: tensors.reduce((s, t) => s + t.bytes, 0),
     parameters: file.tensors.reduce((s, t) => s + t.nElements, 0),
@@ -174,7 +227,9 @@ export function inspectFile(path: string): InspectReport {
       type: typeLabel(file.metadataTypes.get(key)!),
       value: summarize(v),
     })),
-    sparse: sparseVerdict(file, config, configError),
+    sparse: splitError
+      ? { verdict: "not-a-model", reason: `cannot run this file: ${splitError.replace(`${path}: `, "")}` }
+      : sparseVerdict(file, config, configError),
     activationStats: statsSummary(path, config),
   };
 }
@@ -222,7 +277,29 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
   out.push(
     `format:        ${r.format}${pwri} v${r.version}, alignment ${r.alignment}, tensor data at byte ${num(r.dataOffset)}`,
   );
+  const sp = r.split;
+  if (sp) {
+    const total = sp.shards.reduce((n, s) => n + s.fileSize, 0);
+    out.push(
+      sp.error
+        ? `split:         ${sp.error}`
+        : `split:         ${sp.count} shards, ${num(total)} bytes in all (${bytesHuman(total)}):`,
+    );
+    if (!sp.error) {
+      sp.shards.forEach((s, i) => {
+        out.push(`  ${i + 1}. ${s.path}  ${s.tensorCount} tensors, ${num(s.fileSize)} bytes`);
+      });
+    }
+  }
   out.push(`architecture:  ${r.architecture ?? "(none)"}${r.name ? ` — "${r.name}"` : ""}`);
+  const kinds: Record<string, string> = {
+    vocabulary: "vocabulary-only (a tokenizer, no weights)",
+    "gpu-index": "PowerInfer GPU index (neuron placement plan)",
+    "activation-stats": "activation statistics (from powerinfer profile)",
+    empty: "no tensors and no tokenizer",
+  };
+  if (r.kind !== "model") out.push(`kind:          ${kinds[r.kind] ?? r.kind}`);
+  for (const w of r.warnings) out.push(`warning:       ${w}`);
   const c = r.config;
   if (c) {
     out.push("hyper-parameters:");
@@ -258,7 +335,13 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
   }
   if (r.tensors.length > 0) {
     out.push(`tensors (${r.tensors.length}):`);
-    const rows = r.tensors.map((t) => [t.name, t.type, t.shape.join(" × "), num(t.bytes)]);
+    const sharded = r.tensors.some((t) => t.shard !== undefined);
+    const rows = r.tensors.map((t) => [
+      t.name,
+      t.type,
+      t.shape.join(" × "),
+      `${num(t.bytes)}${sharded ? ` (shard ${t.shard})` : ""}`,
+    ]);
     const head = ["name", "type", "shape", "bytes"];
     const w = head.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i].length)));
     const line = (row: string[]) =>
@@ -270,7 +353,7 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
     .map(([t, n]) => `${n} ${t}`)
     .join(", ");
   out.push(
-    `total:         ${r.tensors.length} tensors${types ? ` (${types})` : ""}, ${num(r.parameters)} elements, ${num(r.tensorBytes)} bytes of tensor data; file ${num(r.fileSize)} bytes (${bytesHuman(r.fileSize)})`,
+    `total:         ${r.tensors.length} tensors${types ? ` (${types})` : ""}, ${num(r.parameters)} elements, ${num(r.tensorBytes)} bytes of tensor data; ${r.split && !r.split.error ? "first shard" : "file"} ${num(r.fileSize)} bytes (${bytesHuman(r.fileSize)})`,
   );
   out.push(`sparse:        ${r.sparse.reason}`);
   const st = r.activationStats;

@@ -2,10 +2,11 @@
  * `powerinfer quantize IN OUT TYPE`: converts the weight matrices of a model (F32/F16/BF16) to Q8_0, Q4_0,
  * F16, BF16 or F32, keeping its container (GGUF or PowerInfer PWRI), predictors and metadata.
  */
-import { ggmlTypeFromName, ggmlTypeName, openGguf } from "@powerinfer/gguf";
+import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
 import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
+import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 
 export function register(program: Command): void {
   const names = QUANTIZE_TYPES.map((t) => ggmlTypeName(t)).join(", ");
@@ -13,20 +14,33 @@ export function register(program: Command): void {
     .command("quantize")
     .description(`quantize a model's weight matrices (${names}); predictors, vectors and metadata are kept`)
     .argument("<input>", "GGUF or PowerInfer GGUF model")
-    .argument("<output>", "output file (same container as the input)")
+    .argument(
+      "<output>",
+      "output file, same container as the input (with --split-max-size: OUT without .gguf is the prefix of the shards)",
+    )
     .argument("<type>", names)
+    .option(
+      "--split-max-size <size>",
+      "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
+      (v) => parseSplitSize(v),
+    )
     .action(
-      action(async (input: string, output: string, typeName: string) => {
+      action(async (input: string, output: string, typeName: string, o: { splitMaxSize?: number }) => {
         const type = ggmlTypeFromName(typeName);
         if (type === undefined || !(QUANTIZE_TYPES as readonly number[]).includes(type)) {
           throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
         }
-        const file = openGguf(input);
+        // the first shard of a split model opens the whole model; the output is one file (or new shards)
+        const file = openGgufModel(input);
         const t0 = performance.now();
-        const r = rewriteModelFile(file, output, { quantize: type });
+        let r: ReturnType<typeof rewriteModelFile> | undefined;
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
+          r = rewriteModelFile(file, path, { quantize: type });
+        });
+        if (!r) return;
         for (const n of r.notes) process.stderr.write(`note: ${n}\n`);
         process.stderr.write(
-          `wrote ${output} (${r.format}, ${ggmlTypeName(type)}, ${r.tensors} tensors) in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`,
+          `wrote ${paths.length > 1 ? `${paths.length} shards ${paths[0]} …` : paths[0]} (${r.format}, ${ggmlTypeName(type)}, ${r.tensors} tensors) in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`,
         );
       }),
     );

@@ -5,6 +5,7 @@
 import { accessSync, constants } from "node:fs";
 import { availableParallelism } from "node:os";
 import type { KvCacheType } from "@powerinfer/core";
+import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -85,6 +86,8 @@ export function register(program: Command): void {
         // every option is checked before listening: a bad value never gets as far as "listening"
         checkServeOptions(o);
         accessSync(o.model, constants.R_OK); // a missing file is reported before listening
+        // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
+        assertModelFile(openGgufModel(o.model));
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
         const loaded = loadModelFromCli(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },

@@ -2,7 +2,7 @@
  * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
  * evaluate tokens to logits, or generate text as an async iterator of tokens.
  */
-import { type GgufFile, type ModelConfig, openGguf, parseModelConfig } from "@powerinfer/gguf";
+import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { Graph } from "../backend/graph.js";
 import type { Backend, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
@@ -67,15 +67,18 @@ export class Model {
   ) {}
 
   /**
-   * Opens a GGUF/PowerInfer GGUF file and maps its weights onto the backend.
-   * @throws GgufError (bad file), EngineError 'UNSUPPORTED_ARCH' / 'MISSING_TENSOR' / 'BAD_SHAPE' /
+   * Opens a GGUF/PowerInfer GGUF file — or the first shard of a split model, whose other shards are
+   * found by name — and maps its weights onto the backend (each tensor from the file holding it).
+   * @throws GgufError (bad file; `BAD_SPLIT` for a non-first, missing or inconsistent shard;
+   *   `NOT_A_MODEL` for a vocabulary-only file, GPU index or activation statistics), EngineError 'UNSUPPORTED_ARCH' / 'MISSING_TENSOR' / 'BAD_SHAPE' /
    *   'UNSUPPORTED_TYPE' / 'ABORTED', BackendError from the backend (e.g. 'OUT_OF_MEMORY').
    */
   static async load(path: string, opts: ModelLoadOptions): Promise<Model> {
     const t0 = performance.now();
     checkAbort(opts.signal);
     opts.onProgress?.(0, "reading header");
-    const file = openGguf(path);
+    const file = openGgufModel(path);
+    assertModelFile(file);
     const config = parseModelConfig(file);
     if (!SUPPORTED_ARCHS.has(config.arch)) {
       throw new EngineError(

@@ -58,7 +58,7 @@ export class WeightMapper {
     }
     this.bytes += t.byteLength;
     return this.backend.mapTensor(dtypeOfTensor(t), t.shape, {
-      path: this.file.path,
+      path: t.path ?? this.file.path,
       fileOffset: t.fileOffset,
       byteLength: t.byteLength,
     });
