@@ -1,7 +1,9 @@
 /**
  * The sampler chain, in llama.cpp's common order: logit bias → penalties → top-k → top-p → min-p →
  * temperature → draw. Temperature ≤ 0 is greedy (argmax of the raw logits, ties → lowest id, as llama.cpp's greedy
- * sampler). Same seed, same logits → same tokens.
+ * sampler). Each step follows llama.cpp's sampler of that name (llama-sampler.cpp: float arithmetic, the
+ * order candidates are kept in) and the draw comes from `std::mt19937` seeded with the seed, as llama.cpp's
+ * `dist` sampler, so the same seed, settings and logits give llama.cpp's tokens.
  */
 
 import { EngineError } from "./errors.js";
@@ -44,21 +46,60 @@ export function argmax(logits: Float32Array): number {
   return best;
 }
 
-/** Small deterministic PRNG (mulberry32): uniform floats in [0, 1). */
-function mulberry32(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
+/**
+ * The 32-bit Mersenne Twister (Matsumoto & Nishimura 1998) exactly as C++'s `std::mt19937`, the engine
+ * llama.cpp's samplers draw from, so the same seed gives llama.cpp's draws.
+ */
+export class Mt19937 {
+  private readonly mt = new Uint32Array(624);
+  private index = 624;
+
+  /** @param seed uint32, as `std::mt19937(seed)`. */
+  constructor(seed: number) {
+    const mt = this.mt;
+    mt[0] = seed >>> 0;
+    for (let i = 1; i < 624; i++) {
+      const prev = mt[i - 1]!;
+      mt[i] = (Math.imul(1812433253, prev ^ (prev >>> 30)) + i) >>> 0;
+    }
+  }
+
+  /** The next uint32 draw. */
+  next(): number {
+    const mt = this.mt;
+    if (this.index >= 624) {
+      for (let k = 0; k < 624; k++) {
+        const y = (mt[k]! & 0x80000000) | (mt[(k + 1) % 624]! & 0x7fffffff);
+        mt[k] = mt[(k + 397) % 624]! ^ (y >>> 1) ^ (y & 1 ? 0x9908b0df : 0);
+      }
+      this.index = 0;
+    }
+    let y = mt[this.index++]!;
+    y ^= y >>> 11;
+    y ^= (y << 7) & 0x9d2c5680;
+    y ^= (y << 15) & 0xefc60000;
+    y ^= y >>> 18;
+    return y >>> 0;
+  }
+
+  /**
+   * A double in [0, 1) as libstdc++'s `std::generate_canonical<double, 53>` makes it from this engine (what
+   * `std::uniform_real_distribution<double>(0, 1)` returns): two draws a, b → (a + b·2³²) / 2⁶⁴, in double
+   * arithmetic, with 1 replaced by the largest double below it.
+   */
+  canonical(): number {
+    const a = this.next();
+    const b = this.next();
+    const r = (a + b * 2 ** 32) / 2 ** 64;
+    return r >= 1 ? 1 - 2 ** -53 : r;
+  }
 }
+
+const f32 = Math.fround;
 
 export class Sampler {
   readonly options: Required<SamplerOptions>;
-  private readonly rand: () => number;
+  private readonly rng: Mt19937;
   private readonly recent: number[] = [];
 
   constructor(options: SamplerOptions = {}) {
@@ -92,7 +133,7 @@ export class Sampler {
       if (!Number.isInteger(t) || t < 0) bad(`logit bias: token id must be an integer ≥ 0, got ${t}`);
       if (Number.isNaN(b) || b === Number.POSITIVE_INFINITY) bad(`logit bias of token ${t} must be a number, got ${b}`);
     }
-    this.rand = mulberry32(this.options.seed);
+    this.rng = new Mt19937(this.options.seed);
   }
 
   /** Records a token (prompt or generated) for the penalties. */
@@ -120,50 +161,91 @@ export class Sampler {
       for (const t of this.recent) counts.set(t, (counts.get(t) ?? 0) + 1);
       for (const [t, c] of counts) {
         if (t < 0 || t >= l.length) continue;
+        // in float arithmetic, as llama.cpp's penalties sampler
         let v = l[t]!;
-        v = v <= 0 ? v * o.repeatPenalty : v / o.repeatPenalty;
-        v -= c * o.frequencyPenalty + o.presencePenalty;
+        v = v <= 0 ? f32(v * f32(o.repeatPenalty)) : f32(v / f32(o.repeatPenalty));
+        v = f32(v - f32(f32(c * f32(o.frequencyPenalty)) + f32(o.presencePenalty)));
         l[t] = v;
       }
     }
     if (o.temperature <= 0) return argmax(l);
 
-    // candidates sorted by logit, descending (stable: lower id first on ties)
+    return this.draw(l);
+  }
+
+  /**
+   * top-k → top-p → min-p → temperature → dist, each as llama.cpp's sampler of that name (float
+   * arithmetic, the candidates' order, min_keep 1), the draw from {@link Mt19937.canonical}: the first
+   * candidate whose running sum of exp(logit − max) reaches that fraction of the total.
+   */
+  private draw(l: Float32Array): number {
+    const o = this.options;
     let ids = Array.from({ length: l.length }, (_, i) => i);
-    ids.sort((a, b) => l[b]! - l[a]! || a - b);
-    if (o.topK > 0 && o.topK < ids.length) ids = ids.slice(0, o.topK);
-    const softmax = (xs: number[]) => {
-      const m = l[xs[0]!]!;
-      const p = xs.map((i) => Math.exp(l[i]! - m));
-      const s = p.reduce((a, b) => a + b, 0);
-      return p.map((v) => v / s);
+    let sorted = false;
+    const sortDesc = () => {
+      ids.sort((a, b) => l[b]! - l[a]! || a - b);
+      sorted = true;
     };
-    if (o.topP < 1) {
-      const p = softmax(ids);
+    const maxLogit = () => (sorted ? l[ids[0]!]! : ids.reduce((m, i) => Math.max(m, l[i]!), Number.NEGATIVE_INFINITY));
+    if (o.topK > 0) {
+      sortDesc();
+      ids = ids.slice(0, Math.min(o.topK, ids.length));
+    }
+    const topP = f32(o.topP);
+    if (topP < 1) {
+      if (!sorted) sortDesc();
+      const m = maxLogit();
+      const p = ids.map((i) => f32(Math.exp(f32(l[i]! - m))));
+      let sum = 0;
+      for (const v of p) sum = f32(sum + v);
       let cum = 0;
       let keep = ids.length;
       for (let i = 0; i < p.length; i++) {
-        cum += p[i]!;
-        if (cum >= o.topP) {
+        cum = f32(cum + f32(p[i]! / sum));
+        if (cum >= topP) {
           keep = i + 1;
           break;
         }
       }
-      ids = ids.slice(0, Math.max(1, keep));
+      ids = ids.slice(0, keep);
     }
-    if (o.minP > 0) {
-      const p = softmax(ids);
-      const cut = p[0]! * o.minP;
-      const keep = p.findIndex((v) => v < cut);
-      if (keep > 0) ids = ids.slice(0, keep);
+    const minP = f32(o.minP);
+    if (minP > 0 && ids.length > 0) {
+      let applied = false;
+      if (!sorted) {
+        const cut = f32(maxLogit() + f32(Math.log(minP)));
+        const kept = ids.filter((i) => l[i]! >= cut);
+        if (kept.length > 0) {
+          ids = kept;
+          applied = true;
+        }
+      }
+      if (!applied) {
+        if (!sorted) sortDesc();
+        const cut = f32(l[ids[0]!]! + f32(Math.log(minP)));
+        let i = 1;
+        while (i < ids.length && l[ids[i]!]! >= cut) i++;
+        ids = ids.slice(0, i);
+      }
     }
-    const m = l[ids[0]!]!;
-    const w = ids.map((i) => Math.exp((l[i]! - m) / o.temperature));
-    const total = w.reduce((a, b) => a + b, 0);
-    let r = this.rand() * total;
+    const temp = f32(o.temperature);
+    const x = new Float32Array(ids.length);
+    for (let i = 0; i < ids.length; i++) x[i] = f32(l[ids[i]!]! / temp);
+    const u = this.rng.canonical();
+    if (ids.length === 1) return ids[0]!;
+    let m = x[0]!;
+    if (!sorted) for (const v of x) m = Math.max(m, v);
+    const p = new Float64Array(ids.length);
+    let total = 0;
     for (let i = 0; i < ids.length; i++) {
-      r -= w[i]!;
-      if (r < 0) return ids[i]!;
+      p[i] = f32(Math.exp(f32(x[i]! - m)));
+      total += p[i]!;
+    }
+    const target = total * u;
+    let run = 0;
+    for (let i = 0; i < ids.length; i++) {
+      run += p[i]!;
+      if (run >= target) return ids[i]!;
     }
     return ids[ids.length - 1]!;
   }
