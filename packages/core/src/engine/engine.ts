@@ -467,8 +467,9 @@ export class Generation {
   }
 
   /**
-   * Samples the next token from `logits` and returns it with the text it completes. Text that could be
-   * the start of a stop string, or an incomplete UTF-8 character, is held back until it is decided.
+   * Samples the next token from `logits` and returns it with the text it completes. A tail of the text that
+   * is the start of a stop string, or an incomplete UTF-8 character, is held back until it is decided; the
+   * rest is returned at once.
    */
   next(logits: Float32Array): GenerationStep {
     const id = this.sampler.sample(logits);
@@ -490,8 +491,16 @@ export class Generation {
       this.emitted = this.text.length;
       return { id, text: hit > emitted ? this.text.slice(emitted, hit) : "", stop: "stop", stopWord: word };
     }
-    // hold back a tail that could be the start of a stop string
-    const hold = Math.max(...stops.map((s) => s.length - 1));
+    // hold back only a tail that is the start of a stop string (as llama.cpp's partial stop match)
+    let hold = 0;
+    for (const s of stops) {
+      for (let k = Math.min(s.length - 1, this.text.length - emitted); k > hold; k--) {
+        if (this.text.endsWith(s.slice(0, k))) {
+          hold = k;
+          break;
+        }
+      }
+    }
     const safe = Math.max(emitted, this.text.length - hold);
     this.emitted = safe;
     return { id, text: this.text.slice(emitted, safe) };
