@@ -14,7 +14,9 @@
 # Environment: KIT_BUDGET_S (seconds for all steps; default 290, --quick 110, --cpu 840),
 #   KIT_TOKENS (decoded tokens per speed row, default 32), KIT_LAYERS (layers of the generated slices, 4).
 # Each step is time-boxed and prints its row as soon as it ends; a failed step says why and the rest runs.
-# Exit status: 0 when no step failed, 1 otherwise, 2 for bad usage.
+# Exit status: 0 when no step failed, 1 otherwise, 2 for bad usage, 130 when interrupted.
+# (end of usage)
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -uo pipefail
 kit=$(cd "$(dirname "$0")" && pwd)
 quick=0
@@ -22,7 +24,11 @@ cpu=0
 gpu=cuda
 out=""
 keep=0
-usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^# (end of usage)/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+die() {
+  echo "run.sh: $1" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
   case $1 in
   --quick) quick=1 ;;
@@ -30,7 +36,7 @@ while [ $# -gt 0 ]; do
   --rocm) gpu=rocm ;;
   --keep) keep=1 ;;
   --out)
-    [ $# -ge 2 ] || { echo "run.sh: --out needs a folder" >&2; exit 2; }
+    [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#-}" = "$2" ] || die "--out needs a folder"
     out=$2
     shift
     ;;
@@ -48,22 +54,35 @@ elif [ $quick = 1 ]; then budget=110
 else budget=290; fi
 tokens=${KIT_TOKENS:-32}
 layers=${KIT_LAYERS:-4}
+[[ $budget =~ ^[1-9][0-9]*$ ]] || die "KIT_BUDGET_S must be a positive whole number of seconds, got '$budget'"
+[[ $tokens =~ ^[1-9][0-9]*$ ]] || die "KIT_TOKENS must be a positive whole number, got '$tokens'"
+[[ $layers =~ ^[1-9][0-9]*$ ]] || die "KIT_LAYERS must be a positive whole number, got '$layers'"
 jobs=$(nproc 2>/dev/null || echo 4)
-scratch=$(mktemp -d "${TMPDIR:-/tmp}/powerinfer-kit.XXXXXX")
-out=${out:-$scratch/out}
-mkdir -p "$out/logs"
-out=$(cd "$out" && pwd)
-: >"$out/rows.tsv"
 rows=()
 failed=0
+scratch=""
+tmp=${TMPDIR:-/tmp}
+[ -d "$tmp" ] && [ -w "$tmp" ] || die "the temporary folder '$tmp' (TMPDIR) does not exist or is not writable"
 server_pid=""
 smi_pid=""
+step_pid=""
 cleanup() {
+  # a step still running (Ctrl-C, a kill, a closed pipe) is stopped with the script
+  [ -n "$step_pid" ] && kill -TERM "$step_pid" 2>/dev/null
   [ -n "$server_pid" ] && kill "$server_pid" 2>/dev/null
   [ -n "$smi_pid" ] && kill "$smi_pid" 2>/dev/null
+  [ -n "$scratch" ] || return 0
   if [ $keep = 1 ]; then echo "scratch kept: $scratch"; else rm -rf "$scratch"; fi
 }
 trap cleanup EXIT
+trap 'exit 130' INT TERM HUP PIPE
+scratch=$(mktemp -d "$tmp/powerinfer-kit.XXXXXX") || die "cannot make a scratch folder in '$tmp'"
+# the results outlive the scratch folder: without --out they go to a folder of their own
+[ -n "$out" ] || out=$(mktemp -d "$tmp/powerinfer-kit-out.XXXXXX") || die "cannot make an output folder in '$tmp'"
+mkdir -p "$out/logs" 2>/dev/null || die "cannot create the output folder '$out/logs'"
+out=$(cd "$out" && pwd) || die "cannot enter the output folder"
+: >"$out/rows.tsv" 2>/dev/null || die "cannot write in the output folder '$out'"
+
 
 now() { date +%s; }
 left() { echo $((budget - ($(now) - start))); }
@@ -85,26 +104,37 @@ run() {
   [ "$cap" -lt "$t" ] && t=$cap
   if [ "$t" -lt 5 ]; then
     echo "not run: the time budget ($budget s) is spent" >"$log"
-    return 124
+    return 125
   fi
-  timeout -k 5 "$t" "$@" >"$log" 2>&1
+  timeout -k 5 "$t" "$@" >"$log" 2>&1 &
+  step_pid=$!
+  local rc=0
+  wait "$step_pid" || rc=$?
+  step_pid=""
+  return $rc
 }
-# the RESULT line a check printed, or why there is none
-result_of() { grep -E '^RESULT ' "$out/logs/$1.log" | tail -1 | cut -d' ' -f2-; }
+# the RESULT line a check printed (a check without one failed, whatever its exit status)
+result_of() { grep -E '^RESULT ' "$out/logs/$1.log" 2>/dev/null | tail -1 | cut -d' ' -f2-; }
 status_of() {
-  local rc=$1 log=$2 r
-  r=$(result_of "$log")
-  if [ -n "$r" ]; then echo "${r%% *}"
-  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo FAIL
-  elif [ "$rc" = 0 ]; then echo ok
-  else echo FAIL; fi
+  local r
+  r=$(result_of "$2")
+  if [ -n "$r" ] && [ "$1" != 124 ] && [ "$1" != 137 ]; then echo "${r%% *}"; else echo FAIL; fi
+}
+# why a step failed: the budget, the time box, or the first error line of its log
+why() {
+  local rc=$1 log=$out/logs/$2.log line
+  case $rc in
+  125) echo "not run: the time budget ($budget s) was spent"; return ;;
+  124 | 137) echo "timed out (see logs/$2.log)"; return ;;
+  esac
+  line=$(grep -m1 -E '(^|[^a-z])(Error|error|FAIL|powerinfer:|Cannot|cannot)' "$log" 2>/dev/null)
+  [ -n "$line" ] || line=$(grep -v -E '^\s*$|^Node\.js v|^\s*at |^\s*[{}]\s*$' "$log" 2>/dev/null | tail -2 | tr '\n' ' ')
+  echo "exit $rc: ${line:-no output} (logs/$2.log)" | cut -c1-300
 }
 detail_of() {
-  local rc=$1 log=$2 r
-  r=$(result_of "$log")
-  if [ -n "$r" ]; then echo "${r#* }"
-  elif [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "timed out (see logs/$log.log)"
-  else tail -3 "$out/logs/$log.log" | tr '\n' ' ' | cut -c1-300; fi
+  local r
+  r=$(result_of "$2")
+  if [ -n "$r" ] && [ "$1" != 124 ] && [ "$1" != 137 ]; then echo "${r#* }"; else why "$1" "$2"; fi
 }
 # check ROW LOG CAP CMD...: runs a check that ends with a RESULT line, and prints its row
 check() {
@@ -122,16 +152,30 @@ echo "powerinfer-ts device kit $(sed -n 's/.*"commit": *"\([^"]*\)".*/\1/p' "$ki
 # ---- Node, from the kit only (never one on PATH) ----
 t0=$(now)
 node=$scratch/node
+want=$(sed -n 's/.*"sha256_node_xz": *"\([0-9a-f]*\)".*/\1/p' "$kit/kit.json" 2>/dev/null | head -1)
+if [ ! -f "$kit/node.xz" ]; then
+  row "0 node" FAIL "$kit/node.xz is missing: the kit is incomplete (build it again with pnpm device-kit)" 0
+  exit 1
+fi
+if [ -n "$want" ] && command -v sha256sum >/dev/null 2>&1 && [ "$(sha256sum <"$kit/node.xz" | cut -d' ' -f1)" != "$want" ]; then
+  row "0 node" FAIL "node.xz does not match kit.json's sha256: the kit is damaged (copy it again)" $(($(now) - t0))
+  exit 1
+fi
 if command -v xz >/dev/null 2>&1; then
-  xz -dc "$kit/node.xz" >"$node"
+  xz -dc "$kit/node.xz" >"$node" 2>"$out/logs/node.log"
 elif command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$kit/node.xz" "$node"
+  python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$kit/node.xz" "$node" 2>"$out/logs/node.log"
 else
   row "0 node" FAIL "neither xz nor python3 is here to unpack node.xz" 0
   exit 1
 fi
+rc=$?
+if [ $rc != 0 ] || [ ! -s "$node" ]; then
+  row "0 node" FAIL "unpacking node.xz failed (exit $rc): $(head -c 300 "$out/logs/node.log")" $(($(now) - t0))
+  exit 1
+fi
 chmod +x "$node"
-if ! node_version=$("$node" --version 2>"$out/logs/node.log"); then
+if ! node_version=$("$node" --version 2>"$out/logs/node.log") || [ -z "$node_version" ]; then
   row "0 node" FAIL "the kit's Node does not start: $(head -c 300 "$out/logs/node.log")" $(($(now) - t0))
   exit 1
 fi
@@ -154,7 +198,7 @@ fi
 run env 60 "${CHECKS[@]}" env
 env_rc=$?
 if [ $cpu = 1 ]; then
-  st=ok
+  st=$(status_of $env_rc env)
   [ $glibc_ok = 1 ] || st=FAIL
   row "1 machine (--cpu: no GPU used)" $st "$host; $(detail_of $env_rc env)" $(($(now) - t0))
 elif [ $gpu = rocm ]; then
@@ -219,7 +263,8 @@ device=$([ $cpu = 1 ] && echo cpu || echo $gpu)
 smi=0
 [ $cpu = 0 ] && [ $gpu = cuda ] && smi=1
 tps() { grep -E '^ *eval time' "$out/logs/$1.log" | grep -oE '[0-9.]+ tokens per second' | head -1; }
-mib_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' '; }
+# MiB in use on GPU 0, or nothing when nvidia-smi gives no number ([N/A] under MIG, an NVML error)
+mib_used() { nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1 | tr -d ' ' | grep -E '^[0-9]+$'; }
 # speed NAME LOG ARGS...: one decode run; its row gives tokens/s, the plan's device bytes and the measured device memory
 speed() {
   local name=$1 log=$2 t0 rc base peak=0 smi_log st detail
@@ -237,7 +282,7 @@ speed() {
     kill "$smi_pid" 2>/dev/null
     wait "$smi_pid" 2>/dev/null
     smi_pid=""
-    peak=$(sort -n "$smi_log" 2>/dev/null | tail -1)
+    peak=$(grep -E '^ *[0-9]+ *$' "$smi_log" 2>/dev/null | sort -n | tail -1 | tr -d ' ')
   fi
   if [ $rc = 0 ] && [ -n "$(tps "$log")" ]; then
     st=ok
@@ -248,13 +293,12 @@ speed() {
     local sparse
     sparse=$(grep -oE 'neurons computed per token: [0-9.]+ %' "$out/logs/$log.log" | head -1)
     [ -n "$sparse" ] && detail="$detail; $sparse"
-    if [ $smi = 1 ] && [ -n "${base:-}" ] && [ -n "$peak" ]; then
+    if [ $smi = 1 ] && [[ ${base:-} =~ ^[0-9]+$ ]] && [[ $peak =~ ^[0-9]+$ ]]; then
       detail="$detail; device memory measured (nvidia-smi peak − idle): $((peak - base)) MiB"
     fi
   else
     st=FAIL
-    detail="exit $rc: $(grep -iE 'error|unavailable|powerinfer:' "$out/logs/$log.log" | head -2 | tr '\n' ' ' | cut -c1-300)"
-    [ "$rc" = 124 ] && detail="timed out; $detail"
+    detail=$(why "$rc" "$log")
   fi
   row "$name" $st "$detail" $(($(now) - t0))
 }
@@ -264,12 +308,16 @@ presets="7b 13b"
 for preset in $presets; do
   model=$scratch/$preset-x$layers.pwri.gguf
   t0=$(now)
-  if ! run "gen-$preset" 240 "${PI[@]}" gen-model --preset "$preset" --layers "$layers" --format pwri --dtype F16 -o "$model" --force -t "$jobs"; then
-    row "5 $preset×$layers slice" FAIL "gen-model: $(tail -2 "$out/logs/gen-$preset.log" | tr '\n' ' ')" $(($(now) - t0))
+  run "gen-$preset" 240 "${PI[@]}" gen-model --preset "$preset" --layers "$layers" --format pwri --dtype F16 -o "$model" --force -t "$jobs"
+  rc=$?
+  if [ $rc != 0 ]; then
+    row "5 $preset×$layers slice" FAIL "gen-model: $(why $rc "gen-$preset")" $(($(now) - t0))
     continue
   fi
-  if ! run "profile-$preset" 240 "${PI[@]}" profile -m "$model" -f "$text" -c 128 --tokens 128 --backend cpu -t "$jobs"; then
-    row "5 $preset×$layers profile" FAIL "$(tail -2 "$out/logs/profile-$preset.log" | tr '\n' ' ')" $(($(now) - t0))
+  run "profile-$preset" 240 "${PI[@]}" profile -m "$model" -f "$text" -c 128 --tokens 128 --backend cpu -t "$jobs"
+  rc=$?
+  if [ $rc != 0 ]; then
+    row "5 $preset×$layers profile" FAIL "$(why $rc "profile-$preset")" $(($(now) - t0))
     continue
   fi
   gib=$(awk -v b="$(stat -c %s "$model")" 'BEGIN { printf "%.2f", b / 2^30 }')
@@ -297,13 +345,15 @@ done
 # ---- 6. the server: 8 concurrent requests on loopback ----
 if [ $quick = 0 ]; then
   t0=$(now)
-  port=$((20000 + $$ % 20000))
+  port=$("$node" -e 'const s = require("net").createServer().listen(0, "127.0.0.1", () => { console.log(s.address().port); s.close(); })' 2>/dev/null)
+  [[ $port =~ ^[0-9]+$ ]] || port=$((20000 + $$ % 20000))
   backend=$([ $cpu = 1 ] && echo cpu || echo $gpu)
   "${PI[@]}" serve -m "$kit/models/stories260K.gguf" --host 127.0.0.1 --port "$port" -np 8 -c 2048 --backend "$backend" \
     >"$out/logs/server.log" 2>&1 &
   server_pid=$!
   # the hybrid split is reachable from `run` only (issue 14); the server runs the whole model on $backend
-  check "6 serve on $backend: 8 concurrent" serve-load 120 "${CHECKS[@]}" serve-load --url "http://127.0.0.1:$port" --n 8
+  check "6 serve on $backend: 8 concurrent" serve-load 120 "${CHECKS[@]}" serve-load --url "http://127.0.0.1:$port" --n 8 \
+    --pid "$server_pid" --log "$out/logs/server.log"
   kill "$server_pid" 2>/dev/null
   wait "$server_pid" 2>/dev/null
   server_pid=""

@@ -55,7 +55,9 @@ const { values: args } = parseArgs({
     rocm: { type: "boolean", default: false },
   },
 });
-const out = resolve(args.out);
+const dest = resolve(args.out);
+// built beside the destination and renamed at the end: a failed build leaves the old kit (or nothing)
+const out = `${dest}.building`;
 const models = resolve(args.models);
 const cache = resolve(args.cache);
 const jobs = process.env.POWERINFER_NATIVE_JOBS ?? String(cpus().length);
@@ -75,10 +77,10 @@ function has(cmd, a = ["--version"]) {
 }
 
 // ---- the output folder ----
-if (existsSync(out)) {
-  if (!existsSync(join(out, "kit.json"))) die(`${out} exists and is not a device kit (no kit.json): not replaced`);
-  rmSync(out, { recursive: true, force: true });
+if (existsSync(dest) && !existsSync(join(dest, "kit.json"))) {
+  die(`${dest} exists and is not a device kit (no kit.json): not replaced (remove it or give --out)`);
 }
+rmSync(out, { recursive: true, force: true }); // what a failed build left
 for (const d of ["js", "build/Release", "bin", "models/reference", "models/powerinfer", "text"]) {
   mkdirSync(join(out, d), { recursive: true });
 }
@@ -146,8 +148,9 @@ function cmakeJs(pkg, extra) {
 if (!has("cmake")) die("cmake not found on PATH");
 const cpuOut = cmakeJs("backend-cpu-avx2", []);
 copyFileSync(join(cpuOut, "powerinfer_cpu.node"), join(out, "build/Release/powerinfer_cpu.node"));
-const wantCuda =
-  process.env.POWERINFER_BUILD_CUDA !== "0" && (has(process.env.CUDACXX ?? "nvcc") || has("/usr/local/cuda/bin/nvcc"));
+const cudaOff = process.env.POWERINFER_BUILD_CUDA === "0";
+const wantCuda = !cudaOff && (has(process.env.CUDACXX ?? "nvcc") || has("/usr/local/cuda/bin/nvcc"));
+const noCuda = cudaOff ? "POWERINFER_BUILD_CUDA=0" : "no CUDA toolkit (nvcc)";
 const gpuOut = cmakeJs("backend-cuda", [
   "--CDPOWERINFER_BUILD_TESTS=ON",
   `--CDPOWERINFER_CUDA=${wantCuda ? "ON" : "OFF"}`,
@@ -155,7 +158,7 @@ const gpuOut = cmakeJs("backend-cuda", [
 ]);
 let cudaTargets = [];
 const status = {
-  cuda: { built: false, reason: "this kit was built without a CUDA toolkit" },
+  cuda: { built: false, reason: `this kit was built without the CUDA addon (${noCuda})` },
   emu: { built: true, reason: "" },
   rocm: { built: false, reason: "not in this kit (built for NVIDIA GPUs)" },
 };
@@ -200,7 +203,7 @@ if (args.rocm) {
   log("built the ROCm addon and its device tests");
 }
 writeFileSync(join(out, "build/Release/native-status.json"), `${JSON.stringify(status, null, 2)}\n`);
-log(`built the native addons${wantCuda ? ` (CUDA ${archs})` : " (no CUDA toolkit: no CUDA addon)"}`);
+log(`built the native addons${wantCuda ? ` (CUDA ${archs})` : ` (no CUDA addon: ${noCuda})`}`);
 
 // ---- 3. Node, compressed (cached per Node version and binary size) ----
 const nodeBin = process.execPath;
@@ -267,6 +270,19 @@ const needs = Object.fromEntries(
   elves.map((f) => [relative(out, f).startsWith("..") ? "node" : relative(out, f), glibcNeeded(f)]),
 );
 const allNeeds = Object.values(needs).filter(Boolean);
+// the kit's Node may use only the system libraries every glibc Linux has (a distribution's node built on
+// a shared libnode, libuv or OpenSSL would not start on the GPU machine)
+const SYSTEM_LIBS = /^(libc|libm|libdl|libpthread|librt|libstdc\+\+|libgcc_s|ld-linux-x86-64)\.so/;
+if (has("objdump")) {
+  const dyn = spawnSync("objdump", ["-p", nodeBin], { encoding: "utf8", maxBuffer: 64 * 2 ** 20 }).stdout ?? "";
+  const libs = [...dyn.matchAll(/^\s*NEEDED\s+(\S+)/gm)].map((m) => m[1]);
+  const foreign = libs.filter((l) => !SYSTEM_LIBS.test(l));
+  if (foreign.length) {
+    die(
+      `${nodeBin} needs ${foreign.join(", ")}: use an official Node build (nodejs.org), which links only system libraries`,
+    );
+  }
+}
 const glibc = allNeeds.sort(compareVersions).at(-1);
 let commit = "unknown";
 try {
@@ -303,4 +319,6 @@ writeFileSync(join(out, "kit.json"), `${JSON.stringify(kitJson, null, 2)}\n`);
 const total = walk(out).reduce((s, f) => s + statSync(f).size, 0);
 const mib = (total / 2 ** 20).toFixed(1);
 if (total > MAX_BYTES) die(`the kit is ${mib} MiB, over its 56 MiB limit`);
-log(`${out}: ${mib} MiB (limit 56), commit ${commit}, needs glibc ≥ ${kitJson.glibc_needed}`);
+rmSync(dest, { recursive: true, force: true });
+renameSync(out, dest);
+log(`${dest}: ${mib} MiB (limit 56), commit ${commit}, needs glibc ≥ ${kitJson.glibc_needed}`);

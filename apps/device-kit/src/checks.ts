@@ -11,7 +11,9 @@
  *   logits --device NAME --models DIR [--cases N] [--steps N]
  *                                          CPU vs device logits on stories260K (F32/F16/BF16/Q8_0/Q4_0)
  *                                          and the PowerInfer fixtures, both against llama.cpp's reference ids
- *   serve-load --url URL [--n 8]           N concurrent completions against a running `powerinfer serve`
+ *   serve-load --url URL [--n 8] [--pid P --log FILE]
+ *                                          N concurrent completions against a running `powerinfer serve`
+ *                                          (P: its process, to stop waiting when it has exited)
  *
  * Backend names: cpu, cuda, rocm, gpu-emu (the SIMT emulator: the GPU kernels on the CPU, for `run.sh --cpu`).
  */
@@ -317,9 +319,32 @@ async function logits(deviceName: string, models: string, maxCases?: number, max
 
 // ---- serve-load: concurrent completions against a running server ----
 
-async function serveLoad(url: string, n: number, prompt: string, tokens: number): Promise<void> {
+/** The first line of a server log that says what went wrong, else its last line. */
+function serverError(log: string | undefined): string {
+  if (!log) return "no log";
+  let text = "";
+  try {
+    text = readFileSync(log, "utf8");
+  } catch {
+    return `no log at ${log}`;
+  }
+  const lines = text.split("\n").filter((l) => l.trim());
+  return (lines.find((l) => /error|powerinfer:|cannot|unavailable/i.test(l)) ?? lines.at(-1) ?? "nothing logged").slice(
+    0,
+    300,
+  );
+}
+
+async function serveLoad(
+  url: string,
+  n: number,
+  prompt: string,
+  tokens: number,
+  serverPid?: number,
+  serverLog?: string,
+): Promise<void> {
   const start = performance.now();
-  // wait for the server to answer /health
+  // wait for the server to answer /health, as long as it is alive
   for (let i = 0; ; i++) {
     try {
       const h = await fetch(`${url}/health`);
@@ -327,7 +352,14 @@ async function serveLoad(url: string, n: number, prompt: string, tokens: number)
     } catch {
       // not listening yet
     }
-    if (i > 600) return result("FAIL", `${url}/health did not answer within 60 s`);
+    if (serverPid !== undefined) {
+      try {
+        process.kill(serverPid, 0);
+      } catch {
+        return result("FAIL", `the server exited before answering: ${serverError(serverLog)}`);
+      }
+    }
+    if (i > 600) return result("FAIL", `${url}/health did not answer within 60 s: ${serverError(serverLog)}`);
     await new Promise((r) => setTimeout(r, 100));
   }
   const ready = performance.now();
@@ -379,6 +411,8 @@ async function main(): Promise<void> {
       prompt: { type: "string", default: "Once upon a time" },
       tokens: { type: "string", default: "32" },
       cases: { type: "string" },
+      pid: { type: "string" },
+      log: { type: "string" },
       steps: { type: "string" },
     },
   });
@@ -400,7 +434,14 @@ async function main(): Promise<void> {
       );
     case "serve-load":
       if (!values.url) throw new Error("serve-load needs --url");
-      return serveLoad(values.url, Number(values.n), values.prompt, Number(values.tokens));
+      return serveLoad(
+        values.url,
+        Number(values.n),
+        values.prompt,
+        Number(values.tokens),
+        values.pid ? Number(values.pid) : undefined,
+        values.log,
+      );
     default:
       throw new Error(`unknown check "${cmd}" (env, conformance, gpu-suite, logits, serve-load)`);
   }

@@ -15,13 +15,14 @@ import {
   mkdtempSync,
   readdirSync,
   readFileSync,
+  rmSync,
   statSync,
   writeFileSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
-import { beforeAll, describe, expect, it } from "vitest";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const pkgDir = join(dirname(fileURLToPath(import.meta.url)), "..");
 const work = mkdtempSync(join(tmpdir(), "powerinfer-kit-test-"));
@@ -43,6 +44,7 @@ describe("the device kit", () => {
     buildLog = `${r.stdout}\n${r.stderr}`;
     if (r.status !== 0) throw new Error(`build-kit failed (exit ${r.status}):\n${buildLog.slice(-3000)}`);
   });
+  afterAll(() => rmSync(work, { recursive: true, force: true }));
 
   it("holds node, the bundles, the addons, the native tests and the models in at most 56 MiB", () => {
     const files = walk(built);
@@ -77,6 +79,30 @@ describe("the device kit", () => {
     const bundle = readFileSync(join(built, "js/powerinfer.mjs"), "utf8");
     const imports = [...bundle.matchAll(/^import .* from "([^"]+)";$/gm)].map((m) => m[1]!);
     expect(imports.filter((m) => !m.startsWith("node:") && m !== "node-llama-cpp")).toEqual([]);
+  });
+
+  it("fails clearly on a bad --out, TMPDIR or KIT_* value, and on a kit without node.xz", () => {
+    const sh = (args: string[], env: Record<string, string> = {}) =>
+      spawnSync("bash", [join(built, "run.sh"), ...args], { encoding: "utf8", env: { ...process.env, ...env } });
+    const file = join(work, "a-file");
+    writeFileSync(file, "");
+    for (const [args, env, msg] of [
+      [["--cpu", "--out", file], {}, "cannot create the output folder"],
+      [["--out", "--quick"], {}, "--out needs a folder"],
+      [["--cpu"], { TMPDIR: join(work, "missing") }, "does not exist or is not writable"],
+      [["--cpu"], { KIT_BUDGET_S: "abc" }, "KIT_BUDGET_S must be a positive whole number"],
+    ] as const) {
+      const r = sh([...args], env);
+      expect(r.status, `${args.join(" ")}: ${r.stderr}`).toBe(2);
+      expect(r.stderr).toContain(msg);
+    }
+    const damaged = join(work, "damaged");
+    cpSync(built, damaged, { recursive: true });
+    rmSync(join(damaged, "node.xz"));
+    const out = join(work, "damaged-out");
+    const r = spawnSync("bash", [join(damaged, "run.sh"), "--cpu", "--quick", "--out", out], { encoding: "utf8" });
+    expect(r.status).toBe(1);
+    expect(readFileSync(join(out, "rows.tsv"), "utf8")).toMatch(/^0 node\tFAIL\t.*node\.xz is missing/);
   });
 
   it("refuses an unknown option with exit 2", () => {
