@@ -15,11 +15,25 @@ import { register as run } from "./commands/run.js";
 import { register as serve } from "./commands/serve.js";
 import { register as trainPredictor } from "./commands/train-predictor.js";
 
+/**
+ * "error: option '-n, --n-predict <n>' argument '-5' is invalid. --n-predict must be …" →
+ * "powerinfer: --n-predict must be …"; any other "error: …" → "powerinfer: …".
+ */
+export function commanderErrorLine(str: string): string {
+  return str
+    .replace(/^error: (option|argument) '[^']*' argument '[^']*' is invalid\. /, "powerinfer: ")
+    .replace(/^error: command-argument value '[^']*' is invalid for argument '[^']*'\. /, "powerinfer: ")
+    .replace(/^error: /, "powerinfer: ");
+}
+
 export function createProgram(): Command {
   const program = new Command("powerinfer")
     .description("local LLM inference exploiting activation sparsity")
     .version("0.1.0")
-    .showHelpAfterError("(run with --help for usage)");
+    .showHelpAfterError("(run with --help for usage)")
+    // commander's own errors (a bad or missing option) in the same form as the commands' errors:
+    // "powerinfer: <message>", without repeating the option's flags and value around our message
+    .configureOutput({ outputError: (str, write) => write(commanderErrorLine(str)) });
   for (const reg of [
     run,
     batched,
@@ -37,5 +51,10 @@ export function createProgram(): Command {
     backends,
   ])
     reg(program);
+  // every command takes --verbose: error lines then also name the error's class and code
+  for (const cmd of program.commands) {
+    if (!cmd.options.some((o) => o.long === "--verbose"))
+      cmd.option("-v, --verbose", "error lines also name the error's class and code");
+  }
   return program;
 }

@@ -6,7 +6,7 @@ import { openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { float } from "./common.js";
+import { checkOutputPath, choice, float } from "./common.js";
 
 interface ConvertOptions {
   to: string;
@@ -21,7 +21,7 @@ export function register(program: Command): void {
     .description("rewrite a model as PowerInfer GGUF (PWRI, ffn_down transposed) or plain GGUF")
     .argument("<input>", "GGUF or PowerInfer GGUF model")
     .argument("<output>", "output file")
-    .option("--to <format>", "pwri or gguf", "pwri")
+    .option("--to <format>", "pwri or gguf", choice("to", ["pwri", "gguf"]), "pwri")
     .option("--predictors <file>", "take the predictors (blk.N.fc1/fc2 and the threshold) from this model file")
     .option(
       "--keep-predictors",
@@ -30,8 +30,8 @@ export function register(program: Command): void {
     .option("--sparse-threshold <x>", "set powerinfer.sparse_threshold (needs predictors)", float("sparse-threshold"))
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
-        const to = o.to.toLowerCase();
-        if (to !== "pwri" && to !== "gguf") throw new InvalidArgumentError(`--to must be pwri or gguf, got "${o.to}"`);
+        const to = o.to;
+        checkOutputPath(output, input, o.predictors);
         const file = openGguf(input);
         const cfg = parseModelConfig(file);
         let preds: ReturnType<typeof readPredictors> | undefined;
