@@ -284,7 +284,12 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
     const onEvent = (e: PipelineEvent) => {
       switch (e.type) {
         case "layer-start":
-          layerInfo = `layer ${e.layer + 1}/${e.nLayer}`;
+          // layers counted from 0, as in the report table and the tensor names (blk.N)
+          layerInfo = `layer ${e.layer} (of 0–${e.nLayer - 1})`;
+          break;
+        case "note":
+          bar?.stop();
+          log(`note: ${e.message}`);
           break;
         case "candidate":
           if (e.candidate.skipped)
