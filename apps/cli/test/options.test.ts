@@ -4,7 +4,7 @@
  * and the fix without the error's class and code (those only with --verbose).
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { mkdtempSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -83,6 +83,42 @@ describe("every option is checked before any file is opened", () => {
   }
 });
 
+describe("a model file that is not there, or a directory: one line before anything else is done", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
+  const m = join(dir, "missing.gguf");
+  const cases: [string[], string][] = [
+    [["run", "-m", m, "-p", "x"], `model file ${m} does not exist`],
+    [["run", "-m", dir, "-p", "x"], `${dir} is a directory, not a model file`],
+    [["serve", "-m", m, "--port", "0"], `model file ${m} does not exist`],
+    [["bench", "-m", m, "-r", "1", "--no-llama-cpp"], `model file ${m} does not exist`],
+    [["inspect", m], `file ${m} does not exist`],
+    [["quantize", m, join(dir, "o.gguf"), "Q8_0"], `model file ${m} does not exist`],
+    [
+      ["train-predictor", "-m", m, "-f", join(dir, "t.txt"), "-o", join(dir, "o.gguf")],
+      `model file ${m} does not exist`,
+    ],
+  ];
+  for (const [args, message] of cases) {
+    it(`${args[0]} ${args[1] === "-m" ? "-m " : ""}${args.includes(dir) ? "DIR" : "MISSING"}`, () => {
+      const r = cli(...args);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toBe(`powerinfer: ${message}\n`); // nothing before it (no bandwidth probe, no "listening")
+      expect(r.stdout).toBe("");
+    });
+  }
+
+  it.skipIf(!probe.usable)(
+    "train-predictor refuses a model without a ReLU FFN from its header, before reading the text",
+    () => {
+      const r = cli("train-predictor", "-m", stories, "-f", join(dir, "missing.txt"), "-o", join(dir, "o.gguf"));
+      expect(r.code).toBe(1);
+      expect(errorLines(r.stderr)).toEqual([
+        `powerinfer: ${stories}: the FFN uses silu, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
+      ]);
+    },
+  );
+});
+
 describe("error lines: the message and the fix, the class and code only with --verbose", () => {
   it("describeError drops the class name and code unless verbose", () => {
     const e = Object.assign(new Error("no activation statistics at x.gguf: run `powerinfer profile` first"), {
@@ -114,14 +150,16 @@ describe("error lines: the message and the fix, the class and code only with --v
 
   it("commands without model options take --verbose too", () => {
     const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
-    const args = ["quantize", join(dir, "a.gguf"), join(dir, "b.gguf"), "Q8_0"];
+    const notGguf = join(dir, "a.gguf");
+    writeFileSync(notGguf, "hello, not a model");
+    const args = ["quantize", notGguf, join(dir, "b.gguf"), "Q8_0"];
     const plain = errorLines(cli(...args).stderr);
-    expect(plain).toHaveLength(1);
-    expect(plain[0]).toMatch(/^powerinfer: .*a\.gguf: cannot open the file/);
-    expect(plain[0]).not.toMatch(/GgufError|\bIO\b/);
+    expect(plain).toEqual([
+      `powerinfer: ${notGguf} at byte 0: expected magic "GGUF" or "PWRI", found bytes 68 65 6c 6c`,
+    ]);
     const r = cli(...args, "--verbose");
     expect(r.code).toBe(1);
-    expect(errorLines(r.stderr)).toEqual([`${plain[0]} [GgufError IO]`]);
+    expect(errorLines(r.stderr)).toEqual([`${plain[0]} [GgufError BAD_MAGIC]`]);
   });
 });
 

@@ -9,7 +9,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, runBench } from "../bench/harness.js";
 import { action } from "../errors.js";
-import { int } from "./common.js";
+import { checkInputFile, int } from "./common.js";
 
 /** "512,1024" → [512, 1024] (llama-bench's list syntax); "" or "0" → []. */
 export function intList(name: string, min = 1) {
@@ -106,6 +106,7 @@ export function register(program: Command): void {
     .option("-q, --quiet", "no progress lines on stderr")
     .action(
       action(async (o: BenchCliOptions) => {
+        for (const m of [...o.model, ...(o.twin ?? []).filter(Boolean)]) checkInputFile(m);
         const log = o.quiet ? undefined : (line: string) => process.stderr.write(`bench: ${line}\n`);
         const res = await runBench(benchOptions(o, log));
         if (o.json) {

@@ -156,9 +156,30 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
     throw new InvalidArgumentError(`--ctx-size must be ≥ 1, got ${o.ctxSize}`);
 }
 
+/**
+ * Checks that a model file the user named is there and is a regular file, before anything else is done
+ * with it (a backend loaded, a server started, a benchmark probe run).
+ * @param what how the message names it, e.g. "model file"
+ * @throws InvalidArgumentError "model file X does not exist" / "X is a directory, not a model file" / …
+ */
+export function checkInputFile(path: string, what = "model file"): void {
+  let st: ReturnType<typeof statSync>;
+  try {
+    st = statSync(path);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new InvalidArgumentError(
+      code === "ENOENT" ? `${what} ${path} does not exist` : `cannot read ${what} ${path} (${code ?? String(e)})`,
+    );
+  }
+  if (st.isDirectory()) throw new InvalidArgumentError(`${path} is a directory, not a ${what}`);
+  if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file (${what})`);
+}
+
 /** Loads the backend and the model, with a progress bar on a terminal. */
 export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
   checkModelOptions(o);
+  checkInputFile(o.model);
   const threads = o.threads ?? availableParallelism();
   const backend = await loadBackend(o.backend, { threads }, (line) => {
     if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);

@@ -6,7 +6,7 @@ import { openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, choice, float } from "./common.js";
+import { checkInputFile, checkOutputPath, choice, float } from "./common.js";
 
 interface ConvertOptions {
   to: string;
@@ -32,6 +32,8 @@ export function register(program: Command): void {
       action(async (input: string, output: string, o: ConvertOptions) => {
         const to = o.to;
         checkOutputPath(output, input, o.predictors);
+        checkInputFile(input);
+        if (o.predictors) checkInputFile(o.predictors, "predictor file");
         const file = openGguf(input);
         const cfg = parseModelConfig(file);
         let preds: ReturnType<typeof readPredictors> | undefined;

@@ -6,7 +6,7 @@ import { ggmlTypeFromName, ggmlTypeName, openGguf } from "@powerinfer/gguf";
 import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath } from "./common.js";
+import { checkInputFile, checkOutputPath } from "./common.js";
 
 export function register(program: Command): void {
   const names = QUANTIZE_TYPES.map((t) => ggmlTypeName(t)).join(", ");
@@ -23,6 +23,7 @@ export function register(program: Command): void {
           throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
         }
         checkOutputPath(output, input);
+        checkInputFile(input);
         const file = openGguf(input);
         const t0 = performance.now();
         const r = rewriteModelFile(file, output, { quantize: type });

@@ -8,7 +8,7 @@ import type { KvCacheType } from "@powerinfer/core";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkModelOptions, choice, float, int, loadModelFromCli } from "./common.js";
+import { checkInputFile, checkModelOptions, choice, float, int, loadModelFromCli } from "./common.js";
 
 interface ServeOptions {
   model: string;
@@ -98,7 +98,8 @@ export function register(program: Command): void {
       action(async (o: ServeOptions) => {
         // every option is checked before listening: a bad value never gets as far as "listening"
         checkServeOptions(o);
-        accessSync(o.model, constants.R_OK); // a missing file is reported before listening
+        checkInputFile(o.model); // a missing file is reported before listening
+        accessSync(o.model, constants.R_OK);
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
         const loaded = loadModelFromCli(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },

@@ -5,7 +5,7 @@
  */
 import { createHash } from "node:crypto";
 import { existsSync, rmSync, writeFileSync } from "node:fs";
-import { modelFingerprint } from "@powerinfer/gguf";
+import { modelFingerprint, openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { GgufTypes } from "@powerinfer/gguf";
 import {
   activationCounts,
@@ -28,7 +28,7 @@ import {
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, choice, float, int, loadModelFromCli, readTextFile } from "./common.js";
+import { checkInputFile, checkOutputPath, choice, float, int, loadModelFromCli, readTextFile } from "./common.js";
 
 interface TrainPredictorCliOptions {
   model: string;
@@ -164,6 +164,27 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   // every option's own rule was checked by its parser (see common.ts); the rank against the model below
   const rank = o.rank;
   const format = o.format;
+  // the model's header (cheap) decides the ReLU and rank checks before the text is read or the model loaded
+  checkInputFile(o.model);
+  const cfg = parseModelConfig(openGguf(o.model));
+  if (cfg.ffn.activation !== "relu") {
+    throw new Error(
+      `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
+    );
+  }
+  const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
+  if (rank !== "auto") {
+    const ranks = typeof rank === "number" ? [rank] : rank;
+    if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
+      throw new InvalidArgumentError(`--rank lists ${rank.length} ranks, the model has ${cfg.n_layer} layers`);
+    }
+    const bad = ranks.find((r) => r > maxRank);
+    if (bad !== undefined) {
+      throw new InvalidArgumentError(
+        `--rank ${bad} is larger than 2·min(n_embd, n_ff) = ${maxRank}, where a predictor is as costly as the FFN it saves`,
+      );
+    }
+  }
   const quiet = !!o.json;
   const log = (s: string) => {
     if (!quiet) process.stderr.write(`${s}\n`);
@@ -187,24 +208,6 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   process.on("SIGINT", onSigint);
   try {
     const cfg = model.config;
-    if (cfg.ffn.activation !== "relu") {
-      throw new Error(
-        `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
-      );
-    }
-    const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
-    if (rank !== "auto") {
-      const ranks = typeof rank === "number" ? [rank] : rank;
-      if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
-        throw new InvalidArgumentError(`--rank lists ${rank.length} ranks, the model has ${cfg.n_layer} layers`);
-      }
-      const bad = ranks.find((r) => r > maxRank);
-      if (bad !== undefined) {
-        throw new InvalidArgumentError(
-          `--rank ${bad} is larger than 2·min(n_embd, n_ff) = ${maxRank}, where a predictor is as costly as the FFN it saves`,
-        );
-      }
-    }
     const tok = model.tokenizer;
     const trainIds = tok.tokenize(split.train, { addSpecial: false });
     const options: PredictorTrainingOptions = {
