@@ -26,6 +26,33 @@ export function commanderErrorLine(str: string): string {
     .replace(/^error: /, "powerinfer: ");
 }
 
+/** Examples shown at the end of each command's --help (file names are placeholders). */
+export const EXAMPLES: Record<string, string[]> = {
+  run: [
+    'run -m model.gguf -p "Once upon a time" -n 32 --temp 0',
+    "run -m model.pwri.gguf -f prompt.txt -n 128 --vram-budget 4",
+  ],
+  batched: ['batched -m model.gguf -p "Once upon a time" -np 4 -n 32 --seed 1'],
+  chat: ['chat -m model.gguf --system "You are a helpful assistant."'],
+  serve: ["serve -m model.gguf --port 8080 -np 4"],
+  perplexity: ["perplexity -m model.gguf -f wiki.test.raw", "perplexity -m model.gguf -f text.txt --all-tokens -c 512"],
+  profile: ["profile -m model.pwri.gguf -f text.txt --tokens 20000"],
+  "train-predictor": [
+    "train-predictor -m relu-model.gguf -f text.txt -o relu-model.pwri.gguf",
+    "train-predictor -m relu-model.gguf -f text.txt -o out.pwri.gguf --rank 256 --epochs 2 --tokens 20000",
+  ],
+  plan: ["plan -m model.pwri.gguf --vram-budget 8"],
+  inspect: ["inspect model.gguf", "inspect model.pwri.gguf --json"],
+  convert: ["convert model.gguf model.pwri.gguf", "convert model.pwri.gguf model.gguf --to gguf"],
+  quantize: ["quantize model-f16.gguf model-q4_0.gguf Q4_0"],
+  "gen-model": [
+    "gen-model --preset tiny -o tiny.gguf",
+    "gen-model --preset 7b --layers 1 --format pwri -o slice.pwri.gguf",
+  ],
+  bench: ["bench -m model.gguf -p 512 -n 128 -t 1,2 -r 3"],
+  backends: ["backends", "backends --json"],
+};
+
 export function createProgram(): Command {
   const program = new Command("powerinfer")
     .description("local LLM inference exploiting activation sparsity")
@@ -55,6 +82,8 @@ export function createProgram(): Command {
   for (const cmd of program.commands) {
     if (!cmd.options.some((o) => o.long === "--verbose"))
       cmd.option("-v, --verbose", "error lines also name the error's class and code");
+    const ex = EXAMPLES[cmd.name()];
+    if (ex) cmd.addHelpText("after", `\nExamples:\n${ex.map((e) => `  $ powerinfer ${e}`).join("\n")}\n`);
   }
   return program;
 }

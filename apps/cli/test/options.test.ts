@@ -11,6 +11,7 @@ import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { describe, expect, it } from "vitest";
 import { describeError } from "../src/errors.ts";
+import { createProgram, EXAMPLES } from "../src/program.ts";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
@@ -185,4 +186,34 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
       /^powerinfer: the prompt has \d+ tokens, more than the context holds \(n_ctx 32\): raise -c\/--ctx-size/,
     );
   });
+});
+
+describe("every command's --help shows examples, and trying them as a new user gives one clean line", () => {
+  const commands = Object.keys(EXAMPLES);
+  it("every command has examples", () => {
+    const names = createProgram().commands.map((c) => c.name());
+    expect(names.sort()).toEqual([...commands].sort());
+  });
+  for (const name of commands) {
+    it(name, () => {
+      const help = cli(name, "--help");
+      expect(help.code).toBe(0);
+      expect(help.stdout).toContain("Examples:");
+      for (const ex of EXAMPLES[name]!) expect(help.stdout).toContain(`$ powerinfer ${ex}`);
+      // run as written in an empty folder: the files they name are not there, so each ends at once
+      const cwd = mkdtempSync(join(tmpdir(), "powerinfer-examples-"));
+      for (const ex of EXAMPLES[name]!) {
+        if (/--preset (7b|13b|40b|70b)/.test(ex) || ex.startsWith("serve") || ex.startsWith("chat")) continue;
+        const args = (ex.match(/"[^"]*"|\S+/g) ?? []).map((a) => a.replace(/^"|"$/g, ""));
+        const r = spawnSync(process.execPath, [bin, ...args], { cwd, encoding: "utf8", timeout: 120_000 });
+        expect(r.status === 0 || r.status === 1, `${ex}: ${r.stderr}`).toBe(true);
+        expect(r.stderr, ex).not.toMatch(/\n\s+at |Error\b|\b[A-Z]+_[A-Z_]+\b/);
+        if (r.status === 1)
+          expect(
+            errorLines(r.stderr).filter((l) => l.startsWith("powerinfer:")),
+            ex,
+          ).toHaveLength(1);
+      }
+    });
+  }
 });
