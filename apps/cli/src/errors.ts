@@ -16,7 +16,10 @@ export function describeError(e: unknown, o: DescribeErrorOptions = {}): string 
   if (!(e instanceof Error)) return oneLine(String(e));
   const code = (e as { code?: unknown }).code;
   if (typeof code === "string" && code.startsWith("commander.")) return oneLine(e.message);
-  const message = e.message || (e.name && e.name !== "Error" ? e.name : "unknown error");
+  let message = e.message || (e.name && e.name !== "Error" ? e.name : "unknown error");
+  // a TypeError or ReferenceError is a bug of ours, not the user's input: say so
+  if (e instanceof TypeError || e instanceof ReferenceError)
+    message = `${message} (an internal error: please report it, with the output of the same command with --verbose)`;
   if (!o.verbose) return oneLine(message);
   const tag = [e.name && e.name !== "Error" ? e.name : "", typeof code === "string" ? code : ""]
     .filter(Boolean)

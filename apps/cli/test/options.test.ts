@@ -130,7 +130,10 @@ describe("error lines: the message and the fix, the class and code only with --v
     expect(describeError(e, { verbose: true })).toBe(
       "no activation statistics at x.gguf: run `powerinfer profile` first [EngineError BAD_INPUT]",
     );
-    expect(describeError(new TypeError("x is not a function"))).toBe("x is not a function");
+    expect(describeError(new TypeError("x is not a function"))).toBe(
+      "x is not a function (an internal error: please report it, with the output of the same command with --verbose)",
+    );
+    expect(describeError(new TypeError("x is not a function"), { verbose: true })).toMatch(/ \[TypeError\]$/);
     expect(describeError("plain")).toBe("plain");
   });
 
