@@ -1,5 +1,5 @@
 #!/usr/bin/env node
-import { describeError } from "./errors.js";
+import { describeError, verboseRequested } from "./errors.js";
 import { createProgram } from "./program.js";
 
 // Output piped into a reader that stopped (`| head`): end quietly, as a C program on SIGPIPE would.
@@ -13,6 +13,6 @@ for (const stream of [process.stdout, process.stderr]) {
 createProgram()
   .parseAsync(process.argv)
   .catch((e: unknown) => {
-    process.stderr.write(`powerinfer: ${describeError(e)}\n`);
+    process.stderr.write(`powerinfer: ${describeError(e, { verbose: verboseRequested() })}\n`);
     process.exitCode = 1;
   });

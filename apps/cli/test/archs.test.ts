@@ -7,6 +7,7 @@
  * - opt (llama.cpp has no OPT): a small random OPT model written here against a float64 forward pass of
  *   Hugging Face's `OPTForCausalLM` (pre-layer-norm, learned positions with the offset of 2, biases, ReLU).
  */
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -19,6 +20,7 @@ import {
   metadataEntries,
   openGguf,
   readTensorBytes,
+  readTensorF32,
   writeGguf,
 } from "@powerinfer/gguf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -313,7 +315,7 @@ function optReference(W: Map<string, { data: Float32Array }>, c: OptSpec, posOff
       x = Float64Array.from(x, (v, i) => v + d[i]!);
     }
     const f = ln(x, w("output_norm.weight"), w("output_norm.bias"));
-    out.push(lin(w("token_embd.weight"), f, E, c.V));
+    out.push(lin(W.has("output.weight") ? w("output.weight") : w("token_embd.weight"), f, E, c.V));
   });
   return out;
 }
@@ -359,6 +361,56 @@ describe.skipIf(!probe.usable)(`opt (${probe.reason})`, () => {
       }
     });
   }
+
+  it("gen-model --arch opt writes a file the OPT graph runs, equal to the float64 OPTForCausalLM forward", async () => {
+    const path = join(dir, "opt-generated.gguf");
+    const bin = join(import.meta.dirname, "..", "dist", "bin.js");
+    const r = spawnSync(
+      process.execPath,
+      [bin, "gen-model", "--preset", "tiny", "--arch", "opt", "--dtype", "F32", "--stats-tokens", "0", "-o", path],
+      { encoding: "utf8" },
+    );
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/llama\.cpp has no opt architecture/);
+    const file = openGguf(path);
+    const W = new Map<string, { data: Float32Array }>();
+    for (const t of file.tensors) {
+      expect(t.type, t.name).toBe(GGMLType.F32);
+      W.set(t.name, { data: readTensorF32(file, t) });
+    }
+    const c: OptSpec = { E: 256, F: 1024, H: 4, L: 2, V: 1024, ctx: 512 };
+    expect(file.tensorMap.get("position_embd.weight")?.shape).toEqual([256, 514]); // HF's 2 padding rows
+    expect(file.tensorMap.get("blk.1.attn_k.weight")?.shape).toEqual([256, 256]); // no GQA in OPT
+    const m = await Model.load(path, { backend });
+    try {
+      expect(m.config.arch).toBe("opt");
+      expect(m.config.ffn).toEqual({ activation: "relu", gated: false });
+      const tokens = [1, 403, 407, 261, 378, 432];
+      const ref = optReference(W, c, 2, tokens);
+      const t = m.createSession({ nCtx: 64, kvType: "f32" });
+      tokens.forEach((tok, i) => {
+        const l = t.evaluate([tok]);
+        const scale = Math.max(...ref[i]!.map(Math.abs));
+        expect(maxDiff(l, ref[i]!) / scale, `position ${i}`).toBeLessThan(1e-4);
+      });
+      t.dispose();
+      // the designed sparsity: about 10 % of the FFN neurons fire per token
+      const o = await Model.load(path, { backend, sparse: "oracle" });
+      try {
+        const s = o.createSession({ nCtx: 64 });
+        s.evaluate(tokens);
+        for (const rows of s.stats.activeRows) {
+          expect(rows / (c.F * tokens.length)).toBeGreaterThan(0.04);
+          expect(rows / (c.F * tokens.length)).toBeLessThan(0.2);
+        }
+        s.dispose();
+      } finally {
+        o.dispose();
+      }
+    } finally {
+      m.dispose();
+    }
+  });
 
   it("the context ends with the learned positions: n_ctx capped (said), then a typed CONTEXT_FULL error", async () => {
     const path = join(dir, "opt-short.gguf");

@@ -100,8 +100,8 @@ describe.skipIf(!probe.usable)(`powerinfer chat with piped input (${probe.reason
 
   it("bad values are one line and a non-zero exit", () => {
     for (const [args, pattern] of [
-      [["-n", "-2"], /--n-predict must be ≥ -1, got -2/],
-      [["-c", "0"], /--ctx-size must be ≥ 1, got 0/],
+      [["-n", "-2"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -2/],
+      [["-c", "0"], /--ctx-size must be an integer ≥ 1, got 0/],
       [["--system", "a long system prompt ".repeat(20), "-c", "64"], /system prompt takes \d+ tokens of the 64-token/],
     ] as const) {
       const r = cli("Hi\n", "chat", "-m", stories, ...args);

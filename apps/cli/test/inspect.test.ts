@@ -1,15 +1,14 @@
 import { join } from "node:path";
-import { Command } from "commander";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { formatInspect, inspectFile, register } from "../src/commands/inspect.js";
+import { formatInspect, inspectFile } from "../src/commands/inspect.js";
+import { createProgram } from "../src/program.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const m = (rel: string) => join(models, rel);
 
 /** Runs `powerinfer inspect ...args` in-process; returns stdout, stderr and the exit code it set. */
 async function cli(...args: string[]): Promise<{ out: string; err: string; code: number }> {
-  const program = new Command("powerinfer").exitOverride();
-  register(program);
+  const program = createProgram().exitOverride();
   let out = "";
   let err = "";
   const so = vi.spyOn(process.stdout, "write").mockImplementation((s) => {
@@ -125,11 +124,14 @@ describe("inspect", () => {
     expect(missing.code).toBe(1);
     expect(missing.out).toBe("");
     expect(missing.err.trim().split("\n")).toHaveLength(1);
-    expect(missing.err).toMatch(/^powerinfer: .*no-such-model\.gguf.*(ENOENT|no such file)/);
+    expect(missing.err).toMatch(/^powerinfer: .*no-such-model\.gguf (does not exist|.*ENOENT)/);
     const notGguf = await cli(m("powerinfer/README.md"));
     expect(notGguf.code).toBe(1);
     expect(notGguf.err.trim().split("\n")).toHaveLength(1);
-    expect(notGguf.err).toMatch(/BAD_MAGIC.*README\.md at byte 0: expected magic "GGUF" or "PWRI"/);
+    expect(notGguf.err).toMatch(/^powerinfer: .*README\.md at byte 0: expected magic "GGUF" or "PWRI"/);
+    expect(notGguf.err).not.toMatch(/GgufError|BAD_MAGIC/); // the class and code only with --verbose
     expect(notGguf.err).not.toMatch(/\n\s+at /);
+    const verbose = await cli(m("powerinfer/README.md"), "--verbose");
+    expect(verbose.err.trim()).toBe(`${notGguf.err.trim()} [GgufError BAD_MAGIC]`);
   });
 });

@@ -209,7 +209,7 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
       );
       oneLineError(
         cli("train-predictor", "-m", relu, ...t, "--target-recall", "1.5"),
-        /--target-recall must be in \(0, 1\]/,
+        /--target-recall must be a number in \(0, 1\], got 1\.5/,
       );
       oneLineError(cli("train-predictor", "-m", relu, ...t, "--format", "onnx"), /--format must be pwri or gguf/);
       oneLineError(cli("train-predictor", "-m", join(models, "stories260K.gguf"), ...t), /FFN uses silu, not ReLU/);

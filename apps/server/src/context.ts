@@ -39,6 +39,7 @@ export interface SamplingFields {
   repeat_last_n?: number | null;
   ignore_eos?: boolean | null;
   cache_prompt?: boolean | null;
+  id_slot?: number | null;
   logit_bias?: Record<string, number> | [number, number | false][] | null;
 }
 
@@ -67,7 +68,24 @@ export function samplingOptions(
     nProbs,
     cachePrompt: b.cache_prompt ?? true,
     logitBias: logitBias(b.logit_bias),
+    slot: b.id_slot ?? -1,
   };
+}
+
+/**
+ * Checks `id_slot` against the server's slots.
+ * @throws ApiError 400 naming the field, the slots there are and the value
+ */
+export function checkSlot(ctx: ServerContext, idSlot: number | null | undefined): void {
+  if (idSlot === undefined || idSlot === null || idSlot === -1) return;
+  const n = ctx.scheduler.nSlots;
+  if (idSlot >= n) {
+    throw new ApiError(
+      400,
+      "invalid_request_error",
+      `id_slot must be -1 (any free slot) or a slot of this server (${n === 1 ? "0" : `0–${n - 1}`}), got ${idSlot}`,
+    );
+  }
 }
 
 /** `logit_bias` in either API's form → token id → bias (false, llama.cpp's ban, is −Infinity). */

@@ -4,6 +4,7 @@ import type { FastifyInstance, FastifyReply } from "fastify";
 import {
   abortOnDisconnect,
   checkPrompt,
+  checkSlot,
   type Job,
   type ServerContext,
   SseStream,
@@ -101,6 +102,7 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
   const completion = async (req: { body: unknown }, reply: FastifyReply) => {
     const ctx = getCtx();
     const b = parseBody(llamaCompletionBody, req.body);
+    checkSlot(ctx, b.id_slot);
     const nProbs = b.n_probs ?? 0;
     const jobs: Job[] = prompts(ctx, b.prompt).map((ids) => {
       checkPrompt(ctx, ids);

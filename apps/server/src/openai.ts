@@ -6,6 +6,7 @@ import {
   abortOnDisconnect,
   chatLogprob,
   checkPrompt,
+  checkSlot,
   finishReason,
   type Job,
   type ServerContext,
@@ -149,6 +150,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
   const completions = async (req: { body: unknown }, reply: FastifyReply) => {
     const ctx = getCtx();
     const b = parseBody(completionsBody, req.body);
+    checkSlot(ctx, b.id_slot);
     const { jobs, texts } = promptJobs(ctx, b);
     const id = newId("cmpl");
     const created = now();
@@ -206,6 +208,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
   const chat = async (req: { body: unknown }, reply: FastifyReply) => {
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
+    checkSlot(ctx, b.id_slot);
     const messages: ChatMessage[] = b.messages.map((m, i) => ({ role: m.role, content: messageText(m.content, i) }));
     const prompt = ctx.template.apply(messages, true);
     const ids = ctx.model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: true });

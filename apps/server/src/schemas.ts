@@ -76,6 +76,8 @@ const sampling = {
   stream: boolean().nullish(),
   n_predict: integer(-1).nullish(),
   cache_prompt: boolean().nullish(),
+  /** llama.cpp: the slot to run in; -1 = any free one. */
+  id_slot: integer(-1).nullish(),
   /** OpenAI: {"token id": bias}; llama.cpp: [[token id, bias or false (banned)], …]. */
   logit_bias: z
     .union(

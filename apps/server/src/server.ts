@@ -53,6 +53,8 @@ export interface PowerinferServer {
 }
 
 /** Endpoints reachable without the API key (as llama.cpp's server). */
+const HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"] as const;
+
 const PUBLIC = new Set(["/health", "/v1/health", "/models", "/v1/models"]);
 
 function pathOf(req: FastifyRequest): string {
@@ -172,7 +174,19 @@ export function createServer(opts: ServerOptions): PowerinferServer {
   });
 
   app.setNotFoundHandler((req, reply) => {
-    const e = new ApiError(404, "not_found_error", `no route ${req.method} ${pathOf(req)}`);
+    const path = pathOf(req);
+    // a path that exists with other methods: 405 and the methods it takes (RFC 9110 §15.5.6)
+    const allow = HTTP_METHODS.filter((method) => app.hasRoute({ method, url: path }));
+    if (allow.length > 0) {
+      const e = new ApiError(
+        405,
+        "invalid_request_error",
+        `${req.method} is not allowed on ${path}; use ${allow.join(" or ")}`,
+      );
+      reply.code(405).header("allow", allow.join(", ")).send(e.body());
+      return;
+    }
+    const e = new ApiError(404, "not_found_error", `no route ${req.method} ${path}`);
     reply.code(404).send(e.body());
   });
 

@@ -545,6 +545,46 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       expect((e.error as { n_prompt_tokens: number }).n_prompt_tokens).toBeGreaterThan(128);
     });
 
+    it("a route called with the wrong method: 405 with an Allow header and OpenAI's error shape", async () => {
+      for (const path of ["/v1/completions", "/v1/chat/completions", "/completion"]) {
+        const r = await fetch(`${url}${path}`);
+        expect(r.status, path).toBe(405);
+        expect(r.headers.get("allow")).toBe("POST");
+        expect(await r.json()).toEqual({
+          error: { code: 405, message: `GET is not allowed on ${path}; use POST`, type: "invalid_request_error" },
+        });
+      }
+      const m = await fetch(`${url}/v1/models`, { method: "POST", body: "{}" });
+      expect(m.status).toBe(405);
+      expect(m.headers.get("allow")).toBe("GET, HEAD");
+    });
+
+    it("an id_slot that does not exist: 400 naming it, on every generation endpoint", async () => {
+      for (const [path, body] of [
+        ["/completion", { prompt: "Once", n_predict: 2, id_slot: 16 }],
+        ["/v1/completions", { prompt: "Once", max_tokens: 2, id_slot: 99 }],
+        ["/v1/chat/completions", { messages: [{ role: "user", content: "Hi" }], max_tokens: 2, id_slot: 16 }],
+      ] as const) {
+        const r = await post(path, JSON.stringify(body));
+        expect(r.status, path).toBe(400);
+        expect(r.body.error.type).toBe("invalid_request_error");
+        expect(r.body.error.message).toBe(
+          `id_slot must be -1 (any free slot) or a slot of this server (0–15), got ${body.id_slot}`,
+        );
+      }
+      expect((await post("/completion", JSON.stringify({ prompt: "Once", id_slot: -2 }))).status).toBe(400);
+    });
+
+    it("an id_slot that exists runs the request in that slot", async () => {
+      for (const slot of [0, 7, 15]) {
+        const r = await post("/completion", JSON.stringify({ prompt: "Once", n_predict: 2, id_slot: slot }));
+        expect(r.status).toBe(200);
+        expect((r.body as unknown as { id_slot: number }).id_slot).toBe(slot);
+      }
+      const any = await post("/completion", JSON.stringify({ prompt: "Once", n_predict: 2, id_slot: -1 }));
+      expect(any.status).toBe(200);
+    });
+
     it("unknown routes and endpoints that are off", async () => {
       expect((await fetch(`${url}/v2/nothing`)).status).toBe(404);
       const r = await post(

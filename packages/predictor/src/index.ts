@@ -60,6 +60,7 @@ export {
 export {
   fitLogitScale,
   type GateSubspace,
+  gateDirectionsUsed,
   gatePredictor,
   gateSubspace,
   type LayerPredictor,

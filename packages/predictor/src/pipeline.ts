@@ -122,7 +122,9 @@ export type PipelineEvent =
   | { type: "train-start"; layer: number; rank: number; epochs: number; stepsPerEpoch: number; resumed: boolean }
   | ({ type: "step"; layer: number; rank: number } & StepInfo)
   | { type: "epoch"; layer: number; rank: number; report: EpochReport }
-  | { type: "layer-done"; layer: number; result: LayerResult };
+  | { type: "layer-done"; layer: number; result: LayerResult }
+  /** Something the user should know that does not stop training (e.g. a fallback taken). */
+  | { type: "note"; layer: number; message: string };
 
 /** Arguments of {@link trainPredictors}. */
 export interface TrainPredictorsArgs {
@@ -253,18 +255,30 @@ export async function trainPredictors(a: TrainPredictorsArgs): Promise<TrainPred
     a.onEvent?.({ type: "layer-start", layer: l, nLayer, ranks });
     if (o.init === "gate" && !file) throw new RangeError('init "gate" needs the model file');
     const gw = o.init === "gate" ? gateWeights(file!, l) : undefined;
-    let sub: ReturnType<typeof gateSubspace> | undefined;
+    let sub: ReturnType<typeof gateSubspace> | null | undefined;
+    // The gate's subspace, or null when the gate gives no direction at all (then the start is random).
     const subspace = () => {
-      sub ??= gateSubspace(
-        gw!.gate,
-        gw!.norm,
-        train.layers[l]!.inputs,
-        train.nTokens,
-        e,
-        f,
-        Math.max(...ranks) / 2,
-        mm,
-      );
+      if (sub !== undefined) return sub;
+      const want = Math.max(...ranks) / 2;
+      try {
+        sub = gateSubspace(gw!.gate, gw!.norm, train.layers[l]!.inputs, train.nTokens, e, f, want, mm);
+      } catch (err) {
+        if (!(err instanceof RangeError)) throw err;
+        sub = null;
+        a.onEvent?.({
+          type: "note",
+          layer: l,
+          message: `layer ${l}: ${err.message}; starting from random weights instead`,
+        });
+        return sub;
+      }
+      if (sub.k < want) {
+        a.onEvent?.({
+          type: "note",
+          layer: l,
+          message: `layer ${l}: the gate spans ${sub.k} independent directions on ${train.nTokens} training positions, not the ${want} rank ${2 * want} needs; ${2 * sub.k} hidden units start from the gate, the rest random`,
+        });
+      }
       return sub;
     };
     // Start: ranks in increasing order; a resumed layer continues where it stopped.
@@ -284,12 +298,13 @@ export async function trainPredictors(a: TrainPredictorsArgs): Promise<TrainPred
         progress = undefined;
       } else {
         let init: LayerPredictor;
-        if (gw) {
-          const s = subspace();
+        const s = gw ? subspace() : null;
+        if (s) {
+          const seed = deriveSeed(o.train.seed, l, rank);
           const sample = Math.min(train.nTokens, 256);
-          const z = predictLogits(gatePredictor(s, rank), train.layers[l]!.inputs, sample, mm);
+          const z = predictLogits(gatePredictor(s, rank, 1, seed), train.layers[l]!.inputs, sample, mm);
           logitScale = fitLogitScale(z, train.layers[l]!.masks, sample, f, o.train.posWeight);
-          init = gatePredictor(s, rank, logitScale);
+          init = gatePredictor(s, rank, logitScale, seed);
         } else {
           init = randomPredictor(rank, e, f, deriveSeed(o.train.seed, l, rank));
         }

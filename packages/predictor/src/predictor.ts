@@ -118,7 +118,9 @@ export interface GateSubspace {
  * @param gate W_gate (or W_up for an ungated FFN) [nFf × nEmbd] float32 row-major
  * @param norm ffn_norm weights [nEmbd] (undefined: all ones)
  * @param x sample FFN inputs [n × nEmbd] (at most 4096 of them, evenly spaced, are used)
- * @param k directions to keep, ≤ nEmbd
+ * @param kWanted directions to keep, ≤ nEmbd. Fewer are returned (`k` of the result) when the gate on
+ *   the data spans fewer: e.g. with fewer sample positions than `kWanted`, C has rank < `kWanted`.
+ * @throws RangeError when `kWanted` is outside [1, nEmbd], or the gate is zero on every sample
  */
 export function gateSubspace(
   gate: Float32Array,
@@ -127,13 +129,13 @@ export function gateSubspace(
   n: number,
   nEmbd: number,
   nFf: number,
-  k: number,
+  kWanted: number,
   mm: MatMul,
   seed = 1,
   iterations = 12,
 ): GateSubspace {
   const e = nEmbd;
-  if (!(k >= 1 && k <= e)) throw new RangeError(`subspace size ${k} must be in [1, n_embd ${e}]`);
+  if (!(kWanted >= 1 && kWanted <= e)) throw new RangeError(`subspace size ${kWanted} must be in [1, n_embd ${e}]`);
   const w = new Float32Array(nFf * e);
   for (let i = 0; i < nFf; i++) for (let c = 0; c < e; c++) w[i * e + c] = gate[i * e + c]! * (norm ? norm[c]! : 1);
   const wt = transpose(w, nFf, e);
@@ -160,6 +162,7 @@ export function gateSubspace(
   // V is kept transposed, vt [k×e] (row j = column j of V), so every product is one gemmNT:
   // (K·V)ᵀ = Vᵀ·K = gemmNT(vt, K) since K is symmetric; likewise for C.
   const rng = new Rng(seed);
+  let k = kWanted;
   let vt: Float32Array = new Float32Array(k * e);
   for (let i = 0; i < vt.length; i++) vt[i] = rng.normal();
   let kvt = mm.gemmNT(vt, kk, k, e, e);
@@ -169,7 +172,9 @@ export function gateSubspace(
   // eigenvalues of A can span 10⁴ or more (outlier dimensions of the residual stream), and Cholesky of
   // the Gram matrix would square that condition number beyond float32's precision. A column that
   // vanishes (dependent on the previous ones) is replaced by a fresh random one.
-  const orthonormalize = () => {
+  // Returns the number of directions kept: when direction j keeps vanishing (the data or the gate span
+  // fewer than k directions, e.g. fewer sample positions than k), the subspace stops at j directions.
+  const orthonormalize = (): number => {
     const v64 = Float64Array.from(vt);
     const kv64 = Float64Array.from(kvt);
     const dot = (a: Float64Array, ao: number, b: Float64Array, bo: number) => {
@@ -200,19 +205,25 @@ export function gateSubspace(
           }
           break;
         }
-        if (attempt > 3) throw new Error(`gate subspace: direction ${j} keeps vanishing (is ffn_gate degenerate?)`);
+        if (attempt > 3) {
+          if (j === 0) throw new RangeError("gate subspace: the gate is zero on the data (ffn_gate degenerate)");
+          vt = Float32Array.from(v64.subarray(0, j * e));
+          kvt = Float32Array.from(kv64.subarray(0, j * e));
+          return j;
+        }
         for (let x = 0; x < e; x++) v64[rj + x] = rng.normal();
         for (let x = 0; x < e; x++) kv64[rj + x] = dot(kk64, x * e, v64, rj);
       }
     }
     vt.set(v64);
     kvt.set(kv64);
+    return k;
   };
-  orthonormalize();
+  k = orthonormalize();
   for (let it = 0; it < iterations; it++) {
     vt = mm.gemmNT(kvt, cov, k, e, e); // (C·K·V)ᵀ
     kvt = mm.gemmNT(vt, kk, k, e, e);
-    orthonormalize();
+    k = orthonormalize();
   }
   // gate variance explained per direction: the Rayleigh quotient (K V)ᵀ C (K V), diagonal; directions
   // are sorted by it so that the first k' of them serve a smaller rank
@@ -243,14 +254,23 @@ export function gateSubspace(
  * approximation of the gate (in units of the gate, times `logitScale`) exactly, through the ReLU, with
  * the pair identity ReLU(u) − ReLU(−u) = u: fc1 = [P; −P], fc2 = [Q, −Q]. Training then moves it away
  * from this linear solution.
+ *
+ * When the subspace has fewer than rank/2 directions (see {@link gateSubspace}), the first 2·sub.k rows
+ * come from the gate and the remaining `rank − 2·sub.k` hidden units start random (fc1 rows as in
+ * {@link randomPredictor}, seeded by `seed`; their fc2 columns 0, so the start still computes the gate's
+ * approximation); {@link gateDirectionsUsed} tells how many came from the gate.
+ * @throws RangeError when `rank` is odd or < 2
  */
-export function gatePredictor(sub: GateSubspace, rank: number, logitScale = 1): LayerPredictor {
-  if (rank % 2 !== 0 || rank < 2 || rank / 2 > sub.k) {
-    throw new RangeError(`rank ${rank} must be even, ≥ 2 and at most 2·${sub.k}`);
-  }
-  const k = rank / 2;
+export function gatePredictor(sub: GateSubspace, rank: number, logitScale = 1, seed = 1): LayerPredictor {
+  if (rank % 2 !== 0 || rank < 2) throw new RangeError(`rank ${rank} must be even and ≥ 2`);
+  const k = gateDirectionsUsed(sub, rank);
   const { nEmbd: e, nFf } = sub;
   const fc1 = new Float32Array(rank * e);
+  if (2 * k < rank) {
+    const rng = new Rng(seed);
+    const s1 = Math.sqrt(2 / e);
+    for (let i = 2 * k * e; i < fc1.length; i++) fc1[i] = rng.normal() * s1;
+  }
   for (let j = 0; j < k; j++) {
     for (let c = 0; c < e; c++) {
       fc1[j * e + c] = sub.p[j * e + c]!;
@@ -266,6 +286,11 @@ export function gatePredictor(sub: GateSubspace, rank: number, logitScale = 1): 
     }
   }
   return { rank, nEmbd: e, nFf, fc1, fc2 };
+}
+
+/** Gate directions a {@link gatePredictor} of `rank` uses: min(rank/2, sub.k). */
+export function gateDirectionsUsed(sub: GateSubspace, rank: number): number {
+  return Math.min(Math.floor(rank / 2), sub.k);
 }
 
 /**

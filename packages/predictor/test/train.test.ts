@@ -138,6 +138,64 @@ describe("warm start from the gate", () => {
   });
 });
 
+describe("warm start when the gate cannot give the rank asked for", () => {
+  // A gate that reads only the first 6 channels of the residual (as a generated model's gates read a
+  // subspace of it): K = W'ᵀW' has rank 6, so no more than 6 gate directions exist.
+  const layers = toyLayers(1, E, F, 11).map(({ gate, norm }) => ({
+    gate: gate.map((v, i) => (i % E < 6 ? v : 0)),
+    norm,
+  }));
+  const few = toyData(layers, 10, E, F, 12);
+  const L = few.layers[0]!;
+
+  it("gateSubspace returns the directions there are instead of stopping", () => {
+    const sub = gateSubspace(layers[0]!.gate, layers[0]!.norm, L.inputs, 10, E, F, 14, mm);
+    expect(sub.k).toBe(6);
+    expect(sub.p.length).toBe(sub.k * E);
+    expect(sub.q.length).toBe(sub.k * F);
+    for (const v of sub.p) expect(Number.isFinite(v)).toBe(true);
+  });
+
+  it("gatePredictor fills the rest of the rank with random hidden units that start silent in fc2", () => {
+    const sub = gateSubspace(layers[0]!.gate, layers[0]!.norm, L.inputs, 10, E, F, 14, mm);
+    const p = gatePredictor(sub, 28, 2, 5);
+    const k = sub.k;
+    expect(p.rank).toBe(28);
+    // rows 2k.. of fc1 are random (non-zero), their fc2 columns zero
+    let randomRows = 0;
+    for (let j = 2 * k; j < 28; j++) if (p.fc1.subarray(j * E, (j + 1) * E).some((v) => v !== 0)) randomRows++;
+    expect(randomRows).toBe(28 - 2 * k);
+    for (let i = 0; i < F; i++) for (let j = 2 * k; j < 28; j++) expect(p.fc2[i * 28 + j]).toBe(0);
+    // so the start computes exactly what the gate part alone computes
+    const full = predictLogits(gatePredictor(sub, 2 * k, 2), L.inputs, 10, mm);
+    const z = predictLogits(p, L.inputs, 10, mm);
+    for (let i = 0; i < z.length; i++) expect(z[i]).toBeCloseTo(full[i]!, 4);
+  });
+
+  it("trainPredictors falls back with a note, and trains", async () => {
+    const dir = tmp();
+    const model = join(dir, "toy.gguf");
+    writeToyModel(model, layers, E, F);
+    const data = toyData(layers, 24, E, F, 13);
+    const notes: string[] = [];
+    const res = await trainPredictors({
+      file: openGguf(model),
+      data,
+      mm,
+      options: { rank: 2 * E, valFraction: 0.25, train: { epochs: 2, batchSize: 8 } },
+      onEvent: (e) => {
+        if (e.type === "note") notes.push(e.message);
+      },
+    });
+    expect(res.complete).toBe(true);
+    expect(res.layers[0]!.rank).toBe(2 * E);
+    expect(notes).toHaveLength(1);
+    expect(notes[0]).toMatch(
+      /^layer 0: the gate spans 6 independent directions on 18 training positions, not the 16 rank 32 needs; 12 hidden units start from the gate, the rest random/,
+    );
+  });
+});
+
 describe("training", () => {
   const layers = toyLayers(2, E, F, 6);
   const data = toyData(layers, 1200, E, F, 7);

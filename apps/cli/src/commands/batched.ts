@@ -37,11 +37,11 @@ export function register(program: Command): void {
     )
       .option("-p, --prompt <text>", "prompt text")
       .option("-f, --file <file>", "read the prompt from a file")
-      .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel"), 4)
+      .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel", { min: 1 }), 4)
       .option(
         "-n, --n-predict <n>",
         "tokens to generate per sequence (-1 = until end of text or context full)",
-        int("n-predict"),
+        int("n-predict", { min: 0, also: [-1], alsoMeans: "-1 = until end of text or context full" }),
         32,
       ),
     "RNG seed S of sequence 0; sequence i uses S+i (default: random)",

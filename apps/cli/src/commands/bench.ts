@@ -9,7 +9,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, runBench } from "../bench/harness.js";
 import { action } from "../errors.js";
-import { int } from "./common.js";
+import { checkInputFile, int } from "./common.js";
 
 /** "512,1024" → [512, 1024] (llama-bench's list syntax); "" or "0" → []. */
 export function intList(name: string, min = 1) {
@@ -86,7 +86,7 @@ export function register(program: Command): void {
     .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), [512])
     .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), [128])
     .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [2])
-    .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions"), 5)
+    .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
       "--sparse <modes>",
       "our FFN modes: auto (off, plus predictor when the file has predictors) or a list of off, predictor, oracle",
@@ -95,12 +95,18 @@ export function register(program: Command): void {
     )
     .option("--no-llama-cpp", "do not run llama.cpp")
     .option("--no-ours", "do not run powerinfer-ts")
-    .option("--bandwidth-mib <n>", "MiB read by the memory-bandwidth probe (0: skip)", int("bandwidth-mib"), 512)
-    .option("--seed <n>", "seed of the random token ids", int("seed"), 1)
+    .option(
+      "--bandwidth-mib <n>",
+      "MiB read by the memory-bandwidth probe (0: skip)",
+      int("bandwidth-mib", { min: 0 }),
+      512,
+    )
+    .option("--seed <n>", "seed of the random token ids", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
     .option("--json", "print llama-bench-style JSON rows")
     .option("-q, --quiet", "no progress lines on stderr")
     .action(
       action(async (o: BenchCliOptions) => {
+        for (const m of [...o.model, ...(o.twin ?? []).filter(Boolean)]) checkInputFile(m);
         const log = o.quiet ? undefined : (line: string) => process.stderr.write(`bench: ${line}\n`);
         const res = await runBench(benchOptions(o, log));
         if (o.json) {

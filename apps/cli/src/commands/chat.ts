@@ -14,7 +14,7 @@ import {
 } from "@powerinfer/core";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, SEED_RULE, TEMP_HELP } from "./common.js";
 
 interface ChatOptions extends ModelCliOptions {
   system?: string;
@@ -198,15 +198,19 @@ function commonPrefix(a: readonly number[], b: readonly number[]): number {
 export function register(program: Command): void {
   modelOptions(program.command("chat").description("interactive chat using the model's chat template"))
     .option("--system <text>", "system message")
-    .option("-n, --n-predict <n>", "most tokens per reply (-1 = until end of turn)", int("n-predict"), -1)
-    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
-    .option("--top-k <k>", "top-k", int("top-k"), 40)
-    .option("--top-p <p>", "top-p", float("top-p"), 0.95)
-    .option("--min-p <p>", "min-p", float("min-p"), 0.05)
-    .option("-s, --seed <n>", "RNG seed", int("seed"))
+    .option(
+      "-n, --n-predict <n>",
+      "most tokens per reply (-1 = until end of turn)",
+      int("n-predict", { min: 0, also: [-1], alsoMeans: "-1 = until end of turn" }),
+      -1,
+    )
+    .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
+    .option("--top-k <k>", "top-k", int("top-k", { min: 0 }), 40)
+    .option("--top-p <p>", "top-p", float("top-p", { above: 0, max: 1 }), 0.95)
+    .option("--min-p <p>", "min-p", float("min-p", { min: 0, max: 1 }), 0.05)
+    .option("-s, --seed <n>", "RNG seed; -1 = random", int("seed", SEED_RULE))
     .action(
       action(async (o: ChatOptions) => {
-        if (o.nPredict < -1) throw new InvalidArgumentError(`--n-predict must be ≥ -1, got ${o.nPredict}`);
         const { backend, model } = await loadModelFromCli(o);
         const tok = model.tokenizer;
         const interactive = process.stdin.isTTY === true;

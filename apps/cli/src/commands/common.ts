@@ -7,20 +7,98 @@ import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 
-export function int(name: string) {
+/**
+ * A rule an option's number must satisfy, checked by commander while it parses the command line — so a
+ * bad value is refused, in one line naming the option, the rule and the value, before any file is opened.
+ */
+export interface NumberRule {
+  /** Smallest value allowed (inclusive). */
+  min?: number;
+  /** Largest value allowed (inclusive). */
+  max?: number;
+  /** Values must be greater than this (exclusive lower bound). */
+  above?: number;
+  /** Values must be less than this (exclusive upper bound). */
+  below?: number;
+  /** Values allowed besides the range, e.g. −1 meaning "unlimited". */
+  also?: number[];
+  /** What the extra values mean, e.g. "-1 = until end of text". */
+  alsoMeans?: string;
+}
+
+/** The rule in words: "≥ 1", "in (0, 1]", "≥ 0 (or -1 = random)". */
+export function describeRule(r: NumberRule): string {
+  const lo =
+    r.above !== undefined ? { v: r.above, open: true } : r.min !== undefined ? { v: r.min, open: false } : undefined;
+  const hi =
+    r.below !== undefined ? { v: r.below, open: true } : r.max !== undefined ? { v: r.max, open: false } : undefined;
+  let range = "";
+  if (lo && hi) range = `in ${lo.open ? "(" : "["}${lo.v}, ${hi.v}${hi.open ? ")" : "]"}`;
+  else if (lo) range = `${lo.open ? ">" : "≥"} ${lo.v}`;
+  else if (hi) range = `${hi.open ? "<" : "≤"} ${hi.v}`;
+  if (!r.also?.length) return range;
+  const extra = r.alsoMeans ?? r.also.join(", ");
+  return range ? `${range} (or ${extra})` : extra;
+}
+
+function satisfies(n: number, r: NumberRule): boolean {
+  if (r.also?.includes(n)) return true;
+  if (r.above !== undefined && !(n > r.above)) return false;
+  if (r.min !== undefined && !(n >= r.min)) return false;
+  if (r.below !== undefined && !(n < r.below)) return false;
+  if (r.max !== undefined && !(n <= r.max)) return false;
+  return true;
+}
+
+/**
+ * Checks a number against a rule.
+ * @param name the option as the user types it, e.g. "--n-predict"
+ * @throws InvalidArgumentError "--name must be <rule>, got <value>"
+ */
+export function checkNumber(name: string, n: number, rule: NumberRule, kind = "a number"): number {
+  if (!satisfies(n, rule)) {
+    const words = describeRule(rule);
+    throw new InvalidArgumentError(`${name} must be ${words ? `${kind} ${words}` : kind}, got ${n}`);
+  }
+  return n;
+}
+
+const dashed = (name: string) => (name.startsWith("-") ? name : `--${name}`);
+
+/** Commander argument parser: an integer satisfying `rule` (see {@link NumberRule}). */
+export function int(name: string, rule: NumberRule = {}) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isInteger(n)) throw new InvalidArgumentError(`${name} must be an integer, got "${v}"`);
-    return n;
+    const words = describeRule(rule);
+    if (v.trim() === "" || !Number.isInteger(n))
+      throw new InvalidArgumentError(`${dashed(name)} must be an integer${words ? ` ${words}` : ""}, got "${v}"`);
+    return checkNumber(dashed(name), n, rule, "an integer");
   };
 }
 
-export function float(name: string) {
+/** Commander argument parser: a finite number satisfying `rule` (see {@link NumberRule}). */
+export function float(name: string, rule: NumberRule = {}) {
   return (v: string): number => {
     const n = Number(v);
-    if (!Number.isFinite(n)) throw new InvalidArgumentError(`${name} must be a number, got "${v}"`);
-    return n;
+    const words = describeRule(rule);
+    if (v.trim() === "" || !Number.isFinite(n))
+      throw new InvalidArgumentError(`${dashed(name)} must be a number${words ? ` ${words}` : ""}, got "${v}"`);
+    return checkNumber(dashed(name), n, rule);
   };
+}
+
+/** Commander argument parser: one of `values` (any case; the value is returned as `values` spells it). */
+export function choice(name: string, values: readonly string[]) {
+  return (v: string): string => {
+    const hit = values.find((c) => c.toLowerCase() === v.toLowerCase());
+    if (hit === undefined) throw new InvalidArgumentError(`${dashed(name)} must be ${oneOf(values)}, got "${v}"`);
+    return hit;
+  };
+}
+
+/** "a, b or c". */
+export function oneOf(values: readonly string[]): string {
+  return values.length <= 1 ? (values[0] ?? "") : `${values.slice(0, -1).join(", ")} or ${values[values.length - 1]}`;
 }
 
 /** Adds -m, -c, -t, --backend, -b. */
@@ -30,16 +108,17 @@ export function modelOptions(cmd: Command): Command {
     .option(
       "-c, --ctx-size <n>",
       "context size in tokens (default: the model's trained context, at most 4096)",
-      int("ctx-size"),
+      int("ctx-size", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
-    .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size"), 512)
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
+    .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
-    .option("--kv-type <type>", "KV cache type: f16 or f32", "f16")
-    .option("-v, --verbose", "also report every backend skipped and why")
+    .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")
+    .option("-v, --verbose", "also report every backend skipped and why; error lines name the error's class and code")
     .option(
       "--sparse <mode>",
       "FFN mode: predictor (default when the model has predictors), oracle (true mask from the gate; testing) or off (dense)",
+      choice("sparse", ["predictor", "oracle", "off"]),
     )
     .option(
       "--sparse-threshold <x>",
@@ -77,9 +156,30 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
     throw new InvalidArgumentError(`--ctx-size must be ≥ 1, got ${o.ctxSize}`);
 }
 
+/**
+ * Checks that a model file the user named is there and is a regular file, before anything else is done
+ * with it (a backend loaded, a server started, a benchmark probe run).
+ * @param what how the message names it, e.g. "model file"
+ * @throws InvalidArgumentError "model file X does not exist" / "X is a directory, not a model file" / …
+ */
+export function checkInputFile(path: string, what = "model file"): void {
+  let st: ReturnType<typeof statSync>;
+  try {
+    st = statSync(path);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new InvalidArgumentError(
+      code === "ENOENT" ? `${what} ${path} does not exist` : `cannot read ${what} ${path} (${code ?? String(e)})`,
+    );
+  }
+  if (st.isDirectory()) throw new InvalidArgumentError(`${path} is a directory, not a ${what}`);
+  if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file (${what})`);
+}
+
 /** Loads the backend and the model, with a progress bar on a terminal. */
 export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
   checkModelOptions(o);
+  checkInputFile(o.model);
   const threads = o.threads ?? availableParallelism();
   const backend = await loadBackend(o.backend, { threads }, (line) => {
     if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
@@ -144,18 +244,24 @@ export interface SamplingCliOptions {
   stop?: string[];
 }
 
+/** --temp's help: a temperature ≤ 0 is greedy, as in llama.cpp. */
+export const TEMP_HELP = "temperature (0 or less = greedy: always the most likely token, as llama.cpp)";
+
+/** A seed: an integer in [0, 2^32), or -1 = random (llama.cpp). */
+export const SEED_RULE: NumberRule = { min: 0, max: 2 ** 32 - 1, also: [-1], alsoMeans: "-1 = random" };
+
 /** Adds the sampling options; `seedHelp` describes -s for the command. */
 export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: random)"): Command {
   return cmd
-    .option("--temp <t>", "temperature (0 = greedy)", float("temp"), 0.8)
-    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k"), 40)
-    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p"), 0.95)
-    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p"), 0.05)
-    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty"), 1)
-    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n"), 64)
+    .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
+    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k", { min: 0 }), 40)
+    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { above: 0, max: 1 }), 0.95)
+    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p", { min: 0, max: 1 }), 0.05)
+    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty", { above: 0 }), 1)
+    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n", { min: 0 }), 64)
     .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
     .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-    .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed"))
+    .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed", SEED_RULE))
     .option("--ignore-eos", "keep generating after end of text")
     .option("--stop <text...>", "stop strings");
 }

@@ -6,8 +6,8 @@ import { openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
+import { checkInputFile, checkOutputPath, choice, float } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
-import { float } from "./common.js";
 
 interface ConvertOptions {
   to: string;
@@ -23,7 +23,7 @@ export function register(program: Command): void {
     .description("rewrite a model as PowerInfer GGUF (PWRI, ffn_down transposed) or plain GGUF")
     .argument("<input>", "GGUF or PowerInfer GGUF model")
     .argument("<output>", "output file (with --split-max-size: OUT without .gguf is the prefix of the shards)")
-    .option("--to <format>", "pwri or gguf", "pwri")
+    .option("--to <format>", "pwri or gguf", choice("to", ["pwri", "gguf"]), "pwri")
     .option("--predictors <file>", "take the predictors (blk.N.fc1/fc2 and the threshold) from this model file")
     .option(
       "--keep-predictors",
@@ -37,8 +37,10 @@ export function register(program: Command): void {
     )
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
-        const to = o.to.toLowerCase();
-        if (to !== "pwri" && to !== "gguf") throw new InvalidArgumentError(`--to must be pwri or gguf, got "${o.to}"`);
+        const to = o.to;
+        checkOutputPath(output, input, o.predictors);
+        checkInputFile(input);
+        if (o.predictors) checkInputFile(o.predictors, "predictor file");
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         const cfg = parseModelConfig(file);

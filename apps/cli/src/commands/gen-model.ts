@@ -263,32 +263,56 @@ export function register(program: Command): void {
     .requiredOption("-o, --output <file>", "file to write")
     .option("--arch <arch>", `${SYNTHETIC_ARCHS.join(" | ")} (default: falcon for 40b, relu-llama otherwise)`)
     .option("--preset <shape>", SHAPE_PRESET_NAMES.join(" | "), "7b")
-    .option("--layers <n>", "layers to generate (a slice; default: all of the preset's)", int("layers"))
+    .option("--layers <n>", "layers to generate (a slice; default: all of the preset's)", int("layers", { min: 1 }))
     .option("--dtype <type>", SYNTHETIC_DTYPES.join(" | "), "F16")
     .option("--format <format>", "gguf (llama.cpp) or pwri (PowerInfer: ffn_down_t, predictors, threshold)", "gguf")
     .option("--vocab-size <n>", "size of the synthetic SPM vocabulary", int("vocab-size"), 1024)
     .option("--vocab-from <file>", "copy the vocabulary from this GGUF instead")
-    .option("--seed <n>", "seed", int("seed"), 1)
-    .option("--active <fraction>", "mean fraction of FFN neurons firing per token", float("active"), 0.1)
-    .option("--hot-share <fraction>", "share of neurons that give 80 % of activations", float("hot-share"), 0.25)
-    .option("--predictor-rank <n>", "predictor rank (fc1 {n_embd, r}, fc2 {r, n_ff})", int("predictor-rank"), 128)
+    .option("--seed <n>", "seed", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
+    .option(
+      "--active <fraction>",
+      "mean fraction of FFN neurons firing per token",
+      float("active", { above: 0, below: 1 }),
+      0.1,
+    )
+    .option(
+      "--hot-share <fraction>",
+      "share of neurons that give 80 % of activations",
+      float("hot-share", { above: 0, below: 1 }),
+      0.25,
+    )
+    .option(
+      "--predictor-rank <n>",
+      "predictor rank (fc1 {n_embd, r}, fc2 {r, n_ff})",
+      int("predictor-rank", { min: 2 }),
+      128,
+    )
     .option("--predictor-dtype <type>", "predictor weight type (default: F16, or Q8_0 for quantized weights)")
     .option(
       "--predictor-noise <share>",
       "share of each gate's input-dependent variance the predictor cannot see",
-      float("predictor-noise"),
+      float("predictor-noise", { min: 0, max: 1 }),
       0.1,
     )
-    .option("--target-recall <r>", "calibrate the PWRI threshold to this recall", float("target-recall"), 0.95)
+    .option(
+      "--target-recall <r>",
+      "calibrate the PWRI threshold to this recall",
+      float("target-recall", { above: 0, max: 1 }),
+      0.95,
+    )
     .option("--threshold <x>", "PWRI threshold (instead of calibrating)", float("threshold"))
     .option(
       "--stats-tokens <n>",
       "sampled tokens for the statistics and calibration (0: none)",
-      int("stats-tokens"),
+      int("stats-tokens", { min: 0 }),
       64,
     )
-    .option("--verify <n>", "run the written model on N random tokens and measure its activations", int("verify"))
-    .option("-t, --threads <n>", "CPU threads for --verify", int("threads"))
+    .option(
+      "--verify <n>",
+      "run the written model on N random tokens and measure its activations",
+      int("verify", { min: 1 }),
+    )
+    .option("-t, --threads <n>", "CPU threads for --verify", int("threads", { min: 1 }))
     .option("-f, --force", "overwrite the output file")
     .option("--json", "print the report as JSON")
     .action(

@@ -24,6 +24,7 @@ import { existsSync } from "node:fs";
 import { checkStatsForModel, defaultStatsPath, summarizeSparsity } from "@powerinfer/core";
 import type { Command } from "commander";
 import { action } from "../errors.js";
+import { checkInputFile } from "./common.js";
 
 /** Whether and how the file can use sparse inference. */
 export type SparseVerdict =
@@ -158,6 +159,7 @@ export function sparseVerdict(
  * @throws GgufError when the file cannot be read or is not a valid GGUF / PWRI container
  */
 export function inspectFile(path: string): InspectReport {
+  checkInputFile(path, "file");
   let file: GgufFile;
   let splitError: string | undefined;
   try {

@@ -3,7 +3,7 @@ import { explainPlan, resolvePlan } from "@powerinfer/core";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { choice, float, int, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
 
 export interface PlanCliOptions {
   vramBudget?: number;
@@ -21,7 +21,7 @@ export function planOptions(cmd: Command): Command {
     .option(
       "--vram-budget <GiB>",
       "device memory for hot neurons in GiB (default: the device's free memory minus 10 %)",
-      float("vram-budget"),
+      float("vram-budget", { min: 0 }),
     )
     .option(
       "--device-backend <name>",
@@ -31,8 +31,8 @@ export function planOptions(cmd: Command): Command {
     .option("--stats <file>", "activation statistics (default: <model>.activations.gguf)")
     .option("--gpu-index <file>", "GPU index to reuse or write (default: <model>.generated.gpuidx)")
     .option("--reset-gpu-index", "solve the plan again even when a matching GPU index exists")
-    .option("--solver <name>", "ilp (GLPK) or greedy", "ilp")
-    .option("--bucket-size <n>", "neurons per bucket of the integer program", int("bucket-size"), 256);
+    .option("--solver <name>", "ilp (GLPK) or greedy", choice("solver", ["ilp", "greedy"]), "ilp")
+    .option("--bucket-size <n>", "neurons per bucket of the integer program", int("bucket-size", { min: 1 }), 256);
 }
 
 /** Budget in bytes: --vram-budget, else 90 % of the device's free memory. */

@@ -12,7 +12,7 @@ export function register(program: Command): void {
     program.command("profile").description("count how often each FFN neuron fires on a text; sparsity report"),
   )
     .requiredOption("-f, --file <file>", "text file to run the model on")
-    .option("--tokens <n>", "stop after this many positions, BOS included (may be below -c)", int("tokens"))
+    .option("--tokens <n>", "stop after this many positions, BOS included (may be below -c)", int("tokens", { min: 1 }))
     .option("-o, --output <file>", "statistics file (default: <model>.activations.gguf next to the model)")
     .option("--json", "print the report as JSON")
     .action(

@@ -6,6 +6,7 @@ import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf"
 import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
+import { checkInputFile, checkOutputPath } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 
 export function register(program: Command): void {
@@ -30,6 +31,8 @@ export function register(program: Command): void {
         if (type === undefined || !(QUANTIZE_TYPES as readonly number[]).includes(type)) {
           throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
         }
+        checkOutputPath(output, input);
+        checkInputFile(input);
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         const t0 = performance.now();

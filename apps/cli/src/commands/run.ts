@@ -42,7 +42,12 @@ export function register(program: Command): void {
     .option("--disable-gpu-index", "keep every FFN neuron on the CPU (no hot/cold split)")
     .option("-p, --prompt <text>", "prompt text")
     .option("-f, --file <file>", "read the prompt from a file")
-    .option("-n, --n-predict <n>", "tokens to generate (-1 = until end of text or context full)", int("n-predict"), -1)
+    .option(
+      "-n, --n-predict <n>",
+      "tokens to generate (-1 = until end of text or context full)",
+      int("n-predict", { min: 0, also: [-1], alsoMeans: "-1 = until end of text or context full" }),
+      -1,
+    )
     .option("--no-display-prompt", "do not print the prompt before the generated text")
     .action(
       action(async (o: RunOptions) => {
@@ -108,12 +113,21 @@ export function register(program: Command): void {
           session = s;
         }
         for (const w of model.config.warnings) process.stderr.write(`warning: ${w}\n`);
+        // tokenized (and its length checked) before anything is printed: a prompt too long for the context is
+        // refused without echoing it first
+        const ids = model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: false });
+        if (ids.length === 0) throw new InvalidArgumentError("the prompt is empty");
+        if (ids.length > session.nCtx) {
+          throw new InvalidArgumentError(
+            `the prompt has ${ids.length} tokens, more than the context holds (n_ctx ${session.nCtx}): raise -c/--ctx-size or shorten the prompt`,
+          );
+        }
         if (o.displayPrompt) process.stdout.write(prompt);
         const ac = new AbortController();
         const onSigint = () => ac.abort();
         process.once("SIGINT", onSigint);
         try {
-          for await (const t of session.generate(prompt, {
+          for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o),
             maxTokens: o.nPredict,
             signal: ac.signal,

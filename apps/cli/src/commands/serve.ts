@@ -9,7 +9,7 @@ import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkModelOptions, float, int, loadModelFromCli } from "./common.js";
+import { checkInputFile, checkModelOptions, choice, float, int, loadModelFromCli } from "./common.js";
 
 interface ServeOptions {
   model: string;
@@ -63,29 +63,44 @@ export function register(program: Command): void {
     .description("serve a model over HTTP: OpenAI's API and llama.cpp's server API, with continuous batching")
     .requiredOption("-m, --model <file>", "GGUF or PowerInfer GGUF model file")
     .option("--host <address>", "address to listen on", "127.0.0.1")
-    .option("--port <n>", "port to listen on (0 = any free port)", int("port"), 8080)
+    .option("--port <n>", "port to listen on (0 = any free port)", int("port", { min: 0, max: 65535 }), 8080)
     .option(
       "-c, --ctx-size <n>",
       "KV cache budget in tokens, split evenly over the slots (default: slots × the model's trained context, at most 4096 each)",
-      int("ctx-size"),
+      int("ctx-size", { min: 1 }),
     )
-    .option("--np, --parallel <n>", "slots: requests decoded together in one batch (also -np)", int("parallel"), 1)
+    .option(
+      "--np, --parallel <n>",
+      "slots: requests decoded together in one batch (also -np)",
+      int("parallel", { min: 1 }),
+      1,
+    )
     .option("--api-key <key>", "require this key (Authorization: Bearer KEY); env POWERINFER_API_KEY")
     .option("--metrics", "serve Prometheus metrics at /metrics")
-    .option("--queue <n>", "requests that may wait for a slot before the server answers 503", int("queue"), 64)
+    .option(
+      "--queue <n>",
+      "requests that may wait for a slot before the server answers 503",
+      int("queue", { min: 0 }),
+      64,
+    )
     .option("--alias <name>", "model id reported by the API (default: the file name)")
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
-    .option("-b, --batch-size <n>", "most tokens per decode step", int("batch-size"), 512)
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
+    .option("-b, --batch-size <n>", "most tokens per decode step", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
-    .option("--kv-type <type>", "KV cache type: f16 or f32", "f16")
-    .option("--sparse <mode>", "FFN mode: predictor (default when the model has predictors), oracle or off")
+    .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")
+    .option(
+      "--sparse <mode>",
+      "FFN mode: predictor (default when the model has predictors), oracle or off",
+      choice("sparse", ["predictor", "oracle", "off"]),
+    )
     .option("--sparse-threshold <x>", "predictor threshold", float("sparse-threshold"))
     .option("--log", "log every request (JSON lines on stdout)")
     .action(
       action(async (o: ServeOptions) => {
         // every option is checked before listening: a bad value never gets as far as "listening"
         checkServeOptions(o);
-        accessSync(o.model, constants.R_OK); // a missing file is reported before listening
+        checkInputFile(o.model); // a missing file is reported before listening
+        accessSync(o.model, constants.R_OK);
         // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
         assertModelFile(openGgufModel(o.model));
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);

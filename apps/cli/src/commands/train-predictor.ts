@@ -5,7 +5,7 @@
  */
 import { createHash } from "node:crypto";
 import { existsSync, rmSync, writeFileSync } from "node:fs";
-import { modelFingerprint } from "@powerinfer/gguf";
+import { modelFingerprint, openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { GgufTypes } from "@powerinfer/gguf";
 import {
   activationCounts,
@@ -28,14 +28,14 @@ import {
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, float, int, loadModelFromCli, readTextFile } from "./common.js";
+import { checkInputFile, checkOutputPath, choice, float, int, loadModelFromCli, readTextFile } from "./common.js";
 
 interface TrainPredictorCliOptions {
   model: string;
   file: string;
   output: string;
   holdout: number;
-  rank: string;
+  rank: ReturnType<typeof parseRank>;
   targetRecall: number;
   maxActiveRatio: number;
   tokens?: number;
@@ -90,41 +90,69 @@ export function register(program: Command): void {
     .option(
       "--holdout <fraction>",
       "share of the text (at a line break) held out for the report; 0 = none",
-      float("holdout"),
+      float("holdout", { min: 0, below: 1 }),
       0.2,
     )
-    .option("--rank <r>", 'predictor rank: "auto", an even number, or one per layer (comma-separated)', "auto")
-    .option("--target-recall <x>", "recall each layer's threshold is calibrated for", float("target-recall"), 0.95)
+    .option(
+      "--rank <r>",
+      'predictor rank: "auto", an even number, or one per layer (comma-separated)',
+      parseRank,
+      "auto" as ReturnType<typeof parseRank>,
+    )
+    .option(
+      "--target-recall <x>",
+      "recall each layer's threshold is calibrated for",
+      float("target-recall", { above: 0, max: 1 }),
+      0.95,
+    )
     .option(
       "--max-active-ratio <x>",
       '"auto" rank: smallest rank selecting at most this × the truly active neurons',
-      float("max-active-ratio"),
+      float("max-active-ratio", { min: 1 }),
       1.5,
     )
-    .option("--tokens <n>", "train on at most this many token positions of the training part", int("tokens"))
-    .option("--eval-tokens <n>", "report on at most this many token positions of the held-out part", int("eval-tokens"))
-    .option("--epochs <n>", "maximum epochs per layer (early stopping may end sooner)", int("epochs"), 8)
-    .option("--lr <x>", "AdamW peak learning rate", float("lr"), 1e-3)
+    .option(
+      "--tokens <n>",
+      "train on at most this many token positions of the training part",
+      int("tokens", { min: 2 }),
+    )
+    .option(
+      "--eval-tokens <n>",
+      "report on at most this many token positions of the held-out part",
+      int("eval-tokens", { min: 1 }),
+    )
+    .option("--epochs <n>", "maximum epochs per layer (early stopping may end sooner)", int("epochs", { min: 0 }), 8)
+    .option("--lr <x>", "AdamW peak learning rate", float("lr", { above: 0 }), 1e-3)
     .option(
       "--pos-weight <x>",
       "weight of the firing neurons in the cross-entropy (recall over precision)",
-      float("pos-weight"),
+      float("pos-weight", { above: 0 }),
       3,
     )
-    .option("--batch <n>", "samples per training step", int("batch"), 256)
+    .option("--batch <n>", "samples per training step", int("batch", { min: 1 }), 256)
     .option("--seed <n>", "seed of the shuffles and random starts", int("seed"), 1)
-    .option("--init <kind>", "starting weights: gate (low-rank approximation of the FFN gate) or random", "gate")
-    .option("--format <fmt>", "output container: pwri (PowerInfer GGUF, ffn_down transposed) or gguf", "pwri")
-    .option("--predictor-type <t>", "storage of fc1/fc2: f16 or f32", "f16")
+    .option(
+      "--init <kind>",
+      "starting weights: gate (low-rank approximation of the FFN gate; random for the directions it lacks) or random",
+      choice("init", ["gate", "random"]),
+      "gate",
+    )
+    .option(
+      "--format <fmt>",
+      "output container: pwri (PowerInfer GGUF, ffn_down transposed) or gguf",
+      choice("format", ["pwri", "gguf"]),
+      "pwri",
+    )
+    .option("--predictor-type <t>", "storage of fc1/fc2: f16 or f32", choice("predictor-type", ["f16", "f32"]), "f16")
     .option("--checkpoint <file>", "checkpoint file (default: <output>.ckpt); resumed when it matches this run")
     .option("--restart", "ignore an existing checkpoint")
     .option("--save-holdout <file>", "write the held-out text to this file (e.g. for powerinfer perplexity)")
     .option(
       "-c, --ctx-size <n>",
       "tokens per evaluation window (default: the model's context, at most 1024)",
-      int("ctx-size"),
+      int("ctx-size", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads"))
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--json", "print the report as JSON on stdout")
     .action(action(trainPredictorCommand));
@@ -133,25 +161,30 @@ export function register(program: Command): void {
 async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void> {
   checkOutputPath(o.output, o.model, o.file);
   // options first: a typo must not cost a model load
-  const rank = parseRank(o.rank);
-  if (!(o.holdout >= 0 && o.holdout < 1))
-    throw new InvalidArgumentError(`--holdout must be in [0, 1), got ${o.holdout}`);
-  if (!(o.targetRecall > 0 && o.targetRecall <= 1))
-    throw new InvalidArgumentError(`--target-recall must be in (0, 1], got ${o.targetRecall}`);
-  if (!(o.maxActiveRatio >= 1))
-    throw new InvalidArgumentError(`--max-active-ratio must be ≥ 1, got ${o.maxActiveRatio}`);
-  if (!(o.epochs >= 0)) throw new InvalidArgumentError(`--epochs must be ≥ 0, got ${o.epochs}`);
-  if (!(o.lr > 0)) throw new InvalidArgumentError(`--lr must be > 0, got ${o.lr}`);
-  if (!(o.posWeight > 0)) throw new InvalidArgumentError(`--pos-weight must be > 0, got ${o.posWeight}`);
-  if (!(o.batch >= 1)) throw new InvalidArgumentError(`--batch must be ≥ 1, got ${o.batch}`);
-  if (o.tokens !== undefined && o.tokens < 2) throw new InvalidArgumentError(`--tokens must be ≥ 2, got ${o.tokens}`);
-  if (o.init !== "gate" && o.init !== "random")
-    throw new InvalidArgumentError(`--init must be gate or random, got "${o.init}"`);
-  const format = o.format.toLowerCase();
-  if (format !== "pwri" && format !== "gguf")
-    throw new InvalidArgumentError(`--format must be pwri or gguf, got "${o.format}"`);
-  if (o.predictorType !== "f16" && o.predictorType !== "f32")
-    throw new InvalidArgumentError(`--predictor-type must be f16 or f32, got "${o.predictorType}"`);
+  // every option's own rule was checked by its parser (see common.ts); the rank against the model below
+  const rank = o.rank;
+  const format = o.format;
+  // the model's header (cheap) decides the ReLU and rank checks before the text is read or the model loaded
+  checkInputFile(o.model);
+  const cfg = parseModelConfig(openGguf(o.model));
+  if (cfg.ffn.activation !== "relu") {
+    throw new Error(
+      `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
+    );
+  }
+  const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
+  if (rank !== "auto") {
+    const ranks = typeof rank === "number" ? [rank] : rank;
+    if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
+      throw new InvalidArgumentError(`--rank lists ${rank.length} ranks, the model has ${cfg.n_layer} layers`);
+    }
+    const bad = ranks.find((r) => r > maxRank);
+    if (bad !== undefined) {
+      throw new InvalidArgumentError(
+        `--rank ${bad} is larger than 2·min(n_embd, n_ff) = ${maxRank}, where a predictor is as costly as the FFN it saves`,
+      );
+    }
+  }
   const quiet = !!o.json;
   const log = (s: string) => {
     if (!quiet) process.stderr.write(`${s}\n`);
@@ -175,24 +208,6 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   process.on("SIGINT", onSigint);
   try {
     const cfg = model.config;
-    if (cfg.ffn.activation !== "relu") {
-      throw new Error(
-        `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
-      );
-    }
-    const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
-    if (rank !== "auto") {
-      const ranks = typeof rank === "number" ? [rank] : rank;
-      if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
-        throw new InvalidArgumentError(`--rank lists ${rank.length} ranks, the model has ${cfg.n_layer} layers`);
-      }
-      const bad = ranks.find((r) => r > maxRank);
-      if (bad !== undefined) {
-        throw new InvalidArgumentError(
-          `--rank ${bad} is larger than 2·min(n_embd, n_ff) = ${maxRank}, where a predictor is as costly as the FFN it saves`,
-        );
-      }
-    }
     const tok = model.tokenizer;
     const trainIds = tok.tokenize(split.train, { addSpecial: false });
     const options: PredictorTrainingOptions = {
@@ -272,7 +287,12 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
     const onEvent = (e: PipelineEvent) => {
       switch (e.type) {
         case "layer-start":
-          layerInfo = `layer ${e.layer + 1}/${e.nLayer}`;
+          // layers counted from 0, as in the report table and the tensor names (blk.N)
+          layerInfo = `layer ${e.layer} (of 0–${e.nLayer - 1})`;
+          break;
+        case "note":
+          bar?.stop();
+          log(`note: ${e.message}`);
           break;
         case "candidate":
           if (e.candidate.skipped)

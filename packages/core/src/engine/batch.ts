@@ -43,6 +43,11 @@ export interface BatchRequestOptions extends GenerateOptions {
    * (llama.cpp's `cache_prompt`); the output is the same, only that prefix is not evaluated again. Default true.
    */
   cachePrompt?: boolean;
+  /**
+   * The slot to run in (llama.cpp's `id_slot`), in [0, nSlots); the request waits for that slot while
+   * later ones take other free slots. Undefined or −1: any free slot.
+   */
+  slot?: number;
 }
 
 /** A token and its log-probability under the model (log-softmax of the raw logits). */
@@ -378,6 +383,13 @@ export class BatchScheduler {
         ? tok.tokenize(prompt, { addSpecial: opts.addSpecial ?? true, parseSpecial: opts.parseSpecial ?? false })
         : [...prompt];
     if (ids.length === 0) throw new EngineError("BAD_INPUT", "empty prompt");
+    const want = opts.slot;
+    if (want !== undefined && want !== -1 && !(Number.isInteger(want) && want >= 0 && want < this.nSlots)) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `slot ${want} does not exist: there ${this.nSlots === 1 ? "is 1 slot (0)" : `are ${this.nSlots} slots (0–${this.nSlots - 1})`}; -1 = any free slot`,
+      );
+    }
     const nv = this.model.config.n_vocab;
     for (const t of ids) {
       if (!Number.isInteger(t) || t < 0 || t >= nv)
@@ -470,14 +482,22 @@ export class BatchScheduler {
     for (const s of this.slotList) {
       if (s.req?.aborted) this.release(s, "aborted");
     }
-    while (this.queue.length > 0) {
+    for (let qi = 0; qi < this.queue.length; ) {
       const free = this.slotList.filter((s) => !s.req);
       if (free.length === 0) break;
-      const r = this.queue.shift()!;
+      const r = this.queue[qi]!;
+      // a request for one slot waits for it; the requests behind it may take the other free slots
+      const want = r.options.slot;
+      const candidates = want !== undefined && want >= 0 ? free.filter((s) => s.id === want) : free;
+      if (candidates.length === 0) {
+        qi++;
+        continue;
+      }
+      this.queue.splice(qi, 1);
       // the free slot whose cache shares the longest prefix with the prompt (prompt caching)
-      let best = free[0]!;
+      let best = candidates[0]!;
       let bestLen = -1;
-      for (const s of free) {
+      for (const s of candidates) {
         const n = r.options.cachePrompt === false ? 0 : commonPrefix(s.tokens, r.promptIds);
         if (n > bestLen) {
           best = s;

@@ -44,7 +44,8 @@ import { syntheticVocab, vocabMetadataFromGguf, vocabSize } from "./vocab.js";
 export interface SyntheticModelOptions {
   /**
    * `llama` (dense SiLU(gate)·up), `relu-llama` (ReLU(gate)·up, ReLU-Llama/ProSparse), `bamboo`
-   * (ReLU(gate)·ReLU(up)), `falcon` (parallel attention, ReLU(up), no gate). Default: the preset's
+   * (ReLU(gate)·ReLU(up)), `falcon` (parallel attention, ReLU(up), no gate), `opt` (learned positions,
+   * LayerNorm, biases, ReLU(fc1) = ReLU(ffn_up); llama.cpp has no OPT). Default: the preset's
    * (`falcon` for 40b, `relu-llama` otherwise).
    */
   arch?: SyntheticArch;
@@ -107,7 +108,7 @@ export interface SyntheticModelReport {
   path?: string;
   arch: SyntheticArch;
   /** `general.architecture` written. */
-  ggufArch: "llama" | "bamboo" | "falcon";
+  ggufArch: "llama" | "bamboo" | "falcon" | "opt";
   format: "GGUF" | "PWRI";
   preset: string;
   shape: SyntheticShape;
@@ -177,11 +178,12 @@ const K = {
   tokens: 13,
   drift: 14,
   qkv: 15,
+  positions: 16,
 } as const;
 
 interface Resolved {
   arch: SyntheticArch;
-  ggufArch: "llama" | "bamboo" | "falcon";
+  ggufArch: "llama" | "bamboo" | "falcon" | "opt";
   preset: string;
   shape: SyntheticShape;
   L: number;
@@ -214,6 +216,10 @@ interface Resolved {
   /** Channels outside [r0, r1). */
   nRest: number;
   falcon: boolean;
+  /** OPT: learned positions, biases, sequential attention, ReLU(up) FFN. */
+  opt: boolean;
+  /** LayerNorm (mean subtracted; falcon, opt) rather than RMSNorm. */
+  layerNorm: boolean;
   gated: boolean;
   eps: number;
   vocab: GgufMetadataEntry[];
@@ -232,7 +238,7 @@ function resolve(o: SyntheticModelOptions): Resolved {
   const preset = typeof o.preset === "object" ? o.preset : SHAPE_PRESETS[(o.preset ?? "7b") as ShapePreset];
   if (!preset) bad(`unknown shape preset "${String(o.preset)}" (expected ${Object.keys(SHAPE_PRESETS).join(", ")})`);
   const arch = o.arch ?? ("arch" in preset ? (preset.arch as SyntheticArch) : "relu-llama");
-  if (!["llama", "relu-llama", "bamboo", "falcon"].includes(arch)) bad(`unknown architecture "${arch}"`);
+  if (!["llama", "relu-llama", "bamboo", "falcon", "opt"].includes(arch)) bad(`unknown architecture "${arch}"`);
   const shape: SyntheticShape = {
     n_embd: preset.n_embd,
     n_ff: preset.n_ff,
@@ -241,6 +247,8 @@ function resolve(o: SyntheticModelOptions): Resolved {
     n_layer: preset.n_layer,
     n_ctx: preset.n_ctx,
   };
+  // OPT has no grouped-query attention: as many K/V heads as query heads
+  if (arch === "opt") shape.n_head_kv = shape.n_head;
   const L = o.layers ?? shape.n_layer;
   if (!Number.isInteger(L) || L < 1) bad(`layers must be a positive integer, got ${L}`);
   const dtype = o.dtype ?? "F16";
@@ -248,7 +256,7 @@ function resolve(o: SyntheticModelOptions): Resolved {
   const format = o.format ?? "GGUF";
   if (format !== "GGUF" && format !== "PWRI") bad(`unknown format "${format}" (expected GGUF or PWRI)`);
   if (format === "PWRI" && arch === "llama") {
-    bad("a PWRI file holds a ReLU model (its predictors predict ReLU firing): use relu-llama, bamboo or falcon");
+    bad("a PWRI file holds a ReLU model (its predictors predict ReLU firing): use relu-llama, bamboo, falcon or opt");
   }
   if (format === "PWRI" && dtype === "BF16")
     bad("PowerInfer's PWRI format has no BF16 type: use F16, F32 or a quantized type");
@@ -282,12 +290,13 @@ function resolve(o: SyntheticModelOptions): Resolved {
   if (!(targetRecall > 0 && targetRecall <= 1)) bad(`target recall must be in (0, 1], got ${targetRecall}`);
   if (o.threshold !== undefined && !Number.isFinite(o.threshold)) bad(`threshold must be a number, got ${o.threshold}`);
   const falcon = arch === "falcon";
+  const opt = arch === "opt";
   const c = hashU32(streamKey(seed, 0xc), 0) % E;
   const r0 = Math.floor(c / 32) * 32;
   const r1 = Math.min(E, r0 + 32);
   return {
     arch,
-    ggufArch: arch === "bamboo" ? "bamboo" : falcon ? "falcon" : "llama",
+    ggufArch: arch === "bamboo" ? "bamboo" : falcon ? "falcon" : opt ? "opt" : "llama",
     preset: presetName,
     shape,
     L,
@@ -313,7 +322,9 @@ function resolve(o: SyntheticModelOptions): Resolved {
     r1,
     nRest: E - (r1 - r0),
     falcon,
-    gated: !falcon,
+    opt,
+    layerNorm: falcon || opt,
+    gated: !falcon && !opt,
     eps: 1e-5,
     vocab,
     statsTokens: o.statsTokens ?? 64,
@@ -383,8 +394,8 @@ class Designer {
 
   /** Normalized values of a residual with massive value M and other channels of std sigma. */
   normStats(sigma: number): { s: number; hc: number } {
-    const { E, M, falcon, nRest } = this.r;
-    if (falcon) {
+    const { E, M, layerNorm, nRest } = this.r;
+    if (layerNorm) {
       const mu = M / E;
       const v = ((M - mu) ** 2 + nRest * (sigma * sigma + mu * mu) + (E - nRest - 1) * mu * mu) / E;
       return { s: sigma / Math.sqrt(v), hc: (M - mu) / Math.sqrt(v) };
@@ -462,7 +473,7 @@ class Designer {
     const { E, m, beta, c, r0, r1, nRest } = this.r;
     fillGauss(out, 0, E, this.key(d.l, K.gateNoise), i * E, 1, beta / (d.s * Math.sqrt(nRest)));
     out.fill(0, r0, r1);
-    if (this.r.falcon) centre(out, r0, r1);
+    if (this.r.layerNorm) centre(out, r0, r1);
     const inv = 1 / d.s;
     const { start, channel } = this.blocks;
     const B = d.basis;
@@ -598,18 +609,30 @@ function embeddingRow(r: Resolved, t: number, out: Float32Array): void {
 }
 
 function buildTensors(r: Resolved, des: Designer): GgufStreamTensor[] {
-  const { E, F, V, L, dtype, pdtype, nKv, falcon, format } = r;
+  const { E, F, V, L, dtype, pdtype, nKv, falcon, opt, format } = r;
   const pwri = format === "PWRI";
   const ts: GgufStreamTensor[] = [];
   // Q4_K: the massive value would set the 6-bit sub-block scales of its whole 256-value super-block and
   // wipe out the other 224 values of every embedding row; Q8_0 keeps it in a 32-value block of its own.
   const embdType = dtype === "Q4_K" ? "Q8_0" : dtype;
   ts.push(rowsTensor("token_embd.weight", embdType, [E, V], (t, out) => embeddingRow(r, t, out)));
+  if (opt) {
+    // learned positions with OPT's two padding rows in front; small, and 0 on the massive channel's block
+    const pk = streamKey(r.seed, 0, K.positions);
+    const posType = dtype === "F32" ? "F32" : "F16";
+    ts.push(
+      rowsTensor("position_embd.weight", posType, [E, r.shape.n_ctx + 2], (p, out) => {
+        fillGauss(out, 0, E, pk, p * E, 1, 0.1);
+        out.fill(0, r.r0, r.r1);
+      }),
+    );
+  }
   const inv = 1 / Math.sqrt(E);
   for (let l = 0; l < L; l++) {
     const p = `blk.${l}.`;
     const key = (kind: number) => des.key(l, kind);
     ts.push(constTensor(`${p}attn_norm.weight`, [E], 1));
+    if (opt) ts.push(constTensor(`${p}attn_norm.bias`, [E], 0));
     if (falcon) {
       ts.push(constTensor(`${p}attn_norm.bias`, [E], 0));
       if (r.shape.n_head_kv > 1) {
@@ -622,9 +645,22 @@ function buildTensors(r: Resolved, des: Designer): GgufStreamTensor[] {
       ts.push(gaussTensor(`${p}attn_q.weight`, dtype, [E, E], key(K.q), inv));
       ts.push(gaussTensor(`${p}attn_k.weight`, dtype, [E, nKv], key(K.k), inv));
       ts.push(gaussTensor(`${p}attn_v.weight`, dtype, [E, nKv], key(K.v), inv));
+      if (opt) {
+        ts.push(constTensor(`${p}attn_q.bias`, [E], 0));
+        ts.push(constTensor(`${p}attn_k.bias`, [nKv], 0));
+        ts.push(constTensor(`${p}attn_v.bias`, [nKv], 0));
+      }
     }
     ts.push(gaussTensor(`${p}attn_output.weight`, dtype, [E, E], key(K.o), Math.sqrt(ATTN_VAR) * inv));
-    if (!falcon) {
+    if (opt) {
+      // OPT: LayerNorm before the FFN (weights 1, biases 0), fc1 = ffn_up fires as the design says, biases 0
+      ts.push(constTensor(`${p}attn_output.bias`, [E], 0));
+      ts.push(constTensor(`${p}ffn_norm.weight`, [E], 1));
+      ts.push(constTensor(`${p}ffn_norm.bias`, [E], 0));
+      ts.push(rowsTensor(`${p}ffn_up.weight`, dtype, [E, F], (i, out) => des.gateRow(des.layer(l), i, out)));
+      ts.push(constTensor(`${p}ffn_up.bias`, [F], 0));
+      ts.push(constTensor(`${p}ffn_down.bias`, [E], 0));
+    } else if (!falcon) {
       ts.push(constTensor(`${p}ffn_norm.weight`, [E], 1));
       ts.push(rowsTensor(`${p}ffn_gate.weight`, dtype, [E, F], (i, out) => des.gateRow(des.layer(l), i, out)));
       ts.push(rowsTensor(`${p}ffn_up.weight`, dtype, [E, F], (i, out) => des.upRow(des.layer(l), i, out)));
@@ -651,7 +687,7 @@ function buildTensors(r: Resolved, des: Designer): GgufStreamTensor[] {
     }
   }
   ts.push(constTensor("output_norm.weight", [E], 1));
-  if (falcon) ts.push(constTensor("output_norm.bias", [E], 0));
+  if (falcon || opt) ts.push(constTensor("output_norm.bias", [E], 0));
   ts.push(gaussTensor("output.weight", dtype, [E, V], streamKey(r.seed, 0, K.output), inv));
   return ts;
 }
@@ -681,7 +717,7 @@ function measure(r: Resolved, des: Designer) {
       for (let e = 0; e < E; e++) if (e < r.r0 || e >= r.r1) x[e]! += drift * gauss(dk, t * E + e);
       // the FFN's input norm (weights 1, biases 0)
       let mu = 0;
-      if (r.falcon) {
+      if (r.layerNorm) {
         for (let e = 0; e < E; e++) mu += x[e]!;
         mu /= E;
       }
@@ -802,9 +838,9 @@ export function planSyntheticModel(opts: SyntheticModelOptions = {}): SyntheticM
     u32(`${a}.feed_forward_length`, r.F),
     u32(`${a}.attention.head_count`, r.shape.n_head),
     u32(`${a}.attention.head_count_kv`, r.shape.n_head_kv),
-    r.falcon ? f32(`${a}.attention.layer_norm_epsilon`, r.eps) : f32(`${a}.attention.layer_norm_rms_epsilon`, r.eps),
+    r.layerNorm ? f32(`${a}.attention.layer_norm_epsilon`, r.eps) : f32(`${a}.attention.layer_norm_rms_epsilon`, r.eps),
   ];
-  if (!r.falcon) metadata.push(u32(`${a}.rope.dimension_count`, r.headDim));
+  if (!r.layerNorm) metadata.push(u32(`${a}.rope.dimension_count`, r.headDim));
   if (r.arch === "relu-llama" || r.arch === "falcon") metadata.push(str(`${a}.hidden_act`, "relu"));
   metadata.push(...r.vocab);
   if (threshold !== undefined) metadata.push(f32("powerinfer.sparse_threshold", threshold));
@@ -834,6 +870,7 @@ export function planSyntheticModel(opts: SyntheticModelOptions = {}): SyntheticM
   const params = tensors.reduce((s, t) => s + t.shape.reduce((x, y) => x * y, 1), 0);
   const notes: string[] = [];
   if (r.arch === "bamboo") notes.push("llama.cpp has no bamboo architecture; only powerinfer-ts runs this file");
+  if (r.opt) notes.push("llama.cpp has no opt architecture; only powerinfer-ts runs this file");
   if (!pwri && (r.arch === "relu-llama" || r.arch === "falcon")) {
     notes.push(
       `llama.cpp ignores ${a}.hidden_act and runs this file with its default activation (same bytes and speed)`,

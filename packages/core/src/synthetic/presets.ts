@@ -12,9 +12,9 @@ export interface SyntheticShape {
   n_ctx: number;
 }
 
-export type SyntheticArch = "llama" | "relu-llama" | "bamboo" | "falcon";
+export type SyntheticArch = "llama" | "relu-llama" | "bamboo" | "falcon" | "opt";
 
-export const SYNTHETIC_ARCHS: readonly SyntheticArch[] = ["llama", "relu-llama", "bamboo", "falcon"];
+export const SYNTHETIC_ARCHS: readonly SyntheticArch[] = ["llama", "relu-llama", "bamboo", "falcon", "opt"];
 
 export type ShapePreset = "tiny" | "7b" | "13b" | "40b" | "70b";
 

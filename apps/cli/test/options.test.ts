@@ -1,0 +1,222 @@
+/**
+ * What a new user meets first: every option's rule is checked while the command line is parsed (one line
+ * naming the option, the rule and the value, before any file is opened), and error lines give the message
+ * and the fix without the error's class and code (those only with --verbose).
+ */
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { describe, expect, it } from "vitest";
+import { describeError } from "../src/errors.ts";
+import { createProgram, EXAMPLES } from "../src/program.ts";
+
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
+const stories = join(models, "stories260K.gguf");
+
+function cli(...args: string[]) {
+  const r = spawnSync(process.execPath, [bin, ...args], { encoding: "utf8", timeout: 300_000 });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+/** stderr without commander's "(run with --help for usage)" hint. */
+function errorLines(stderr: string): string[] {
+  return stderr
+    .trim()
+    .split("\n")
+    .filter((l) => l !== "" && !l.startsWith("(run with --help"));
+}
+
+const probe = await cpuBackend.probe();
+
+describe("every option is checked before any file is opened", () => {
+  // The files named here do not exist: an error about the option (not the file) shows it was checked first.
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
+  const m = join(dir, "missing.gguf");
+  const f = join(dir, "missing.txt");
+  const o = join(dir, "out.gguf");
+  const cases: [string[], RegExp][] = [
+    [["run", "-m", m, "-p", "x", "-n", "-5"], /--n-predict must be an integer ≥ 0 \(or -1 = until end .*\), got -5/],
+    [["run", "-m", m, "-p", "x", "--vram-budget", "-1"], /--vram-budget must be a number ≥ 0, got -1/],
+    [["run", "-m", m, "-p", "x", "--top-k", "-3"], /--top-k must be an integer ≥ 0, got -3/],
+    [["run", "-m", m, "-p", "x", "--top-p", "0"], /--top-p must be a number in \(0, 1\], got 0/],
+    [["run", "-m", m, "-p", "x", "--min-p", "1.5"], /--min-p must be a number in \[0, 1\], got 1\.5/],
+    [["run", "-m", m, "-p", "x", "--repeat-penalty", "0"], /--repeat-penalty must be a number > 0, got 0/],
+    [
+      ["run", "-m", m, "-p", "x", "--seed", "-2"],
+      /--seed must be an integer in \[0, 4294967295\] \(or -1 = random\), got -2/,
+    ],
+    [["run", "-m", m, "-p", "x", "-t", "0"], /--threads must be an integer ≥ 1, got 0/],
+    [["run", "-m", m, "-p", "x", "-c", "0"], /--ctx-size must be an integer ≥ 1, got 0/],
+    [["run", "-m", m, "-p", "x", "--kv-type", "f8"], /--kv-type must be f16 or f32, got "f8"/],
+    [["run", "-m", m, "-p", "x", "--sparse", "maybe"], /--sparse must be predictor, oracle or off, got "maybe"/],
+    [["run", "-m", m, "-p", "x", "--solver", "simplex"], /--solver must be ilp or greedy, got "simplex"/],
+    [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer ≥ 1, got 0/],
+    [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \(0, 1\], got 2/],
+    [["chat", "-m", m, "-n", "-7"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -7/],
+    [["serve", "-m", m, "--port", "70000"], /--port must be an integer in \[0, 65535\], got 70000/],
+    [["serve", "-m", m, "--kv-type", "q4"], /--kv-type must be f16 or f32, got "q4"/],
+    [["plan", "-m", m, "--bucket-size", "0"], /--bucket-size must be an integer ≥ 1, got 0/],
+    [["profile", "-m", m, "-f", f, "--tokens", "0"], /--tokens must be an integer ≥ 1, got 0/],
+    [["perplexity", "-m", m, "-f", f, "-b", "0"], /--batch-size must be an integer ≥ 1, got 0/],
+    [["train-predictor", "-m", m, "-f", f, "-o", o, "--holdout", "1"], /--holdout must be a number in \[0, 1\), got 1/],
+    [["train-predictor", "-m", m, "-f", f, "-o", o, "--epochs", "-1"], /--epochs must be an integer ≥ 0, got -1/],
+    [["train-predictor", "-m", m, "-f", f, "-o", o, "--init", "zeros"], /--init must be gate or random, got "zeros"/],
+    [["train-predictor", "-m", m, "-f", f, "-o", o, "--lr", "0"], /--lr must be a number > 0, got 0/],
+    [["gen-model", "-o", o, "--layers", "0"], /--layers must be an integer ≥ 1, got 0/],
+    [["gen-model", "-o", o, "--active", "1.5"], /--active must be a number in \(0, 1\), got 1\.5/],
+    [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
+    [["convert", m, o, "--to", "onnx"], /--to must be pwri or gguf, got "onnx"/],
+  ];
+  for (const [args, pattern] of cases) {
+    it(args.filter((a) => !a.startsWith(dir)).join(" "), () => {
+      const r = cli(...args);
+      expect(r.code).toBe(1);
+      const lines = errorLines(r.stderr);
+      expect(lines, r.stderr).toHaveLength(1);
+      expect(lines[0]).toMatch(pattern);
+      expect(lines[0]).not.toMatch(/missing\.(gguf|txt)/); // the file was not looked at
+      expect(r.stdout).toBe("");
+    });
+  }
+});
+
+describe("a model file that is not there, or a directory: one line before anything else is done", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
+  const m = join(dir, "missing.gguf");
+  const cases: [string[], string][] = [
+    [["run", "-m", m, "-p", "x"], `model file ${m} does not exist`],
+    [["run", "-m", dir, "-p", "x"], `${dir} is a directory, not a model file`],
+    [["serve", "-m", m, "--port", "0"], `model file ${m} does not exist`],
+    [["bench", "-m", m, "-r", "1", "--no-llama-cpp"], `model file ${m} does not exist`],
+    [["inspect", m], `file ${m} does not exist`],
+    [["quantize", m, join(dir, "o.gguf"), "Q8_0"], `model file ${m} does not exist`],
+    [
+      ["train-predictor", "-m", m, "-f", join(dir, "t.txt"), "-o", join(dir, "o.gguf")],
+      `model file ${m} does not exist`,
+    ],
+  ];
+  for (const [args, message] of cases) {
+    it(`${args[0]} ${args[1] === "-m" ? "-m " : ""}${args.includes(dir) ? "DIR" : "MISSING"}`, () => {
+      const r = cli(...args);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toBe(`powerinfer: ${message}\n`); // nothing before it (no bandwidth probe, no "listening")
+      expect(r.stdout).toBe("");
+    });
+  }
+
+  it.skipIf(!probe.usable)(
+    "train-predictor refuses a model without a ReLU FFN from its header, before reading the text",
+    () => {
+      const r = cli("train-predictor", "-m", stories, "-f", join(dir, "missing.txt"), "-o", join(dir, "o.gguf"));
+      expect(r.code).toBe(1);
+      expect(errorLines(r.stderr)).toEqual([
+        `powerinfer: ${stories}: the FFN uses silu, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
+      ]);
+    },
+  );
+});
+
+describe("error lines: the message and the fix, the class and code only with --verbose", () => {
+  it("describeError drops the class name and code unless verbose", () => {
+    const e = Object.assign(new Error("no activation statistics at x.gguf: run `powerinfer profile` first"), {
+      name: "EngineError",
+      code: "BAD_INPUT",
+    });
+    expect(describeError(e)).toBe("no activation statistics at x.gguf: run `powerinfer profile` first");
+    expect(describeError(e, { verbose: true })).toBe(
+      "no activation statistics at x.gguf: run `powerinfer profile` first [EngineError BAD_INPUT]",
+    );
+    expect(describeError(new TypeError("x is not a function"))).toBe(
+      "x is not a function (an internal error: please report it, with the output of the same command with --verbose)",
+    );
+    expect(describeError(new TypeError("x is not a function"), { verbose: true })).toMatch(/ \[TypeError\]$/);
+    expect(describeError("plain")).toBe("plain");
+  });
+
+  it.skipIf(!probe.usable)("a typed engine error from a command, with and without --verbose", () => {
+    const stats = join(mkdtempSync(join(tmpdir(), "powerinfer-options-")), "none.gguf");
+    const args = ["plan", "-m", stories, "--stats", stats, "--device-backend", "cpu"];
+    const r = cli(...args);
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([
+      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${stories} -f TEXT\` first`,
+    ]);
+    const v = cli(...args, "--verbose");
+    expect(v.code).toBe(1);
+    expect(errorLines(v.stderr).at(-1)).toBe(
+      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${stories} -f TEXT\` first [EngineError BAD_INPUT]`,
+    );
+  });
+
+  it("commands without model options take --verbose too", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
+    const notGguf = join(dir, "a.gguf");
+    writeFileSync(notGguf, "hello, not a model");
+    const args = ["quantize", notGguf, join(dir, "b.gguf"), "Q8_0"];
+    const plain = errorLines(cli(...args).stderr);
+    expect(plain).toEqual([
+      `powerinfer: ${notGguf} at byte 0: expected magic "GGUF" or "PWRI", found bytes 68 65 6c 6c`,
+    ]);
+    const r = cli(...args, "--verbose");
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([`${plain[0]} [GgufError BAD_MAGIC]`]);
+  });
+});
+
+describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () => {
+  it("--temp -1 is greedy, as in llama.cpp (the same text as --temp 0)", () => {
+    const a = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "16", "--temp", "-1", "-c", "128");
+    const b = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "16", "--temp", "0", "-c", "128");
+    expect(a.code, a.stderr).toBe(0);
+    expect(a.stdout).toBe(b.stdout);
+    expect(a.stdout.length).toBeGreaterThan("Once upon a time".length + 10);
+  });
+
+  it("--help says so", () => {
+    expect(cli("run", "--help").stdout).toMatch(/--temp <t>\s+temperature \(0 or less = greedy/);
+  });
+
+  it("a prompt longer than the context is refused before it is printed", () => {
+    const prompt = "Once upon a time there was a dog. ".repeat(20);
+    const r = cli("run", "-m", stories, "-p", prompt, "-c", "32");
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe("");
+    expect(errorLines(r.stderr).at(-1)).toMatch(
+      /^powerinfer: the prompt has \d+ tokens, more than the context holds \(n_ctx 32\): raise -c\/--ctx-size/,
+    );
+  });
+});
+
+describe("every command's --help shows examples, and trying them as a new user gives one clean line", () => {
+  const commands = Object.keys(EXAMPLES);
+  it("every command has examples", () => {
+    const names = createProgram().commands.map((c) => c.name());
+    expect(names.sort()).toEqual([...commands].sort());
+  });
+  for (const name of commands) {
+    it(name, () => {
+      const help = cli(name, "--help");
+      expect(help.code).toBe(0);
+      expect(help.stdout).toContain("Examples:");
+      for (const ex of EXAMPLES[name]!) expect(help.stdout).toContain(`$ powerinfer ${ex}`);
+      // run as written in an empty folder: the files they name are not there, so each ends at once
+      const cwd = mkdtempSync(join(tmpdir(), "powerinfer-examples-"));
+      for (const ex of EXAMPLES[name]!) {
+        if (/--preset (7b|13b|40b|70b)/.test(ex) || ex.startsWith("serve") || ex.startsWith("chat")) continue;
+        const args = (ex.match(/"[^"]*"|\S+/g) ?? []).map((a) => a.replace(/^"|"$/g, ""));
+        const r = spawnSync(process.execPath, [bin, ...args], { cwd, encoding: "utf8", timeout: 120_000 });
+        expect(r.status === 0 || r.status === 1, `${ex}: ${r.stderr}`).toBe(true);
+        expect(r.stderr, ex).not.toMatch(/\n\s+at |Error\b|\b[A-Z]+_[A-Z_]+\b/);
+        if (r.status === 1)
+          expect(
+            errorLines(r.stderr).filter((l) => l.startsWith("powerinfer:")),
+            ex,
+          ).toHaveLength(1);
+      }
+    });
+  }
+});
