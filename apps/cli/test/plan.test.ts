@@ -20,15 +20,18 @@ function cli(...args: string[]) {
 
 describe.skipIf(!probe.usable)("powerinfer plan", () => {
   const dir = mkdtempSync(join(tmpdir(), "powerinfer-plan-"));
+  // a copy: a plan solved for another budget than a named GPU index holds goes next to the model
+  const model = join(dir, "relu.gguf");
+  copyFileSync(relu, model);
   const stats = join(dir, "relu.activations.gguf");
-  const idx = join(dir, "relu.generated.gpuidx");
-  const common = ["-m", relu, "--stats", stats, "--gpu-index", idx, "--bucket-size", "64"];
+  const idx = join(dir, "relu.named.gpuidx");
+  const common = ["-m", model, "--stats", stats, "--gpu-index", idx, "--bucket-size", "64"];
 
   it("solves within the budget, writes a GPU index, reuses it, and solves again on --reset-gpu-index", () => {
     const p = cli(
       "profile",
       "-m",
-      relu,
+      model,
       "-f",
       join(models, "relu", "tinystories-relu-llama-7m.eval.txt"),
       "--tokens",
@@ -73,7 +76,7 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     const args = [
       "run",
       "-m",
-      relu,
+      model,
       "-p",
       "once upon a time",
       "-n",
@@ -107,17 +110,17 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
   });
 
   it("inspect reports the statistics found next to the model", () => {
-    const model = join(dir, "m.gguf");
-    copyFileSync(relu, model);
+    const m = join(dir, "m.gguf");
+    copyFileSync(relu, m);
     copyFileSync(stats, join(dir, "m.activations.gguf"));
-    const r = cli("inspect", model, "--json");
+    const r = cli("inspect", m, "--json");
     expect(r.code, r.stderr).toBe(0);
     const st = JSON.parse(r.stdout).activationStats;
     expect(st.tokens).toBeGreaterThanOrEqual(3000);
     expect(st.layers).toHaveLength(6);
     expect(st.meanActive).toBeGreaterThan(0.03);
     expect(st.meanActive).toBeLessThan(0.15);
-    expect(cli("inspect", model).stdout).toMatch(/activations: .* % of FFN neurons fire per token on average/);
+    expect(cli("inspect", m).stdout).toMatch(/activations: .* % of FFN neurons fire per token on average/);
   });
 
   it("refuses statistics of another model and a missing statistics file, naming the problem", () => {
