@@ -64,13 +64,22 @@ export interface NativeLlamaCpp {
 
 /** The llama.cpp source bundled with node-llama-cpp: the git bundle and its release tag. */
 export function bundledLlamaCppSource(): { bundle: string; tag: string } | { unavailable: string } {
-  let root: string;
+  let root: string | undefined;
   try {
+    // its exports map hides package.json: resolve the entry point and walk up to the package folder
     const require = createRequire(import.meta.url);
-    root = dirname(require.resolve("node-llama-cpp/package.json"));
+    let dir = dirname(require.resolve("node-llama-cpp"));
+    for (let i = 0; i < 6 && !root; i++, dir = dirname(dir)) {
+      try {
+        if (JSON.parse(readFileSync(join(dir, "package.json"), "utf8")).name === "node-llama-cpp") root = dir;
+      } catch {
+        // no package.json here: go up
+      }
+    }
   } catch (e) {
     return { unavailable: `node-llama-cpp is not installed (${(e as Error).message.split("\n")[0]})` };
   }
+  if (!root) return { unavailable: "node-llama-cpp's package folder was not found above its entry point" };
   const bundle = join(root, "llama", "gitRelease.bundle");
   if (!existsSync(bundle)) return { unavailable: `node-llama-cpp has no llama.cpp source bundle at ${bundle}` };
   let tag = "bundled";
@@ -192,7 +201,7 @@ export interface LlamaBenchRow {
   n_batch: number;
   n_ubatch: number;
   n_threads: number;
-  /** llama-bench's flash-attention setting as printed ("auto", "enabled", "disabled", or a number in older builds). */
+  /** llama-bench's flash-attention setting: its number -1/0/1 as "auto"/"off"/"on", else as printed. */
   flash_attn: string;
   n_prompt: number;
   n_gen: number;
@@ -255,7 +264,10 @@ export function parseLlamaBenchJson(text: string): LlamaBenchRow[] {
       n_batch: num("n_batch"),
       n_ubatch: num("n_ubatch"),
       n_threads: num("n_threads"),
-      flash_attn: String(fa),
+      flash_attn:
+        typeof fa === "number"
+          ? (({ "-1": "auto", "0": "off", "1": "on" } as Record<string, string>)[fa] ?? String(fa))
+          : String(fa),
       n_prompt: num("n_prompt"),
       n_gen: num("n_gen"),
       n_depth: typeof o.n_depth === "number" ? o.n_depth : 0,
