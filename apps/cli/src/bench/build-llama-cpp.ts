@@ -140,7 +140,7 @@ function main(): void {
   }
   if (!existsSync(srcDir)) {
     log(`cloning ${src.bundle} (${src.tag}, ${head.slice(0, 7)}) into ${srcDir}`);
-    run("git", ["clone", "--quiet", src.bundle, srcDir]);
+    run("git", ["-c", "advice.detachedHead=false", "clone", "--quiet", src.bundle, srcDir]);
     run("git", ["-c", "advice.detachedHead=false", "checkout", "--quiet", head], srcDir);
   }
   const t0 = performance.now();
