@@ -69,6 +69,7 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
       repetitions: 1,
       sparse: "auto",
       bandwidthMiB: 16,
+      llamaCppPeer: "prebuilt", // the native peer has its own test (native-llama-cpp.test.ts)
     });
     const pwri = join(dir, "s.pwri.gguf");
     const gguf = join(dir, "s.gguf");
@@ -83,6 +84,7 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
       repetitions: 1,
       sparse: ["off", "predictor", "oracle"],
       bandwidth: stories260K.bandwidth,
+      llamaCppPeer: "prebuilt",
     });
   }, 120_000);
 
@@ -105,17 +107,19 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
     if (r.llamaCpp && !("unavailable" in r.llamaCpp)) {
       expect(r.rows.filter((x) => x.engine === "llama.cpp")).toHaveLength(2);
       expect(tg.vs_llama_cpp).toBeGreaterThan(0);
-      expect(r.llamaCpp.packageVersion).toMatch(/^\d+\.\d+/);
+      expect(r.llamaCpp.kind).toBe("prebuilt");
+      if (r.llamaCpp.kind === "prebuilt") expect(r.llamaCpp.packageVersion).toMatch(/^\d+\.\d+/);
+      expect(r.rows.find((x) => x.engine === "llama.cpp")!.engine_label).toMatch(/prebuilt/);
     } else {
       expect(r.notes.join("\n")).toMatch(/llama\.cpp: /);
     }
     const md = formatMarkdown(r).split("\n");
     expect(md[0]).toBe(
-      "| model | size | params | backend | threads | sparse | active | test | t/s | vs llama.cpp | weights/token | % of BW |",
+      "| model | size | params | backend | threads | sparse | active | test | t/s | median t/s | vs llama.cpp | weights/token | % of BW |",
     );
     expect(
       md.some((l) =>
-        /^\| llama stories260K \| 1\.13 MiB \| 292\.80 K \| powerinfer-ts CPU \| 1 \| off \| – \| tg8 \| [\d.]+ ± 0\.00 \|/.test(
+        /^\| llama stories260K \| 1\.13 MiB \| 292\.80 K \| powerinfer-ts CPU \| 1 \| off \| – \| tg8 \| [\d.]+ ± 0\.00 \| [\d.]+ \|/.test(
           l,
         ),
       ),

@@ -7,17 +7,21 @@
  *    file with the same weights plus predictors (our sparse mode), pp512/tg128. The files are written to
  *    a temporary directory and deleted afterwards.
  *
+ * The llama.cpp peer is the native llama-bench build when there is one (`llama-cpp:build`), else
+ * node-llama-cpp's prebuilt binary (slower; rows say which ran).
+ *
  * Usage: node dist/bench/engine-bench.js [--layers 2] [--dtypes F16,Q4_0] [-t 2] [-r 5] [--dir DIR]
- *   [--keep] [--no-stories] [--no-synthetic] [--quick] [--json]
+ *   [--keep] [--no-stories] [--no-synthetic] [--quick] [--json] [--llama-cpp-peer auto|native|prebuilt]
+ *   [--llama-cpp-dir DIR]
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { generateSyntheticModel, type SyntheticDType, type SyntheticModelReport } from "@powerinfer/core";
 import { Command } from "commander";
-import { intList } from "../commands/bench.js";
+import { intList, peerChoice } from "../commands/bench.js";
 import { formatHeader, formatJson, formatMarkdown } from "./format.js";
-import { type BenchOptions, type BenchResult, runBench } from "./harness.js";
+import { type BenchOptions, type BenchResult, type LlamaCppPeerChoice, runBench } from "./harness.js";
 
 interface SuiteOptions {
   layers: number;
@@ -32,6 +36,8 @@ interface SuiteOptions {
   quick?: boolean;
   json?: boolean;
   models: string;
+  llamaCppPeer: LlamaCppPeerChoice;
+  llamaCppDir?: string;
 }
 
 async function main(): Promise<void> {
@@ -48,6 +54,8 @@ async function main(): Promise<void> {
     .option("--no-synthetic", "skip the generated slices")
     .option("--quick", "1 repetition, pp64/tg16, 1-layer slices (a check, not a measurement)")
     .option("--json", "JSON rows instead of markdown")
+    .option("--llama-cpp-peer <which>", "auto, native or prebuilt (see powerinfer bench)", peerChoice, "auto")
+    .option("--llama-cpp-dir <dir>", "native llama.cpp build folder")
     .option(
       "--models <dir>",
       "shared test models",
@@ -61,7 +69,15 @@ async function main(): Promise<void> {
   const results: BenchResult[] = [];
   let bandwidth: Record<number, number> | undefined;
   const run = async (opts: Omit<BenchOptions, "log" | "threads" | "repetitions" | "bandwidth">) => {
-    const r = await runBench({ ...opts, threads: o.threads, repetitions: reps, bandwidth, log });
+    const r = await runBench({
+      ...opts,
+      threads: o.threads,
+      repetitions: reps,
+      bandwidth,
+      log,
+      llamaCppPeer: o.llamaCppPeer,
+      llamaCppDir: o.llamaCppDir,
+    });
     bandwidth = r.bandwidth;
     results.push(r);
   };

@@ -12,7 +12,7 @@ const fmtParams = (p: number) =>
 const fmtBytes = (b: number) => (b >= 1e9 ? `${(b / 1e9).toFixed(2)} GB` : `${(b / 1e6).toFixed(1)} MB`);
 
 function backendCell(r: BenchRow): string {
-  return r.engine === "llama.cpp" ? "llama.cpp CPU" : "powerinfer-ts CPU";
+  return r.engine_label;
 }
 
 /** The lines before the table: machine, versions, bandwidth, date, commit, command. */
@@ -32,14 +32,23 @@ export function formatHeader(res: BenchResult, command?: string): string {
     );
   const p = res.llamaCpp;
   if (p && "unavailable" in p) lines.push(`- llama.cpp: unavailable (${p.unavailable})`);
-  else if (p) {
+  else if (p?.kind === "native") {
+    const b = p.build;
+    const lb = res.llamaBench;
+    const run = lb
+      ? `; llama-bench reports build ${lb.build_number} ${lb.build_commit}, n_batch ${lb.n_batch}, n_ubatch ${lb.n_ubatch}, flash_attn ${lb.flash_attn}`
+      : "";
+    lines.push(
+      `- llama.cpp: ${p.label} — built here from node-llama-cpp's bundled source (release tag ${b.tag}, commit ${b.commit.slice(0, 12)}), ${b.compiler}, Release, GGML_NATIVE (${b.isa.join(" ")}), CPU only; each measurement one \`llama-bench -r 1 -o json\` process${run}`,
+    );
+  } else if (p) {
     const features = p.systemInfo
       .replace(/^CPU\s*:\s*/, "")
       .replace(/\s*=\s*1/g, "")
       .replace(/\s*\|\s*$/, "")
       .replace(/\s*\|\s*/g, " ");
     lines.push(
-      `- llama.cpp: node-llama-cpp ${p.packageVersion}, ${p.buildType} CPU binary (release tag ${p.release}; ${features})`,
+      `- llama.cpp: node-llama-cpp ${p.packageVersion}, ${p.buildType} CPU binary (release tag ${p.release}; ${features}) — slower than llama.cpp built natively (build that with \`pnpm --filter @powerinfer/cli llama-cpp:build\`)`,
     );
   }
   lines.push(`- date: ${res.date}; powerinfer-ts commit: ${res.commit}`);
@@ -51,9 +60,9 @@ export function formatHeader(res: BenchResult, command?: string): string {
 export function formatMarkdown(res: BenchResult): string {
   const out: string[] = [];
   out.push(
-    "| model | size | params | backend | threads | sparse | active | test | t/s | vs llama.cpp | weights/token | % of BW |",
+    "| model | size | params | backend | threads | sparse | active | test | t/s | median t/s | vs llama.cpp | weights/token | % of BW |",
   );
-  out.push("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+  out.push("| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
   for (const r of res.rows) {
     out.push(
       [
@@ -67,6 +76,7 @@ export function formatMarkdown(res: BenchResult): string {
         r.active_fraction === null ? "–" : `${(100 * r.active_fraction).toFixed(1)} %`,
         r.test,
         `${r.avg_ts.toFixed(2)} ± ${r.stddev_ts.toFixed(2)}`,
+        r.median_ts.toFixed(2),
         r.vs_llama_cpp === null ? "" : `${r.vs_llama_cpp.toFixed(2)}×`,
         r.bytes_per_token === null ? "" : fmtBytes(r.bytes_per_token),
         r.bandwidth_fraction === null ? "" : `${(100 * r.bandwidth_fraction).toFixed(0)} %`,
@@ -104,7 +114,7 @@ export function formatJson(res: BenchResult): string {
     build_commit: res.commit,
     cpu_info: res.machine.cpu,
     test_time: res.date,
-    llama_cpp_release: res.llamaCpp && !("unavailable" in res.llamaCpp) ? res.llamaCpp.release : null,
+    llama_cpp: res.llamaCpp && !("unavailable" in res.llamaCpp) ? res.llamaCpp.label : null,
   };
   return JSON.stringify(
     res.rows.map((r) => ({ ...context, ...r, bandwidth_gbs: res.bandwidth[r.n_threads] ?? null })),

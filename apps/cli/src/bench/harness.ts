@@ -1,9 +1,16 @@
 /**
  * The benchmark harness behind `powerinfer bench` and `pnpm bench`: llama-bench's protocol (random
- * tokens; ppN = N tokens from an empty context in one batch, tgN = N tokens one at a time from an empty
- * context; t/s mean ± sd over repetitions after one warm-up) for llama.cpp (node-llama-cpp) and for
- * powerinfer-ts in each FFN mode, all in the same process with the repetitions interleaved (every
- * engine runs each test once per round, in alternating order) so machine drift cancels out.
+ * tokens; ppN = N tokens from an empty context of N tokens, evaluated in batches of 512, logits of the
+ * last; tgN = N tokens one at a time from an empty context of N tokens, logits of each; t/s mean ± sd
+ * and median over repetitions after one warm-up) for llama.cpp and for powerinfer-ts in each FFN mode,
+ * with the repetitions interleaved (every engine runs each test once per round, in alternating order)
+ * so machine drift hits them alike.
+ *
+ * The llama.cpp peer is, by preference, llama.cpp built natively for this machine (native-llama-cpp.ts):
+ * each of its measurements is one `llama-bench -r 1 -o json` process on the same file with the same
+ * thread count (llama-bench warms up inside that process before its one measured repetition, so it sits
+ * out the harness's warm-up round). Without that build the peer is node-llama-cpp's prebuilt binary in
+ * this process (llama-cpp.ts), which is slower than native llama.cpp; rows say which peer ran.
  *
  * Each decode row also gets the bytes of weights a token reads (sparse modes: from the kernels' row
  * counters) and the share of this machine's measured memory bandwidth that implies.
@@ -13,10 +20,26 @@ import { statSync } from "node:fs";
 import { availableParallelism, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Model, type SparseMode } from "@powerinfer/core";
+import { type Backend, Model, type Session, type SparseMode } from "@powerinfer/core";
 import { type GgufFile, getOptionalNumber, getOptionalString, ggmlTypeName, openGguf } from "@powerinfer/gguf";
 import { bytesPerToken } from "./bytes.js";
 import { type LlamaCppInfo, type LlamaCppPeer, type LlamaCppRunner, loadLlamaCpp } from "./llama-cpp.js";
+import {
+  findNativeLlamaCpp,
+  type LlamaBenchRow,
+  type NativeLlamaCpp,
+  NativeLlamaCppError,
+  resolveLlamaCppDir,
+  runLlamaBench,
+} from "./native-llama-cpp.js";
+
+/** Which llama.cpp runs as the peer: native when built (else prebuilt), only native, or only prebuilt. */
+export type LlamaCppPeerChoice = "auto" | "native" | "prebuilt";
+
+/** The llama.cpp peer that ran: the native llama-bench build or node-llama-cpp's prebuilt binary. */
+export type PeerInfo =
+  | (Omit<NativeLlamaCpp, "kind"> & { kind: "native" })
+  | (LlamaCppInfo & { kind: "prebuilt"; label: string });
 
 /** One model to benchmark. */
 export interface BenchModel {
@@ -41,6 +64,10 @@ export interface BenchOptions {
   sparse: "auto" | SparseMode[];
   /** Run llama.cpp. Default true. */
   llamaCpp?: boolean;
+  /** Which llama.cpp (see LlamaCppPeerChoice). Default "auto". */
+  llamaCppPeer?: LlamaCppPeerChoice;
+  /** Folder of the native build (default: resolveLlamaCppDir()). */
+  llamaCppDir?: string;
   /** Run powerinfer-ts. Default true. */
   ours?: boolean;
   /** MiB read by the bandwidth probe (0: no probe). Default 512. */
@@ -61,6 +88,8 @@ export interface BenchRow {
   model_size: number;
   model_n_params: number;
   engine: "llama.cpp" | "powerinfer-ts";
+  /** Which build ran, e.g. "llama.cpp v0.5.0 de3ff81 native (avx2)" or "powerinfer-ts CPU". */
+  engine_label: string;
   backend: string;
   n_threads: number;
   /** Our FFN mode; null for llama.cpp. */
@@ -76,11 +105,13 @@ export interface BenchRow {
   stddev_ns: number;
   avg_ts: number;
   stddev_ts: number;
+  /** Median of samples_ts (tokens/s). */
+  median_ts: number;
   /** Weight bytes read per decoded token (tg rows). */
   bytes_per_token: number | null;
   /** bytes_per_token × t/s / measured bandwidth at this thread count (tg rows). */
   bandwidth_fraction: number | null;
-  /** avg_ts / llama.cpp's avg_ts for the same model, threads and test. */
+  /** median_ts / llama.cpp's median_ts for the same model, threads and test. */
   vs_llama_cpp: number | null;
 }
 
@@ -107,7 +138,10 @@ export interface BenchResult {
     /** 1-minute load average when the run started and ended (other processes share the CPUs). */
     loadAverage: [number, number];
   };
-  llamaCpp: LlamaCppInfo | { unavailable: string } | null;
+  /** The peer that ran, why none ran, or null when not asked for. */
+  llamaCpp: PeerInfo | { unavailable: string } | null;
+  /** The first llama-bench result row of the native peer (its build, batch sizes, flash attention). */
+  llamaBench?: Omit<LlamaBenchRow, "samples_ns" | "samples_ts">;
   /** GB/s by thread count. */
   bandwidth: Record<number, number>;
   rows: BenchRow[];
@@ -116,6 +150,13 @@ export interface BenchResult {
 }
 
 const mean = (xs: number[]) => xs.reduce((a, b) => a + b, 0) / Math.max(1, xs.length);
+/** Median (mean of the middle two for an even count); NaN for none. */
+export const median = (xs: number[]) => {
+  if (xs.length === 0) return Number.NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  const h = s.length >> 1;
+  return s.length % 2 ? s[h]! : (s[h - 1]! + s[h]!) / 2;
+};
 const sd = (xs: number[]) => {
   if (xs.length < 2) return 0;
   const m = mean(xs);
@@ -174,6 +215,9 @@ export function randomTokens(n: number, nVocab: number, seed: number): number[] 
 interface Engine {
   label: string;
   engine: BenchRow["engine"];
+  engineLabel: string;
+  /** Warms itself up before every measurement (llama-bench): skipped in the warm-up round. */
+  selfWarming?: boolean;
   sparse: SparseMode | null;
   file: GgufFile;
   path: string;
@@ -182,12 +226,28 @@ interface Engine {
   dispose(): Promise<void>;
 }
 
-function ourEngine(model: Model, path: string, sparse: SparseMode, nCtx: number, nBatch: number): Engine {
-  const session = model.createSession({ nCtx, nBatch });
+/** llama-bench's default n_ubatch: prompts longer than this are evaluated in batches of this many tokens. */
+export const LLAMA_BENCH_UBATCH = 512;
+
+/**
+ * Our engine with llama-bench's context per test: llama-bench gives each test a context of
+ * n_prompt + n_gen tokens (ppN: N, tgN: N) and evaluates prompts in ubatches of 512, so each test
+ * here gets its own session with nCtx = N and nBatch = 512.
+ */
+function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
+  const sessions = new Map<number, Session>();
+  const sessionFor = (n: number) => {
+    let s = sessions.get(n);
+    if (!s) {
+      s = model.createSession({ nCtx: n, nBatch: LLAMA_BENCH_UBATCH });
+      sessions.set(n, s);
+    }
+    return s;
+  };
   const cfg = model.config;
-  const snapshot = () => ({ tokens: session.stats.tokens, rows: [...session.stats.activeRows] });
-  const delta = (a: ReturnType<typeof snapshot>) => {
-    const b = snapshot();
+  const snapshot = (session: Session) => ({ tokens: session.stats.tokens, rows: [...session.stats.activeRows] });
+  const delta = (session: Session, a: ReturnType<typeof snapshot>) => {
+    const b = snapshot(session);
     const n = b.tokens - a.tokens;
     if (n === 0) return {};
     const rowsPerToken = b.rows.map((r, l) => (r - (a.rows[l] ?? 0)) / n);
@@ -196,42 +256,81 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, nCtx: number,
   return {
     label: `powerinfer-ts ${sparse}`,
     engine: "powerinfer-ts",
+    engineLabel: "powerinfer-ts CPU",
     sparse,
     file: model.file,
     path,
     async pp(tokens) {
+      const session = sessionFor(tokens.length);
       session.reset();
-      const s0 = snapshot();
+      const s0 = snapshot(session);
       const t0 = performance.now();
       session.evaluate(tokens);
       const ms = performance.now() - t0;
-      return { ms, active: delta(s0).active };
+      return { ms, active: delta(session, s0).active };
     },
     async tg(tokens) {
+      const session = sessionFor(tokens.length);
       session.reset();
-      const s0 = snapshot();
+      const s0 = snapshot(session);
       const t0 = performance.now();
       for (const t of tokens) session.evaluate([t]);
       const ms = performance.now() - t0;
-      return { ms, ...delta(s0) };
+      return { ms, ...delta(session, s0) };
     },
     async dispose() {
-      session.dispose();
+      for (const s of sessions.values()) s.dispose();
       model.dispose();
     },
   };
 }
 
-function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string): Engine {
+function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string, engineLabel: string): Engine {
   return {
-    label: "llama.cpp",
+    label: "llama.cpp (prebuilt)",
     engine: "llama.cpp",
+    engineLabel,
     sparse: null,
     file,
     path,
     pp: async (t) => ({ ms: await r.pp(t) }),
     tg: async (t) => ({ ms: await r.tg(t) }),
     dispose: () => r.dispose(),
+  };
+}
+
+/**
+ * The native peer: every measurement is one `llama-bench -r 1` process on `path` (its own random
+ * tokens, its own warm-up in the process); the time is llama-bench's measured repetition.
+ */
+function nativeEngine(
+  peer: NativeLlamaCpp,
+  file: GgufFile,
+  path: string,
+  threads: number,
+  onRow: (row: LlamaBenchRow) => void,
+): Engine {
+  const once = async (kind: "pp" | "tg", n: number) => {
+    const row = await runLlamaBench(peer, path, { kind, n, threads, repetitions: 1 });
+    if (row.n_threads !== threads || (kind === "pp" ? row.n_prompt : row.n_gen) !== n) {
+      throw new NativeLlamaCppError(
+        `llama-bench ran ${row.n_threads} threads p${row.n_prompt} n${row.n_gen}, asked ${threads} ${kind}${n}`,
+      );
+    }
+    onRow(row);
+    return { ms: row.samples_ns[0]! / 1e6 };
+  };
+  return {
+    label: "llama.cpp (native)",
+    engine: "llama.cpp",
+    engineLabel: peer.label,
+    selfWarming: true,
+    sparse: null,
+    file,
+    path,
+    pp: (t) => once("pp", t.length),
+    tg: (t) => once("tg", t.length),
+    dispose: async () => {},
   };
 }
 
@@ -272,15 +371,39 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
     }
   }
   let peer: LlamaCppPeer | undefined;
+  let native: NativeLlamaCpp | undefined;
   if (o.llamaCpp ?? true) {
-    const p = await loadLlamaCpp();
-    if ("unavailable" in p) {
-      result.llamaCpp = p;
-      notes.push(`llama.cpp: ${p.unavailable}`);
-    } else {
-      peer = p;
-      result.llamaCpp = p.info;
-      log(`llama.cpp: node-llama-cpp ${p.info.packageVersion} (${p.info.buildType}), llama.cpp ${p.info.release}`);
+    const choice = o.llamaCppPeer ?? "auto";
+    if (choice !== "prebuilt") {
+      const n = findNativeLlamaCpp(resolveLlamaCppDir(o.llamaCppDir));
+      if ("unavailable" in n) {
+        if (choice === "native") {
+          result.llamaCpp = n;
+          notes.push(`llama.cpp: ${n.unavailable}`);
+        } else {
+          notes.push(
+            `llama.cpp: ${n.unavailable}; fell back to node-llama-cpp's prebuilt binary, which is slower than llama.cpp built natively`,
+          );
+          log(`native llama.cpp: ${n.unavailable}; using node-llama-cpp's prebuilt binary (slower)`);
+        }
+      } else {
+        native = n;
+        const { kind: _, ...rest } = n;
+        result.llamaCpp = { kind: "native", ...rest };
+        log(`llama.cpp: ${n.label}, ${n.llamaBench}`);
+      }
+    }
+    if (!native && choice !== "native") {
+      const p = await loadLlamaCpp();
+      if ("unavailable" in p) {
+        result.llamaCpp = p;
+        notes.push(`llama.cpp: ${p.unavailable}`);
+      } else {
+        peer = p;
+        const label = `llama.cpp ${p.info.release} prebuilt (node-llama-cpp ${p.info.packageVersion}, slower than native)`;
+        result.llamaCpp = { kind: "prebuilt", label, ...p.info };
+        log(`llama.cpp: node-llama-cpp ${p.info.packageVersion} (${p.info.buildType}), llama.cpp ${p.info.release}`);
+      }
     }
   }
   const ours = o.ours ?? true;
@@ -305,14 +428,23 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       for (const threads of o.threads) {
         const engines: Engine[] = [];
         log(`${name}: loading engines (${threads} thread(s))`);
-        if (peer) {
+        if (peer || native) {
           const path = file.format === "PWRI" ? m.twin : m.path;
           if (!path) {
             notes.push(`${name}: llama.cpp cannot load PWRI files and no GGUF twin was given (--twin)`);
-          } else {
+          } else if (native) {
+            engines.push(
+              nativeEngine(native, twinFile ?? file, path, threads, (row) => {
+                if (!result.llamaBench) {
+                  const { samples_ns: _ns, samples_ts: _ts, ...rest } = row;
+                  result.llamaBench = rest;
+                }
+              }),
+            );
+          } else if (peer && result.llamaCpp && "label" in result.llamaCpp) {
             try {
               const r = await peer.open(path, { contextSize: nCtx, batchSize: Math.max(1, maxPp), threads });
-              engines.push(peerEngine(r, twinFile ?? file, path));
+              engines.push(peerEngine(r, twinFile ?? file, path, result.llamaCpp.label));
             } catch (e) {
               notes.push(`${name}: llama.cpp cannot run ${basename(path)}: ${(e as Error).message.split("\n")[0]}`);
             }
@@ -328,7 +460,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             const path = mode === "off" && m.twin ? m.twin : m.path;
             try {
               const model = await Model.load(path, { backend, sparse: mode });
-              engines.push(ourEngine(model, path, mode, nCtx, Math.max(1, maxPp)));
+              engines.push(ourEngine(model, path, mode));
             } catch (e) {
               const why = (e as Error).message.split("\n")[0];
               notes.push(`${name}: powerinfer-ts --sparse ${mode} cannot run ${basename(path)}: ${why}`);
@@ -349,8 +481,15 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             if (rep % 2 === 1) order.reverse();
             for (const ei of order) {
               const e = engines[ei]!;
-              const r: { ms: number; active?: number; rowsPerToken?: number[] } =
-                t.kind === "pp" ? await e.pp(t.tokens) : await e.tg(t.tokens);
+              if (rep === 0 && e.selfWarming) continue;
+              let r: { ms: number; active?: number; rowsPerToken?: number[] };
+              try {
+                r = t.kind === "pp" ? await e.pp(t.tokens) : await e.tg(t.tokens);
+              } catch (err) {
+                if (!(err instanceof NativeLlamaCppError)) throw err;
+                notes.push(`${name}: ${e.label} ${t.kind}${t.n} failed: ${(err as Error).message.split("\n")[0]}`);
+                continue;
+              }
               log(
                 `${rep === 0 ? "warm-up" : `rep ${rep}`}: ${e.label} ${t.kind}${t.n} ${((t.n * 1000) / r.ms).toFixed(2)} t/s`,
               );
@@ -366,6 +505,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         engines.forEach((e, ei) => {
           tests.forEach((t, ti) => {
             const s = samples[ei]![ti]!;
+            if (s.ms.length === 0) return;
             const ts = s.ms.map((ms) => (t.n * 1000) / ms);
             const nLayer = e.file.tensors.filter((x) => /^blk\.\d+\.attn_norm\.weight$/.test(x.name)).length;
             let bpt: number | null = null;
@@ -386,6 +526,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               model_size: size,
               model_n_params: params,
               engine: e.engine,
+              engine_label: e.engineLabel,
               backend: "CPU",
               n_threads: threads,
               sparse: e.sparse,
@@ -399,6 +540,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               stddev_ns: Math.round(sd(s.ms) * 1e6),
               avg_ts: avgTs,
               stddev_ts: sd(ts),
+              median_ts: median(ts),
               bytes_per_token: bpt,
               bandwidth_fraction: bpt !== null && bw ? (bpt * avgTs) / (bw * 1e9) : null,
               vs_llama_cpp: null,
@@ -407,7 +549,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         });
         for (const r of rows) {
           const ref = rows.find((x) => x.engine === "llama.cpp" && x.test === r.test);
-          if (ref && r !== ref) r.vs_llama_cpp = r.avg_ts / ref.avg_ts;
+          if (ref && r !== ref) r.vs_llama_cpp = r.median_ts / ref.median_ts;
           if (ref && r !== ref && r.test.startsWith("tg") && r.sparse && r.sparse !== "off") {
             const bytesRatio = ref.bytes_per_token! / r.bytes_per_token!;
             result.sparseSummary.push({

@@ -1,13 +1,15 @@
 /**
  * `powerinfer bench -m FILE [-m FILE…] [--twin GGUF…] [-p 512] [-n 128] [-t 2] [-r 5] [--sparse …] [--json]`:
- * llama-bench-style speed comparison of powerinfer-ts (each FFN mode) and llama.cpp (node-llama-cpp) on
- * the same files in the same process, with bytes of weights per token and the share of the machine's
- * memory bandwidth for every decode row.
+ * llama-bench-style speed comparison of powerinfer-ts (each FFN mode) and llama.cpp on the same files,
+ * with bytes of weights per token and the share of the machine's memory bandwidth for every decode row.
+ * The llama.cpp peer is the native build's llama-bench when it has been built (`--llama-cpp-dir`, see
+ * native-llama-cpp.ts), else node-llama-cpp's slower prebuilt binary (`--llama-cpp-peer`).
  */
 import type { SparseMode } from "@powerinfer/core";
 import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
-import { type BenchOptions, runBench } from "../bench/harness.js";
+import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
+import { LLAMA_CPP_DIR_ENV } from "../bench/native-llama-cpp.js";
 import { action } from "../errors.js";
 import { checkInputFile, int } from "./common.js";
 
@@ -37,6 +39,12 @@ export function sparseList(v: string): "auto" | SparseMode[] {
 
 const collect = (v: string, prev: string[] = []) => [...prev, v];
 
+/** "auto" | "native" | "prebuilt" (--llama-cpp-peer). */
+export function peerChoice(v: string): LlamaCppPeerChoice {
+  if (v === "auto" || v === "native" || v === "prebuilt") return v;
+  throw new InvalidArgumentError(`--llama-cpp-peer must be auto, native or prebuilt; got "${v}"`);
+}
+
 export interface BenchCliOptions {
   model: string[];
   twin?: string[];
@@ -46,6 +54,8 @@ export interface BenchCliOptions {
   repetitions: number;
   sparse: "auto" | SparseMode[];
   llamaCpp: boolean;
+  llamaCppPeer: LlamaCppPeerChoice;
+  llamaCppDir?: string;
   ours: boolean;
   bandwidthMib: number;
   seed: number;
@@ -64,6 +74,8 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     repetitions: o.repetitions,
     sparse: o.sparse,
     llamaCpp: o.llamaCpp,
+    llamaCppPeer: o.llamaCppPeer,
+    llamaCppDir: o.llamaCppDir,
     ours: o.ours,
     bandwidthMiB: o.bandwidthMib,
     seed: o.seed,
@@ -75,7 +87,7 @@ export function register(program: Command): void {
   program
     .command("bench")
     .description(
-      "llama-bench-style speed comparison with llama.cpp (node-llama-cpp), bytes per token and bandwidth share",
+      "llama-bench-style speed comparison with llama.cpp (native llama-bench build, else node-llama-cpp), bytes per token and bandwidth share",
     )
     .requiredOption("-m, --model <file>", "model file (repeat for several)", collect)
     .option(
@@ -94,6 +106,16 @@ export function register(program: Command): void {
       "auto",
     )
     .option("--no-llama-cpp", "do not run llama.cpp")
+    .option(
+      "--llama-cpp-peer <which>",
+      "auto (the native build when there is one, else node-llama-cpp's slower prebuilt binary), native or prebuilt",
+      peerChoice,
+      "auto",
+    )
+    .option(
+      "--llama-cpp-dir <dir>",
+      `native llama.cpp build folder (default: $${LLAMA_CPP_DIR_ENV}, else ~/.cache/powerinfer-ts/llama.cpp/<tag>)`,
+    )
     .option("--no-ours", "do not run powerinfer-ts")
     .option(
       "--bandwidth-mib <n>",
