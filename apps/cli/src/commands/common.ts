@@ -1,5 +1,5 @@
 /** Options and helpers shared by the commands that load a model. */
-import { readFileSync, statSync } from "node:fs";
+import { readFileSync, type Stats, statSync } from "node:fs";
 import { resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import { type Backend, type GenerateOptions, Model, type SparseMode } from "@powerinfer/core";
@@ -157,21 +157,28 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
 }
 
 /**
- * Checks that a model file the user named is there and is a regular file, before anything else is done
- * with it (a backend loaded, a server started, a benchmark probe run).
- * @param what how the message names it, e.g. "model file"
- * @throws InvalidArgumentError "model file X does not exist" / "X is a directory, not a model file" / …
+ * `stat` of a file the user named.
+ * @throws InvalidArgumentError "<what> X does not exist" / "cannot read <what> X (code)"
  */
-export function checkInputFile(path: string, what = "model file"): void {
-  let st: ReturnType<typeof statSync>;
+function statInput(path: string, what: string): Stats {
   try {
-    st = statSync(path);
+    return statSync(path);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
     throw new InvalidArgumentError(
       code === "ENOENT" ? `${what} ${path} does not exist` : `cannot read ${what} ${path} (${code ?? String(e)})`,
     );
   }
+}
+
+/**
+ * Checks that a model file the user named is there and is a regular file, before anything else is done
+ * with it (a backend loaded, a server started, a benchmark probe run).
+ * @param what how the message names it, e.g. "model file"
+ * @throws InvalidArgumentError "model file X does not exist" / "X is a directory, not a model file" / …
+ */
+export function checkInputFile(path: string, what = "model file"): void {
+  const st = statInput(path, what);
   if (st.isDirectory()) throw new InvalidArgumentError(`${path} is a directory, not a ${what}`);
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file (${what})`);
 }
@@ -207,15 +214,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
 
 /** Text files up to 1 GiB; a device, a directory or a larger file is refused with a clear message. */
 export function readTextFile(path: string): string {
-  let st: ReturnType<typeof statSync>;
-  try {
-    st = statSync(path);
-  } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    throw new InvalidArgumentError(
-      code === "ENOENT" ? `text file ${path} does not exist` : `cannot read text file ${path} (${code ?? String(e)})`,
-    );
-  }
+  const st = statInput(path, "text file");
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file`);
   if (st.size > 2 ** 30) throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
   return readFileSync(path, "utf8");

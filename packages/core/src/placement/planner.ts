@@ -123,7 +123,8 @@ function toPlan(
   perLayer: Bucket[][],
   chosen: (b: Bucket) => boolean,
   method: "dp" | "glpk" | "greedy",
-  bound?: number,
+  /** "exact": the plan is proven optimal, so it is its own bound; otherwise the fractional bound. */
+  bound?: "exact",
 ): PlacementPlan {
   let total = 0;
   let served = 0;
@@ -143,7 +144,7 @@ function toPlan(
     };
   });
   const deviceShare = all ? served / all : 0;
-  const ub = Math.max(deviceShare, bound ?? fractionalBound(input, perLayer));
+  const ub = bound === "exact" ? deviceShare : Math.max(deviceShare, fractionalBound(input, perLayer));
   return {
     layers,
     totalBytes: total,
@@ -245,8 +246,7 @@ export function planExact(input: PlannerInput): PlacementPlan | undefined {
     counts[l] = j;
     for (let i = 0; i < j; i++) u -= per[l]![i]!.bytes / unit;
   }
-  const plan = toPlan(input, per, (b) => b.index < counts[b.layer]!, "dp");
-  return { ...plan, bound: plan.deviceShare, gap: 0 };
+  return toPlan(input, per, (b) => b.index < counts[b.layer]!, "dp", "exact");
 }
 
 let glpkPromise: ReturnType<typeof GLPK> | undefined;
@@ -320,8 +320,8 @@ export async function planGlpk(input: PlannerInput, opts: { timeLimitMs?: number
       { msglev: glpk.GLP_MSG_OFF, tmlim: (opts.timeLimitMs ?? 10_000) / 1000 },
     );
     if (res.result.status !== glpk.GLP_OPT) return planGreedy(input);
-    const plan = toPlan(input, per, (b) => res.result.vars[name(b)] === 1, "glpk");
-    return plan.totalBytes <= input.budgetBytes ? { ...plan, bound: plan.deviceShare, gap: 0 } : planGreedy(input);
+    const plan = toPlan(input, per, (b) => res.result.vars[name(b)] === 1, "glpk", "exact");
+    return plan.totalBytes <= input.budgetBytes ? plan : planGreedy(input);
   } catch {
     return planGreedy(input);
   }
