@@ -1,6 +1,7 @@
 /**
  * `powerinfer train-predictor` on a generated model (gen-model's tiny preset, 2 layers): the gate's
- * low-rank start falls back to random directions instead of stopping, layers are counted from 0 in the
+ * low-rank start falls back to random directions instead of stopping and predicts well despite the residual's
+ * massive channel, layers are counted from 0 in the
  * progress lines as in the report, and a run interrupted after layer 0 resumes to the same file, byte for byte.
  */
 import { spawn, spawnSync } from "node:child_process";
@@ -55,6 +56,15 @@ describe.skipIf(!probe.usable)("train-predictor on a generated model", () => {
       expect(Number(m![2])).toBe(2 * Number(m![1]));
     }
     expect(openGguf(out).tensorMap.get("blk.1.fc1.weight")?.shape).toEqual([256, 512]);
+    // and the start is a useful one: the generated residual carries a massive channel (×100), which broke the
+    // gate's subspace (held-out: 56 % predicted for 10 % active, no better than the fixed hot list)
+    const rows = [...r.stdout.matchAll(/^\s+(\d+)\s+512\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%/gm)];
+    expect(rows.map((m) => Number(m[1])), r.stdout).toEqual([0, 1]);
+    for (const m of rows) {
+      expect(Number(m[2]), r.stdout).toBeGreaterThan(0.9); // recall
+      expect(Number(m[4]), r.stdout).toBeLessThan(1.5 * Number(m[5])); // predicted < 1.5 × truly active
+    }
+    expect(r.stderr).not.toMatch(/no better than the fixed hot list/);
   }, 300_000);
 
   it("progress lines count layers from 0, as the report table does", () => {

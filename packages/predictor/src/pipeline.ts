@@ -361,6 +361,12 @@ export async function trainPredictors(a: TrainPredictorsArgs): Promise<TrainPred
     const f16 = o.predictorType === "f16";
     const predictor = f16 ? roundPredictorF16(state.best) : state.best;
     const cal = calibrate(predictor, val, l, calibTarget, f16, mm);
+    if (!Number.isFinite(cal.threshold)) {
+      // a file with this threshold would select no neuron (or every one): refuse it rather than write it
+      throw new RangeError(
+        `layer ${l}: the predictor's logits are not finite${f16 ? " in float16 (they overflow 65504)" : ""}, so no threshold gives recall ${calibTarget}${f16 ? "; train with --predictor-type f32" : ""}`,
+      );
+    }
     const result: LayerResult = {
       layer: l,
       rank,

@@ -98,7 +98,7 @@ export interface GateSubspace {
   p: Float64Array;
   /** [nFf × k]: column j = the orthonormal neuron-space direction q_j. */
   q: Float64Array;
-  /** Eigenvalues of W'·C·W'ᵀ for the k directions (descending): the gate variance each explains. */
+  /** Eigenvalues of W'·C·W'ᵀ (C = E[x xᵀ] over the samples) for the k directions (descending): the gate variance each explains. */
   values: Float64Array;
 }
 
@@ -108,18 +108,24 @@ export interface GateSubspace {
  *
  * For a Llama-style FFN the gate is W_gate·(ffn_norm ⊙ x / rms(x)); rms(x) > 0 does not change its
  * sign, so neuron i fires iff (W'x)_i > 0 with W' = W_gate·diag(ffn_norm) [nFf × nEmbd] — a linear
- * function of the predictor's input x. The best rank-k approximation of W'x over the data in the
- * least-squares sense is Q_k Q_kᵀ W'x, with Q_k the top-k eigenvectors of A = W'·C·W'ᵀ
- * (C = E[x xᵀ]). They are found by simultaneous (subspace) iteration in the n_embd-dimensional space:
- * with K = W'ᵀW', Q = W'V is orthonormal iff VᵀKV = I, and A·W'V = W'·(C·K·V), so V ← C·K·V followed by
- * K-orthonormalisation (Gram–Schmidt, which keeps the columns in order of convergence: column j tends
- * to the j-th eigenvector). The large products run on `mm` in float32, the orthonormalisation in
- * float64. Cost O(n_ff·n_embd² + iterations·n_embd²·k + k³).
+ * function of the predictor's input x. The best rank-k approximation of W'x over the samples in the
+ * least-squares sense is Q_k Q_kᵀ W'x, with Q_k the top-k left singular vectors of the gate's outputs on
+ * the samples, G = W'·Xᵀ [nFf × ns] (Eckart–Young), i.e. the top eigenvectors of W'·C·W'ᵀ, C = E[x xᵀ].
+ *
+ * They are found in sample space, where the numbers stay in the gate's own units: with S = GᵀG
+ * [ns × ns], Q = G·V is orthonormal iff VᵀSV = I, and G Gᵀ·GV = G·(S·V), so simultaneous (subspace)
+ * iteration V ← S·V with S-orthonormalisation (modified Gram–Schmidt in float64, which keeps the
+ * columns in order of convergence) converges to them. Working with W'ᵀW' and C separately would not
+ * do: residual streams carry "massive activations" (Sun et al. 2024) — one channel ~10³× the others —
+ * which puts the two matrices' eigenvalues 10¹⁰ apart, beyond float32, and the iteration then keeps
+ * the massive direction and noise (seen on 7B-shaped layers: sign agreement 0.5). G itself is
+ * well-scaled: it is the gate's pre-activations. The large products run on `mm` in float32.
+ * Cost O(ns·nFf·nEmbd + ns²·nFf + iterations·ns²·k), ns = min(n, 4096).
  * @param gate W_gate (or W_up for an ungated FFN) [nFf × nEmbd] float32 row-major
  * @param norm ffn_norm weights [nEmbd] (undefined: all ones)
  * @param x sample FFN inputs [n × nEmbd] (at most 4096 of them, evenly spaced, are used)
  * @param kWanted directions to keep, ≤ nEmbd. Fewer are returned (`k` of the result) when the gate on
- *   the data spans fewer: e.g. with fewer sample positions than `kWanted`, C has rank < `kWanted`.
+ *   the data spans fewer: e.g. with fewer sample positions than `kWanted`, G has rank < `kWanted`.
  * @throws RangeError when `kWanted` is outside [1, nEmbd], or the gate is zero on every sample
  */
 export function gateSubspace(
@@ -136,11 +142,10 @@ export function gateSubspace(
 ): GateSubspace {
   const e = nEmbd;
   if (!(kWanted >= 1 && kWanted <= e)) throw new RangeError(`subspace size ${kWanted} must be in [1, n_embd ${e}]`);
+  if (!(n >= 1)) throw new RangeError("gate subspace: no samples");
   const w = new Float32Array(nFf * e);
   for (let i = 0; i < nFf; i++) for (let c = 0; c < e; c++) w[i * e + c] = gate[i * e + c]! * (norm ? norm[c]! : 1);
-  const wt = transpose(w, nFf, e);
-  const kk = mm.gemmNT(wt, wt, e, e, nFf); // K = W'ᵀW' [e×e], symmetric
-  // C = E[x xᵀ] and the mean rms(x) over ≤ 4096 evenly spaced samples
+  // ≤ 4096 evenly spaced samples and their mean rms(x)
   const ns = Math.min(n, 4096);
   const xs = new Float32Array(ns * e);
   let rmsSum = 0;
@@ -154,99 +159,101 @@ export function gateSubspace(
     }
     rmsSum += Math.sqrt(sq / e);
   }
-  const xt = transpose(xs, ns, e);
-  const cov = mm.gemmNT(xt, xt, e, e, ns);
-  for (let i = 0; i < cov.length; i++) cov[i]! /= ns;
   const scale = rmsSum > 0 ? ns / rmsSum : 1;
+  const gt = mm.gemmNT(xs, w, ns, nFf, e); // Gᵀ [ns × nFf]: the gate's pre-activations per sample
+  const ss = mm.gemmNT(gt, gt, ns, ns, nFf); // S = GᵀG [ns × ns], symmetric
+  const ss64 = Float64Array.from(ss);
 
-  // V is kept transposed, vt [k×e] (row j = column j of V), so every product is one gemmNT:
-  // (K·V)ᵀ = Vᵀ·K = gemmNT(vt, K) since K is symmetric; likewise for C.
+  // V is kept transposed, vt [k×ns] (row j = column j of V); (S·V)ᵀ = Vᵀ·S = gemmNT(vt, S) since S is
+  // symmetric, kept as svt.
   const rng = new Rng(seed);
-  let k = kWanted;
-  let vt: Float32Array = new Float32Array(k * e);
+  let k = Math.min(kWanted, ns);
+  let vt: Float32Array = new Float32Array(k * ns);
   for (let i = 0; i < vt.length; i++) vt[i] = rng.normal();
-  let kvt = mm.gemmNT(vt, kk, k, e, e);
-  const kk64 = Float64Array.from(kk);
-  // K-orthonormalisation by modified Gram–Schmidt, twice ("twice is enough"), in float64 on vt and K·V
-  // together (the same row operations keep kvt = (K·V)ᵀ). Gram–Schmidt rather than Cholesky-QR: the
-  // eigenvalues of A can span 10⁴ or more (outlier dimensions of the residual stream), and Cholesky of
-  // the Gram matrix would square that condition number beyond float32's precision. A column that
-  // vanishes (dependent on the previous ones) is replaced by a fresh random one.
-  // Returns the number of directions kept: when direction j keeps vanishing (the data or the gate span
-  // fewer than k directions, e.g. fewer sample positions than k), the subspace stops at j directions.
+  let svt = mm.gemmNT(vt, ss, k, ns, ns);
+  // S-orthonormalisation by modified Gram–Schmidt, twice ("twice is enough"), in float64 on vt and S·V
+  // together (the same row operations keep svt = (S·V)ᵀ). A column that vanishes (dependent on the
+  // previous ones) is replaced by a fresh random one; when direction j keeps vanishing (the samples span
+  // fewer than k directions of the gate), the subspace stops at j directions, which is returned.
   const orthonormalize = (): number => {
     const v64 = Float64Array.from(vt);
-    const kv64 = Float64Array.from(kvt);
+    const sv64 = Float64Array.from(svt);
     const dot = (a: Float64Array, ao: number, b: Float64Array, bo: number) => {
       let s = 0;
-      for (let c = 0; c < e; c++) s += a[ao + c]! * b[bo + c]!;
+      for (let c = 0; c < ns; c++) s += a[ao + c]! * b[bo + c]!;
       return s;
     };
     for (let j = 0; j < k; j++) {
-      const rj = j * e;
+      const rj = j * ns;
       for (let attempt = 0; ; attempt++) {
-        const before = Math.sqrt(Math.max(0, dot(v64, rj, kv64, rj)));
+        const before = Math.sqrt(Math.max(0, dot(v64, rj, sv64, rj)));
         for (let pass = 0; pass < 2; pass++) {
           for (let p = 0; p < j; p++) {
-            const rp = p * e;
-            const c = dot(v64, rj, kv64, rp);
-            for (let x = 0; x < e; x++) {
+            const rp = p * ns;
+            const c = dot(v64, rj, sv64, rp);
+            for (let x = 0; x < ns; x++) {
               v64[rj + x]! -= c * v64[rp + x]!;
-              kv64[rj + x]! -= c * kv64[rp + x]!;
+              sv64[rj + x]! -= c * sv64[rp + x]!;
             }
           }
         }
-        const nrm2 = dot(v64, rj, kv64, rj);
+        const nrm2 = dot(v64, rj, sv64, rj);
         if (nrm2 > 0 && Math.sqrt(nrm2) > 1e-9 * before && Number.isFinite(nrm2)) {
           const d = 1 / Math.sqrt(nrm2);
-          for (let x = 0; x < e; x++) {
+          for (let x = 0; x < ns; x++) {
             v64[rj + x]! *= d;
-            kv64[rj + x]! *= d;
+            sv64[rj + x]! *= d;
           }
           break;
         }
         if (attempt > 3) {
           if (j === 0) throw new RangeError("gate subspace: the gate is zero on the data (ffn_gate degenerate)");
-          vt = Float32Array.from(v64.subarray(0, j * e));
-          kvt = Float32Array.from(kv64.subarray(0, j * e));
+          vt = Float32Array.from(v64.subarray(0, j * ns));
+          svt = Float32Array.from(sv64.subarray(0, j * ns));
           return j;
         }
-        for (let x = 0; x < e; x++) v64[rj + x] = rng.normal();
-        for (let x = 0; x < e; x++) kv64[rj + x] = dot(kk64, x * e, v64, rj);
+        for (let x = 0; x < ns; x++) v64[rj + x] = rng.normal();
+        for (let x = 0; x < ns; x++) sv64[rj + x] = dot(ss64, x * ns, v64, rj);
       }
     }
     vt.set(v64);
-    kvt.set(kv64);
+    svt.set(sv64);
     return k;
   };
   k = orthonormalize();
   for (let it = 0; it < iterations; it++) {
-    vt = mm.gemmNT(kvt, cov, k, e, e); // (C·K·V)ᵀ
-    kvt = mm.gemmNT(vt, kk, k, e, e);
+    vt = svt; // V ← S·V
+    svt = mm.gemmNT(vt, ss, k, ns, ns);
     k = orthonormalize();
   }
-  // gate variance explained per direction: the Rayleigh quotient (K V)ᵀ C (K V), diagonal; directions
-  // are sorted by it so that the first k' of them serve a smaller rank
-  const ckv = mm.gemmNT(kvt, cov, k, e, e);
+  // gate variance per direction: ‖S·v_j‖² for S-orthonormal v_j is the squared singular value σ_j² of
+  // G; directions are sorted by it so that the first k' of them serve a smaller rank
   const ray = new Float64Array(k);
   for (let j = 0; j < k; j++) {
     let s = 0;
-    for (let c = 0; c < e; c++) s += ckv[j * e + c]! * kvt[j * e + c]!;
+    for (let c = 0; c < ns; c++) s += svt[j * ns + c]! ** 2;
     ray[j] = s;
   }
   const order = Array.from({ length: k }, (_, j) => j).sort((a, b) => ray[b]! - ray[a]!);
-  const vs = new Float32Array(k * e);
-  const p = new Float64Array(k * e);
+  // Directions with σ² below 1e-5 of the largest are float32 rounding of S, not the gate: Q = G·v/σ
+  // would amplify that noise. They are dropped (S has rank < k: fewer samples or a low-rank gate).
+  const floor = ray[order[0]!]! * 1e-5;
+  while (k > 1 && !(ray[order[k - 1]!]! > floor)) k--;
+  order.length = k;
+  const vs = new Float32Array(k * ns);
   const values = new Float64Array(k);
   order.forEach((src, j) => {
-    vs.set(vt.subarray(src * e, (src + 1) * e), j * e);
-    // p_j = (K·V)ᵀ row j · scale (P = QᵀW' = VᵀK)
-    for (let c = 0; c < e; c++) p[j * e + c] = kvt[src * e + c]! * scale;
-    values[j] = ray[src]!;
+    vs.set(vt.subarray(src * ns, (src + 1) * ns), j * ns);
+    values[j] = ray[src]! / ns;
   });
-  // Q = W'·V: q[i,j] = Σ_c W'[i,c]·V[c,j] = gemmNT(W', vs)
-  const q = Float64Array.from(mm.gemmNT(w, vs, nFf, k, e));
-  return { nEmbd: e, nFf, k, p, q, values };
+  // Q = G·V = W'·(Xᵀ·V): yt = (XᵀV)ᵀ [k×e], q = gemmNT(W', yt) [nFf×k]
+  const yt = mm.gemmNT(vs, transpose(xs, ns, e), k, e, ns);
+  const q32 = mm.gemmNT(w, yt, nFf, k, e);
+  // P = QᵀW' [k×e] (times the mean 1/rms(x), see gatePredictor)
+  const p32 = mm.gemmNT(transpose(q32, nFf, k), transpose(w, nFf, e), k, e, nFf);
+  const p = new Float64Array(k * e);
+  for (let i = 0; i < p.length; i++) p[i] = p32[i]! * scale;
+  return { nEmbd: e, nFf, k, p, q: Float64Array.from(q32), values };
 }
 
 /**

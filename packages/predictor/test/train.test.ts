@@ -138,6 +138,48 @@ describe("warm start from the gate", () => {
   });
 });
 
+describe("warm start on a residual stream with a massive activation", () => {
+  // As in real LLMs (Sun et al. 2024) and the generated 7B slices: one channel of every token's residual
+  // is ~10⁴× the others' RMS, and the gate reads it as each neuron's bias. W'ᵀW' and E[x xᵀ] then span
+  // eigenvalues ~10¹⁰ apart; solved with them separately in float32, the subspace kept the massive
+  // direction and noise (sign agreement 0.5 on a 7B-shaped layer).
+  // fewer positions than channels, as on a 7B layer with a few thousand positions of a small vocabulary:
+  // E[x xᵀ] is singular, and float32 rounding of the massive channel's products fills its null space
+  const e = 128;
+  const f = 96;
+  const n = 60;
+  const massive = 3;
+  const rng = new Rng(21);
+  const gate = new Float32Array(f * e);
+  for (let i = 0; i < f; i++) {
+    for (let c = 0; c < e; c++) gate[i * e + c] = (rng.normal() / Math.sqrt(e)) * 30;
+    gate[i * e + massive] = (rng.normal() - 1.2) / 1000; // bias b_i ~ N(−1.2, 1) through x_massive = 1000
+  }
+  const x = new Float32Array(n * e);
+  for (let t = 0; t < n; t++) for (let c = 0; c < e; c++) x[t * e + c] = c === massive ? 1000 : rng.normal() * 0.03;
+  const masks = new Uint8Array(n * maskStride(f));
+  for (let t = 0; t < n; t++) {
+    for (let i = 0; i < f; i++) {
+      let g = 0;
+      for (let c = 0; c < e; c++) g += gate[i * e + c]! * x[t * e + c]!;
+      if (g > 0) masks[t * maskStride(f) + (i >> 3)]! |= 1 << (i & 7);
+    }
+  }
+  const data = { nEmbd: e, nFf: f, nTokens: n, layers: [{ inputs: x, masks }] };
+
+  it("with every direction kept it still reproduces the gate's sign", () => {
+    const sub = gateSubspace(gate, undefined, x, n, e, f, e, mm);
+    expect(sub.k).toBeLessThanOrEqual(n);
+    const z = predictLogits(gatePredictor(sub, 2 * e), x, n, mm);
+    const q = quality(confusionAt(z, masks, n, f, 0));
+    expect(q.recall).toBeGreaterThan(0.99);
+    expect(q.precision).toBeGreaterThan(0.99);
+    // and the warm start is a usable predictor: at recall 0.95 it selects about the truly active share
+    const sc = scorePredictor(gatePredictor(sub, 2 * e), data, 0, 0.95, mm);
+    expect(sc.predictedFraction).toBeLessThan(sc.trueFraction * 1.1);
+  });
+});
+
 describe("warm start when the gate cannot give the rank asked for", () => {
   // A gate that reads only the first 6 channels of the residual (as a generated model's gates read a
   // subspace of it): K = W'ᵀW' has rank 6, so no more than 6 gate directions exist.
@@ -170,6 +212,28 @@ describe("warm start when the gate cannot give the rank asked for", () => {
     const full = predictLogits(gatePredictor(sub, 2 * k, 2), L.inputs, 10, mm);
     const z = predictLogits(p, L.inputs, 10, mm);
     for (let i = 0; i < z.length; i++) expect(z[i]).toBeCloseTo(full[i]!, 4);
+  });
+
+  it("trainPredictors refuses a layer whose logits are not finite instead of writing a threshold of −∞", async () => {
+    // products that overflow float32 (as a predictor with huge weights would): logits ±∞
+    const overflowing = {
+      name: "overflowing",
+      gemmNT: (a: Float32Array, b: Float32Array, m: number, n: number, k: number, c?: Float32Array) => {
+        const r = mm.gemmNT(a, b, m, n, k, c);
+        for (let i = 0; i < r.length; i++) r[i]! *= 1e39;
+        return r;
+      },
+    };
+    const data = toyData(layers, 24, E, F, 13);
+    const options = { rank: 2 * E, init: "random" as const, valFraction: 0.25, train: { epochs: 1, batchSize: 8 } };
+    await expect(trainPredictors({ data, mm: overflowing, options })).rejects.toThrow(
+      /layer 0: the predictor's logits are not finite in float16 .*; train with --predictor-type f32/,
+    );
+    const f32 = { ...options, predictorType: "f32" as const };
+    await expect(trainPredictors({ data, mm: overflowing, options: f32 })).rejects.toThrow(
+      /layer 0: the predictor's logits are not finite, so no threshold gives recall/,
+    );
+    expect(Number.isFinite((await trainPredictors({ data, mm, options: f32 })).layers[0]!.threshold)).toBe(true);
   });
 
   it("trainPredictors falls back with a note, and trains", async () => {
