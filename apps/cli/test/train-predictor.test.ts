@@ -18,7 +18,8 @@ import {
   readTensorBytes,
   writeGguf,
 } from "@powerinfer/gguf";
-import { rewriteModel } from "@powerinfer/predictor";
+import { gpuEmulatorBackend } from "@powerinfer/backend-cuda";
+import { backendMatMul, gateSubspace, jsMatMul, Rng, rewriteModel } from "@powerinfer/predictor";
 import { beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -215,7 +216,64 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
       oneLineError(cli("train-predictor", "-m", join(models, "stories260K.gguf"), ...t), /FFN uses silu, not ReLU/);
       expect(existsSync(join(dir, "z.gguf"))).toBe(false);
     });
+
+    it("a device backend that cannot load is refused before the model is read", () => {
+      const t = ["-f", text, "-o", join(dir, "d.gguf")];
+      oneLineError(cli("train-predictor", "-m", relu, ...t, "--device-backend", "nosuch"), /nosuch: not registered/);
+      expect(existsSync(join(dir, "d.gguf"))).toBe(false);
+    });
   });
+
+  it("says which backend computes the predictors' products (--device-backend names one)", () => {
+    const r = cli(
+      "train-predictor",
+      ...["-m", relu, "-f", text, "--tokens", "300", "--eval-tokens", "100", "--rank", "32", "--epochs", "1"],
+      ...["-o", join(dir, "dev.gguf"), "-t", "2", "--device-backend", "cpu"],
+    );
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/^predictor products on cpu \(/m);
+  }, 300_000);
+});
+
+const emu = gpuEmulatorBackend.probe() as { usable: boolean; reason?: string };
+// The trainer's products run on a GPU backend when there is one (--device-backend auto); the emulator runs
+// the same GPU kernels on the CPU, so the GPU path of the trainer is checked here without a GPU.
+describe.skipIf(!emu.usable)("trainer products on a GPU backend (kernels under the SIMT emulator)", () => {
+  it("gemmNT on the GPU backend equals float64, and so does the gate warm start", async () => {
+    const b = await gpuEmulatorBackend.load({ emuWarpSize: 32 });
+    try {
+      const mm = backendMatMul(b);
+      const rng = new Rng(3);
+      for (const [m, n, k] of [
+        [5, 7, 33],
+        [17, 9, 64],
+      ] as const) {
+        const a = Float32Array.from({ length: m * k }, () => rng.normal());
+        const w = Float32Array.from({ length: n * k }, () => rng.normal());
+        const c = mm.gemmNT(a, w, m, n, k);
+        for (let i = 0; i < m; i++) {
+          for (let j = 0; j < n; j++) {
+            let r = 0;
+            for (let p = 0; p < k; p++) r += a[i * k + p]! * w[j * k + p]!;
+            expect(Math.abs(c[i * n + j]! - r)).toBeLessThan(1e-4 * Math.sqrt(k));
+          }
+        }
+      }
+      // the warm start's subspace on the GPU backend equals the one computed in JavaScript
+      const e = 16;
+      const f = 24;
+      const n = 40;
+      const gate = Float32Array.from({ length: f * e }, () => rng.normal());
+      const x = Float32Array.from({ length: n * e }, () => rng.normal());
+      const gpu = gateSubspace(gate, undefined, x, n, e, f, 4, mm, 1, 6);
+      const js = gateSubspace(gate, undefined, x, n, e, f, 4, jsMatMul, 1, 6);
+      expect(gpu.k).toBe(js.k);
+      for (let i = 0; i < js.values.length; i++)
+        expect(Math.abs(gpu.values[i]! - js.values[i]!)).toBeLessThan(1e-4 * js.values[i]!);
+    } finally {
+      b.dispose();
+    }
+  }, 120_000);
 });
 
 describe.skipIf(!probe.usable)("train-predictor: Ctrl-C saves a checkpoint, the same command resumes", () => {

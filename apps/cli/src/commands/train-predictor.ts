@@ -4,6 +4,7 @@
  * with predictors (PowerInfer GGUF by default). Ctrl-C saves a checkpoint; the same command resumes.
  */
 import { createHash } from "node:crypto";
+import { availableParallelism } from "node:os";
 import { existsSync, rmSync, writeFileSync } from "node:fs";
 import { modelFingerprint, openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { GgufTypes } from "@powerinfer/gguf";
@@ -25,8 +26,10 @@ import {
   summarizeReport,
   trainPredictors,
 } from "@powerinfer/predictor";
+import type { Backend } from "@powerinfer/core";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
+import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { checkInputFile, checkOutputPath, choice, float, int, loadModelFromCli, readTextFile } from "./common.js";
 
@@ -54,6 +57,8 @@ interface TrainPredictorCliOptions {
   ctxSize?: number;
   threads?: number;
   backend: string;
+  deviceBackend: string;
+  verbose?: boolean;
   json?: boolean;
 }
 
@@ -154,6 +159,11 @@ export function register(program: Command): void {
     )
     .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
+    .option(
+      "--device-backend <name>",
+      'backend for the predictors\' matrix products (forward and backward passes): "auto" = a usable GPU backend, else the model\'s backend; or a backend name',
+      "auto",
+    )
     .option("--json", "print the report as JSON on stdout")
     .action(action(trainPredictorCommand));
 }
@@ -193,10 +203,26 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   const text = readTextFile(o.file);
   const split = o.holdout > 0 ? splitText(text, o.holdout) : { train: text, heldOut: "", splitAt: text.length };
   if (o.saveHoldout) writeFileSync(o.saveHoldout, split.heldOut);
-  const { backend, model } = await loadModelFromCli(
-    { ...o, sparse: "off", batchSize: 512, kvType: "f16" } as Parameters<typeof loadModelFromCli>[0],
-    quiet,
+  // the predictors' products on a GPU where there is one (a named backend that cannot load fails here,
+  // before the model is read); the model itself runs on `backend`
+  const device: Backend | undefined = await loadDeviceBackend(
+    o.deviceBackend,
+    { threads: o.threads ?? availableParallelism() },
+    (line) => {
+      if (o.verbose) log(`device backend skipped: ${line}`);
+    },
   );
+  let loaded: Awaited<ReturnType<typeof loadModelFromCli>>;
+  try {
+    loaded = await loadModelFromCli(
+      { ...o, sparse: "off", batchSize: 512, kvType: "f16" } as Parameters<typeof loadModelFromCli>[0],
+      quiet,
+    );
+  } catch (e) {
+    device?.dispose();
+    throw e;
+  }
+  const { backend, model } = loaded;
   const ac = new AbortController();
   let interrupts = 0;
   const onSigint = () => {
@@ -282,7 +308,8 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
       `collected ${data.nTokens} token positions from the training part (${split.train.length} characters) in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
     );
 
-    const mm = backendMatMul(backend);
+    const mm = backendMatMul(device ?? backend);
+    log(`predictor products on ${device ? deviceLabel(device) : deviceLabel(backend)}`);
     let layerInfo = "";
     const onEvent = (e: PipelineEvent) => {
       switch (e.type) {
@@ -431,6 +458,13 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   } finally {
     process.off("SIGINT", onSigint);
     model.dispose();
+    device?.dispose();
     backend.dispose();
   }
+}
+
+/** "cuda (NVIDIA H200)": the backend and its first device, for the log line. */
+function deviceLabel(b: Backend): string {
+  const d = b.devices[0];
+  return d ? `${b.name} (${d.name})` : b.name;
 }
