@@ -1,5 +1,7 @@
 #include "ops.h"
 
+#include "attn_ggml.h"
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -399,8 +401,15 @@ void op_rope(const NodeExec& n, int ith, int nth) {
       const int a = mode == 2 ? i0 / 2 : i0;
       const int bi = mode == 2 ? i0 / 2 + n_dims / 2 : i0 + 1;
       const float x0 = x[a], x1 = x[bi];
-      y[a] = x0 * c - x1 * s;
-      y[bi] = x0 * s + x1 * c;
+      // as GCC contracts ggml's rotate_pairs (gnu++17, -O3, FMA): the cos product of y[a] and the sin
+      // product of y[bi] are fused, the other product is rounded first
+      if (kGgmlContract) {
+        y[a] = std::fma(x0, c, -(x1 * s));
+        y[bi] = std::fma(x0, s, x1 * c);
+      } else {
+        y[a] = x0 * c - x1 * s;
+        y[bi] = x0 * s + x1 * c;
+      }
     }
     for (int64_t i = n_dims; i < hd; i++) y[i] = x[i];
   }
@@ -499,6 +508,43 @@ void op_binary(const NodeExec& n, int ith, int nth) {
   }
 }
 
+}  // namespace
+
+/// exp(x) as llama.cpp's AVX2+FMA build computes it for whole blocks of 8 (ggml-cpu vec.h, `ggml_v_expf`),
+/// one lane at a time: n = round(x·log2 e) by the 1.5·2²³ shifter, b = x − n·ln 2 in two parts (Cody–Waite),
+/// exp(b) ≈ 1 + b·p(b) with a degree-5 minimax polynomial in FMAs, times 2ⁿ built in the exponent bits
+/// (with a two-factor scale where |n| > 126, and overflow/underflow where |n| > 192). Same constants and
+/// operation order, so the same float for every input; it differs from expf in the last bit for some.
+float expf_ggml_avx2(float x) {
+  const float r = 0x1.8p23f;
+  const float z = std::fma(x, 0x1.715476p+0f, r);
+  const float nn = z - r;
+  const float b = std::fma(-nn, 0x1.7f7d1cp-20f, std::fma(-nn, 0x1.62e4p-1f, x));
+  const uint32_t e = f32_bits(z) << 23;
+  const float k = bits_f32(e + f32_bits(1.0f));
+  const float u = b * b;
+  const float j = std::fma(std::fma(std::fma(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                                    std::fma(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                           u, 0x1.ffffecp-1f * b);
+  if (!(std::fabs(nn) > 126.0f)) return std::fma(j, k, k);
+  const uint32_t g = nn <= 0.0f ? 0x82000000u : 0u;
+  const float s1 = bits_f32(g + 0x7f000000u);
+  const float s2 = bits_f32(e - g);
+  if (std::fabs(nn) > 192.0f) return s1 * s1;
+  return std::fma(s2, j, s2) * s1;
+}
+
+/// SiLU x/(1 + e^−x) of element i of a row of `row` elements in llama.cpp's AVX2 arithmetic
+/// (`ggml_vec_swiglu_f32`/`ggml_vec_silu_f32`): the row's whole blocks of 8 use `ggml_v_expf`, its last
+/// row mod 8 elements expf. The FFN's activations feed an 8-bit quantization (Q8_0/Q4_0 dot products)
+/// where a last-bit difference can change an int8, so the engine follows llama.cpp here.
+float silu_ggml(float x, int64_t i, int64_t row) {
+  if (kGgmlContract && i < (row & ~int64_t{7})) return x / (1.0f + expf_ggml_avx2(0.0f - x));
+  return x / (1.0f + std::exp(-x));
+}
+
+namespace {
+
 void op_unary(const NodeExec& n, int ith, int nth) {
   const float* x = n.src[0].f32();
   float* y = n.dst.f32();
@@ -510,9 +556,11 @@ void op_unary(const NodeExec& n, int ith, int nth) {
       for (int64_t e = e0; e < e1; e++) y[e] = x[e] * s;
       break;
     }
-    case OP_SILU:
-      for (int64_t e = e0; e < e1; e++) y[e] = x[e] / (1.0f + std::exp(-x[e]));
+    case OP_SILU: {
+      const int64_t row = n.src[0].ne[0];
+      for (int64_t e = e0; e < e1; e++) y[e] = silu_ggml(x[e], e % row, row);
       break;
+    }
     case OP_RELU:
       for (int64_t e = e0; e < e1; e++) y[e] = x[e] > 0.0f ? x[e] : 0.0f;
       break;

@@ -35,4 +35,10 @@ size_t node_scratch_bytes(const NodeExec& n, int nth);
 /// Runs thread ith's share of the node (called by every thread; may use pool->barrier()).
 void exec_node(const NodeExec& n, int ith, int nth);
 
+/// exp(x) in the arithmetic of llama.cpp's AVX2+FMA `ggml_v_expf` (see ops.cpp); within 2 ulp of expf.
+float expf_ggml_avx2(float x);
+/// SiLU of element `i` of a row of `row` elements as llama.cpp's AVX2 build computes it (blocks of 8 with
+/// `expf_ggml_avx2`, the row's last row mod 8 elements with expf).
+float silu_ggml(float x, int64_t i, int64_t row);
+
 }  // namespace pi

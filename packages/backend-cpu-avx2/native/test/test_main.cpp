@@ -7,6 +7,7 @@
 // graphs must throw BackendErr, never touch memory out of bounds).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "common.h"
 #include "graph.h"
 #include "kernels.h"
+#include "ops.h"
 #include "tensor_store.h"
 #include "thread_pool.h"
 
@@ -649,12 +651,40 @@ void test_sum_probe(const KernelTable& kt) {
   }
 }
 
+// SiLU in llama.cpp's AVX2 arithmetic: its exp approximation stays within 2 ulp of the correctly rounded
+// exp over the normal range, saturates as expf does, and the last row mod 8 elements of a row use expf itself.
+void test_silu_ggml() {
+  int worst = 0;
+  for (int i = -87000; i <= 88000; i += 7) {
+    const float x = static_cast<float>(i) * 1e-3f;
+    const float got = expf_ggml_avx2(x);
+    const float want = static_cast<float>(std::exp(static_cast<double>(x)));
+    int32_t a, b;
+    std::memcpy(&a, &got, 4);
+    std::memcpy(&b, &want, 4);
+    worst = std::max(worst, std::abs(a - b));
+  }
+  CHECK(worst <= 2, "expf_ggml_avx2 within 2 ulp of exp on [-87, 88], worst %d ulp", worst);
+  CHECK(std::isinf(expf_ggml_avx2(100.0f)) && expf_ggml_avx2(-120.0f) == 0.0f, "exp saturates: inf at 100, 0 at -120");
+  const float sub = expf_ggml_avx2(-95.0f);  // |n| > 126: the two-factor scale
+  CHECK(std::fabs(sub - std::exp(-95.0f)) <= 1e-44f, "exp(-95) = %g (subnormal range)", static_cast<double>(sub));
+  // a row of 12: elements 0–7 through the approximation, 8–11 through expf exactly
+  for (int i = 0; i < 12; i++) {
+    const float x = -3.0f + 0.37f * static_cast<float>(i);
+    const float ref = x / (1.0f + std::exp(-x));
+    const float got = silu_ggml(x, i, 12);
+    if (i >= 8) CHECK(got == ref, "tail element %d uses expf", i);
+    else CHECK(std::fabs(got - ref) <= 4e-7f * std::fabs(ref) + 1e-30f, "block element %d close to expf's", i);
+  }
+}
+
 int main() {
   const CpuFeatures f = cpu_features();
   const char* reason = "";
   select_kernels(false, &reason);
   std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d -> %s\n", f.avx2, f.fma, f.f16c, f.avx512f, reason);
   test_conversions();
+  test_silu_ggml();
   test_dtype_kernels(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
   test_attention_kernels(kernels_scalar(), nullptr);
