@@ -1,0 +1,26 @@
+/**
+ * The worker thread behind {@link TokenizerService}: a copy of the model's tokenizer (built from the
+ * vocabulary it is sent) that tokenizes long texts while the server's event loop goes on.
+ */
+import { parentPort, workerData } from "node:worker_threads";
+import { Tokenizer, type TokenizerVocab } from "@powerinfer/core";
+
+interface Job {
+  id: number;
+  text: string;
+  addSpecial: boolean;
+  parseSpecial: boolean;
+}
+
+const tokenizer = new Tokenizer((workerData as { vocab: TokenizerVocab }).vocab);
+const port = parentPort!;
+port.on("message", (job: Job) => {
+  try {
+    const ids = Int32Array.from(
+      tokenizer.tokenize(job.text, { addSpecial: job.addSpecial, parseSpecial: job.parseSpecial }),
+    );
+    port.postMessage({ id: job.id, ids }, [ids.buffer]);
+  } catch (e) {
+    port.postMessage({ id: job.id, error: e instanceof Error ? e.message : String(e) });
+  }
+});
