@@ -13,7 +13,9 @@ const models = process.env.POWERINFER_TEST_MODELS!;
 const stories = join(models, "stories260K.gguf");
 const probe = await cpuBackend.probe();
 
-type Json = Record<string, any>; // biome-ignore lint/suspicious/noExplicitAny: response bodies
+/** A response body: the tests read its fields as llama.cpp's clients do. */
+// biome-ignore lint/suspicious/noExplicitAny: response bodies are read field by field
+type Json = Record<string, any>;
 
 /** Server-Sent Events of a streamed response, parsed (without the [DONE] terminator). */
 async function events(res: Response): Promise<Json[]> {
