@@ -2,8 +2,17 @@
  * The worker thread behind {@link TokenizerService}: a copy of the model's tokenizer (built from the
  * vocabulary it is sent) that tokenizes long texts while the server's event loop goes on.
  */
+import { setPriority } from "node:os";
 import { parentPort, workerData } from "node:worker_threads";
 import { Tokenizer, type TokenizerVocab } from "@powerinfer/core";
+
+// a long tokenization is background work: on Linux this lowers this thread alone (nice 10), so that the event
+// loop and the decode steps keep the CPU when the cores are busy
+try {
+  setPriority(0, 10);
+} catch {
+  // not permitted here: run at the normal priority
+}
 
 interface Job {
   id: number;

@@ -4,12 +4,13 @@
  * concurrency, and how many sequences the decode steps carried.
  *
  * Then the event-loop check: /health latency (p50, p99, max) while 16 clients stream and another client keeps
- * sending a 1 MB prompt (to /v1/completions, refused before it is tokenized, and to /tokenize, tokenized on
- * the worker thread). The bench clients run in the server's process, so their work counts against it too.
+ * sending a 1 MB prompt to /v1/completions (refused before it is tokenized; with --big-prompts tokenize, 1 MB
+ * texts to /tokenize, tokenized on the worker thread). The bench clients run in the server's process, so
+ * their work counts against it too.
  *
  *   node dist/bench/load-bench.js [--model FILE] [--clients 1,4,16] [--tokens 64] [--requests N]
  *                                 [--threads T (1)] [--sparse MODE] [--health-seconds S (10; 0 = skip)]
- *                                 [--big-prompts completion,tokenize (either, both, or "none")]
+ *                                 [--big-prompts completion (default) | tokenize | completion,tokenize | none]
  *                                 [--big-pause-ms MS (250): the big-prompt client's pause between requests] [--json]
  */
 import { join } from "node:path";
@@ -93,8 +94,8 @@ interface HealthRun {
 
 /**
  * /health latency while `clients` clients stream completions back to back and one more sends a 1 MB prompt
- * over and over, alternating /v1/completions (too long for a slot: refused from a lower bound on its token
- * count) and /tokenize (tokenized on the worker thread).
+ * over and over (pausing `pauseMs` between requests) to the `targets`: "completion" (/v1/completions: too long
+ * for a slot, refused from a lower bound on its token count), "tokenize" (/tokenize: tokenized on the worker).
  */
 async function healthUnderLoad(
   url: string,
@@ -183,7 +184,7 @@ async function main(): Promise<void> {
       threads: { type: "string" },
       sparse: { type: "string" },
       "health-seconds": { type: "string", default: "10" },
-      "big-prompts": { type: "string", default: "completion,tokenize" },
+      "big-prompts": { type: "string", default: "completion" },
       "big-pause-ms": { type: "string", default: "250" },
       json: { type: "boolean", default: false },
     },
