@@ -520,17 +520,20 @@ export class BatchScheduler {
   private async loop(): Promise<void> {
     try {
       while (!this.closed && (this.queue.length > 0 || this.slotList.some((s) => s.req))) {
-        await this.step();
-        // a macrotask turn: sockets, timers and new requests are handled between steps
-        await new Promise((r) => setImmediate(r));
+        // sockets, timers and new requests are handled while a step computes off the thread; a step that
+        // computed nothing yields a macrotask turn instead
+        if (!(await this.step())) await new Promise((r) => setImmediate(r));
       }
     } finally {
       this.running = false;
     }
   }
 
-  /** One decode step: admit, drop aborted, build the batch, compute (off the JS thread), sample. */
-  private async step(): Promise<void> {
+  /**
+   * One decode step: admit, drop aborted, build the batch, compute (off the JS thread), sample.
+   * @returns whether a graph was computed (the event loop ran meanwhile)
+   */
+  private async step(): Promise<boolean> {
     const now = performance.now();
     for (const s of this.slotList) {
       if (s.req?.aborted) this.release(s, "aborted");
@@ -600,7 +603,7 @@ export class BatchScheduler {
       r.promptPos += n;
       budget -= n;
     }
-    if (entries.length === 0) return;
+    if (entries.length === 0) return false;
     const running = members.map((s) => s.req);
     let result: Awaited<ReturnType<Model["decodeBatchAsync"]>>;
     try {
@@ -613,7 +616,7 @@ export class BatchScheduler {
         s.session.reset();
         this.release(s, "aborted", e);
       }
-      return;
+      return false;
     }
     const m = this.metrics;
     m.decodeSteps++;
@@ -634,6 +637,7 @@ export class BatchScheduler {
       const logits = result.logits[i];
       if (logits) this.onLogits(s, logits, after);
     });
+    return true;
   }
 
   /** Reports how far the request's prompt has been evaluated (to its `onPromptProgress`). */
