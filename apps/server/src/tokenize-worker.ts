@@ -6,12 +6,15 @@ import { setPriority } from "node:os";
 import { parentPort, workerData } from "node:worker_threads";
 import { Tokenizer, type TokenizerVocab } from "@powerinfer/core";
 
-// a long tokenization is background work: on Linux this lowers this thread alone (nice 10), so that the event
-// loop and the decode steps keep the CPU when the cores are busy
-try {
-  setPriority(0, 10);
-} catch {
-  // not permitted here: run at the normal priority
+// a long tokenization is background work: lower this thread (nice 10) so that the event loop and the decode
+// steps keep the CPU when the cores are busy. Only on Linux, where a nice value is per thread (elsewhere it
+// would lower the whole server).
+if (process.platform === "linux") {
+  try {
+    setPriority(0, 10);
+  } catch {
+    // not permitted here: run at the normal priority
+  }
 }
 
 interface Job {
