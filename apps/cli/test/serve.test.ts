@@ -45,9 +45,29 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
   });
 
   it("serve: listens, answers, and stops cleanly on SIGTERM", async () => {
+    // with llama-server's generation defaults and --no-slots
+    const defaults = ["--seed", "42", "--temp", "0.5", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.1"];
     const child = spawn(
       process.execPath,
-      [bin, "serve", "-m", stories, "--port", "0", "-np", "2", "-t", "1", "--metrics"],
+      [
+        bin,
+        "serve",
+        "-m",
+        stories,
+        "--port",
+        "0",
+        "-np",
+        "2",
+        "-t",
+        "1",
+        "--metrics",
+        ...defaults,
+        "-n",
+        "7",
+        "--repeat-penalty",
+        "1.1",
+        "--no-slots",
+      ],
       {
         stdio: ["ignore", "pipe", "pipe"],
       },
@@ -69,6 +89,22 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
       });
       expect(((await r.json()) as { choices: { text: string }[] }).choices[0]!.text).toBe(", there was a little");
       expect(await (await fetch(`${url}/metrics`)).text()).toMatch(/llamacpp:tokens_predicted_total 5/);
+      const props = (await (await fetch(`${url}/props`)).json()) as {
+        default_generation_settings: { params: Record<string, unknown> };
+      };
+      expect(props.default_generation_settings.params).toMatchObject({
+        seed: 42,
+        temperature: 0.5,
+        top_k: 20,
+        top_p: 0.9,
+        min_p: 0.1,
+        n_predict: 7,
+        repeat_penalty: 1.1,
+      });
+      // a request that sets nothing gets them
+      const d = await fetch(`${url}/completion`, { method: "POST", body: JSON.stringify({ prompt: "Once" }) });
+      expect(((await d.json()) as { tokens_predicted: number }).tokens_predicted).toBe(7);
+      expect((await fetch(`${url}/slots`)).status).toBe(501);
     } finally {
       child.kill("SIGTERM");
     }
@@ -92,6 +128,13 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
       [["--sparse-threshold", "x"], 'sparse-threshold must be a number, got "x"'],
       [["--api-key", ""], "--api-key is empty"],
       [["--alias", " "], "--alias is empty"],
+      [["--seed", "-2"], "--seed must be an integer in [0, 4294967295] (or -1 = random), got -2"],
+      [["--temp", "hot"], '--temp must be a number, got "hot"'],
+      [["--top-k", "-1"], "--top-k must be an integer ≥ 0, got -1"],
+      [["--top-p", "0"], "--top-p must be a number in (0, 1], got 0"],
+      [["--min-p", "2"], "--min-p must be a number in [0, 1], got 2"],
+      [["-n", "-3"], "--n-predict must be an integer ≥ 0 (or -1 = no limit, -2 = until the context is full), got -3"],
+      [["--repeat-penalty", "0"], "--repeat-penalty must be a number > 0, got 0"],
     ];
     for (const [args, message] of cases) {
       const r = spawnSync(process.execPath, [bin, "serve", "-m", stories, "--port", "0", ...args], {

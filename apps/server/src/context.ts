@@ -4,7 +4,7 @@ import {
   type BatchRequest,
   type BatchRequestOptions,
   type BatchScheduler,
-  type BatchTimings,
+  type BatchToken,
   type ChatTemplate,
   type Model,
   type StopReason,
@@ -13,6 +13,25 @@ import {
 } from "@powerinfer/core";
 import type { FastifyReply } from "fastify";
 import { ApiError } from "./errors.js";
+import type { TokenizerService } from "./tokenize.js";
+
+/** Generation defaults of a server (llama-server's `--seed`, `--temp`, … options); a request overrides them. */
+export interface GenerationDefaults {
+  /** uint32, or −1 (default) = a random seed per request. */
+  seed?: number;
+  /** Default 0.8; ≤ 0 is greedy. */
+  temperature?: number;
+  /** Default 40; 0 = off. */
+  topK?: number;
+  /** Default 0.95; 1 = off. */
+  topP?: number;
+  /** Default 0.05; 0 = off. */
+  minP?: number;
+  /** Tokens to generate. Default −1 (no limit: until end of text or a full context); −2 = until the context is full. */
+  nPredict?: number;
+  /** Default 1 (off). */
+  repeatPenalty?: number;
+}
 
 export interface ServerContext {
   model: Model;
@@ -23,6 +42,14 @@ export interface ServerContext {
   modelPath: string;
   /** Unix seconds at load. */
   created: number;
+  /** The server's generation defaults. */
+  defaults: GenerationDefaults;
+  /** Tokenization off the event loop for long texts, and the lower bound that refuses a prompt untokenized. */
+  tokens: TokenizerService;
+  /** "b<version>-<commit>" (system_fingerprint, build_info). */
+  build: string;
+  /** Endpoints that are on (`/props` reports them). */
+  endpoints: { slots: boolean; metrics: boolean };
 }
 
 /** Sampling fields as both APIs name them. */
@@ -40,34 +67,46 @@ export interface SamplingFields {
   ignore_eos?: boolean | null;
   cache_prompt?: boolean | null;
   id_slot?: number | null;
-  logit_bias?: Record<string, number> | [number, number | false][] | null;
+  logit_bias?: Record<string, number | false> | [number | string, number | false][] | null;
+  post_sampling_probs?: boolean | null;
 }
 
-/** Request fields → scheduler options, with llama.cpp's server defaults. A seed < 0 (−1) means random. */
+/**
+ * Request fields → scheduler options, with the server's defaults (llama.cpp's where the server has none).
+ * A seed < 0 (−1) means random. `maxTokens` undefined: the server's n_predict; −2 (until the context is
+ * full) runs as −1, which also stops there.
+ */
 export function samplingOptions(
   b: SamplingFields,
-  maxTokens: number,
+  maxTokens: number | null | undefined,
   nProbs: number,
-  /** A slot's context: `repeat_last_n: -1` looks back over all of it (as llama.cpp). */
-  nCtx: number,
+  ctx: ServerContext,
 ): BatchRequestOptions {
-  const seed = b.seed ?? -1;
+  const d = ctx.defaults;
+  const seed = b.seed ?? d.seed ?? -1;
+  const nPredict = maxTokens ?? d.nPredict ?? -1;
+  const bias = logitBias(ctx, b.logit_bias);
+  if (b.ignore_eos) {
+    // llama.cpp: ignore_eos bans the end-of-generation tokens (they show in generation_settings.logit_bias)
+    for (const t of ctx.model.tokenizer.eogIds) bias.set(t, Number.NEGATIVE_INFINITY);
+  }
   return {
-    maxTokens,
-    temperature: b.temperature ?? 0.8,
-    topK: b.top_k ?? 40,
-    topP: b.top_p ?? 0.95,
-    minP: b.min_p ?? 0.05,
-    repeatPenalty: b.repeat_penalty ?? 1,
-    penaltyLastN: b.repeat_last_n === -1 ? nCtx : (b.repeat_last_n ?? 64),
+    maxTokens: nPredict < 0 ? -1 : nPredict,
+    temperature: b.temperature ?? d.temperature ?? 0.8,
+    topK: b.top_k ?? d.topK ?? 40,
+    topP: b.top_p ?? d.topP ?? 0.95,
+    minP: b.min_p ?? d.minP ?? 0.05,
+    repeatPenalty: b.repeat_penalty ?? d.repeatPenalty ?? 1,
+    penaltyLastN: b.repeat_last_n === -1 ? ctx.scheduler.nCtx : (b.repeat_last_n ?? 64),
     presencePenalty: b.presence_penalty ?? 0,
     frequencyPenalty: b.frequency_penalty ?? 0,
     seed: seed >= 0 && seed <= 0xffffffff ? seed : undefined,
     stop: typeof b.stop === "string" ? [b.stop] : (b.stop ?? []),
     ignoreEos: b.ignore_eos ?? false,
     nProbs,
+    postSamplingProbs: b.post_sampling_probs ?? false,
     cachePrompt: b.cache_prompt ?? true,
-    logitBias: logitBias(b.logit_bias),
+    logitBias: bias.size > 0 ? bias : undefined,
     slot: b.id_slot ?? -1,
   };
 }
@@ -88,27 +127,64 @@ export function checkSlot(ctx: ServerContext, idSlot: number | null | undefined)
   }
 }
 
-/** `logit_bias` in either API's form → token id → bias (false, llama.cpp's ban, is −Infinity). */
-function logitBias(v: SamplingFields["logit_bias"]): Map<number, number> | undefined {
-  if (!v) return undefined;
-  const pairs: [number, number | false][] = Array.isArray(v)
-    ? v
-    : Object.entries(v).map(([k, b]) => [Number(k), b] as [number, number]);
-  return new Map(pairs.map(([t, b]) => [t, b === false ? Number.NEGATIVE_INFINITY : b]));
+/**
+ * `logit_bias` in either API's form → token id → bias, as llama.cpp reads it: false bans the token
+ * (−Infinity); a key that is not a token id is text, and each of its tokens gets the bias; ids outside the
+ * vocabulary are ignored; biases of the same token add up.
+ */
+function logitBias(ctx: ServerContext, v: SamplingFields["logit_bias"]): Map<number, number> {
+  const out = new Map<number, number>();
+  if (!v) return out;
+  const tok = ctx.model.tokenizer;
+  const pairs: [number | string, number | false][] = Array.isArray(v) ? v : Object.entries(v);
+  for (const [key, b] of pairs) {
+    const bias = b === false ? Number.NEGATIVE_INFINITY : b;
+    const ids =
+      typeof key === "number"
+        ? [key]
+        : /^[+-]?\d+$/.test(key)
+          ? [Number(key)]
+          : tok.tokenize(key, { addSpecial: false, parseSpecial: false });
+    for (const t of ids) {
+      if (Number.isInteger(t) && t >= 0 && t < tok.nVocab) out.set(t, (out.get(t) ?? 0) + bias);
+    }
+  }
+  return out;
 }
 
-/** Checks a tokenized prompt against a slot's context. @throws ApiError 400 (exceed_context_size_error). */
+/** llama.cpp's context-overflow error (its message first, then ours). */
+function exceedsContext(ctx: ServerContext, nTokens: number, what: string): ApiError {
+  const nCtx = ctx.scheduler.nCtx;
+  return new ApiError(
+    400,
+    "exceed_context_size_error",
+    `request (${nTokens} tokens) exceeds the available context size (${nCtx} tokens), try increasing it: ${what}, a slot's context (n_ctx) holds ${nCtx} and the prompt must leave room for a generated token; shorten it or give the server a larger -c`,
+    { n_prompt_tokens: nTokens, n_ctx: nCtx },
+  );
+}
+
+/**
+ * Tokenizes a text prompt for a slot: a text that cannot fit (by {@link TokenizerService.minTokens}) is refused
+ * before any of it is tokenized; a long one is tokenized off the event loop.
+ * @throws ApiError 400 (exceed_context_size_error)
+ */
+export async function tokenizePrompt(
+  ctx: ServerContext,
+  text: string,
+  opts: { addSpecial: boolean; parseSpecial: boolean },
+): Promise<number[]> {
+  const atLeast = ctx.tokens.minTokens(text);
+  if (atLeast >= ctx.scheduler.nCtx) throw exceedsContext(ctx, atLeast, `the prompt has at least ${atLeast} tokens`);
+  return ctx.tokens.tokenize(text, opts);
+}
+
+/**
+ * Checks a tokenized prompt against a slot's context: as llama.cpp, it must leave room for at least one
+ * generated token. @throws ApiError 400 (exceed_context_size_error).
+ */
 export function checkPrompt(ctx: ServerContext, ids: readonly number[]): void {
   if (ids.length === 0) throw new ApiError(400, "invalid_request_error", "the prompt is empty");
-  const nCtx = ctx.scheduler.nCtx;
-  if (ids.length > nCtx) {
-    throw new ApiError(
-      400,
-      "exceed_context_size_error",
-      `the prompt has ${ids.length} tokens, more than the ${nCtx} of a slot's context (n_ctx ${nCtx}); shorten it or give the server a larger -c`,
-      { n_prompt_tokens: ids.length, n_ctx: nCtx },
-    );
-  }
+  if (ids.length >= ctx.scheduler.nCtx) throw exceedsContext(ctx, ids.length, `the prompt has ${ids.length} tokens`);
   const nv = ctx.model.config.n_vocab;
   for (const t of ids) {
     if (t < 0 || t >= nv)
@@ -184,26 +260,48 @@ export function finishReason(r: StopReason | undefined): "stop" | "length" | nul
   return null;
 }
 
-/** llama.cpp's `timings` object. */
-export function timingsJson(t: BatchTimings) {
+/**
+ * llama.cpp's `timings` object of a request. `cache_n` prompt tokens came from the slot's cache; the
+ * generation rate is over the decode steps after the first token (which comes from the prompt's logits and
+ * costs none), so one token gives 0 tokens/s, as llama.cpp.
+ */
+export function timingsJson(r: BatchRequest) {
+  const t = r.timings;
   const per = (ms: number, n: number) => (n > 0 ? ms / n : 0);
   const rate = (ms: number, n: number) => (ms > 0 ? (n * 1000) / ms : 0);
+  const steps = Math.max(0, t.generatedTokens - 1);
   return {
+    cache_n: r.cachedTokens,
     prompt_n: t.promptTokens,
     prompt_ms: t.promptMs,
     prompt_per_token_ms: per(t.promptMs, t.promptTokens),
     prompt_per_second: rate(t.promptMs, t.promptTokens),
     predicted_n: t.generatedTokens,
     predicted_ms: t.generateMs,
-    predicted_per_token_ms: per(t.generateMs, t.generatedTokens),
-    predicted_per_second: rate(t.generateMs, t.generatedTokens),
+    predicted_per_token_ms: per(t.generateMs, steps),
+    predicted_per_second: rate(t.generateMs, steps),
   };
 }
 
-/** OpenAI usage over several requests (a prompt shared by `n` choices counts once). */
+/**
+ * OpenAI usage over several requests (a prompt shared by `n` choices counts once), with llama.cpp's
+ * `prompt_tokens_details.cached_tokens` (prompt tokens found in a slot's cache).
+ */
 export function usageJson(reqs: BatchRequest[], promptTokens: number) {
   const completion = reqs.reduce((s, r) => s + r.timings.generatedTokens, 0);
-  return { prompt_tokens: promptTokens, completion_tokens: completion, total_tokens: promptTokens + completion };
+  const seen = new Set<readonly number[]>();
+  let cached = 0;
+  for (const r of reqs) {
+    if (seen.has(r.promptIds)) continue;
+    seen.add(r.promptIds);
+    cached += r.cachedTokens;
+  }
+  return {
+    prompt_tokens: promptTokens,
+    completion_tokens: completion,
+    total_tokens: promptTokens + completion,
+    prompt_tokens_details: { cached_tokens: cached },
+  };
 }
 
 /** A token's text and bytes, for logprobs. */
@@ -213,11 +311,36 @@ export function tokenPiece(ctx: ServerContext, id: number): { token: string; byt
   return { token: tok.tokenToText(id, { special: true }), bytes: [...bytes] };
 }
 
-/** OpenAI chat logprobs entry of one token. */
+/** OpenAI chat logprobs entry of one token, with llama.cpp's token `id`s. */
 export function chatLogprob(ctx: ServerContext, id: number, logprob: number, top: TokenLogprob[]) {
   return {
+    id,
     ...tokenPiece(ctx, id),
     logprob,
-    top_logprobs: top.map((t) => ({ ...tokenPiece(ctx, t.id), logprob: t.logprob })),
+    top_logprobs: top.map((t) => ({ id: t.id, ...tokenPiece(ctx, t.id), logprob: t.logprob })),
   };
+}
+
+/**
+ * llama.cpp's per-token probabilities (`completion_probabilities`, chat `logprobs.content`): log-probabilities
+ * of the raw logits, or with `post_sampling_probs` the probabilities after the sampler chain
+ * (`prob`, `top_probs`).
+ */
+export function probsJson(ctx: ServerContext, ts: BatchToken[], topN?: number) {
+  const out = [];
+  for (const t of ts) {
+    if (t.id < 0) continue;
+    if (t.post) {
+      const top = t.post.top.slice(0, topN ?? t.post.top.length);
+      out.push({
+        id: t.id,
+        ...tokenPiece(ctx, t.id),
+        prob: t.post.prob,
+        top_probs: top.map((x) => ({ id: x.id, ...tokenPiece(ctx, x.id), prob: x.p })),
+      });
+    } else if (t.logprob !== undefined) {
+      out.push(chatLogprob(ctx, t.id, t.logprob, (t.top ?? []).slice(0, topN ?? t.top?.length ?? 0)));
+    }
+  }
+  return out;
 }

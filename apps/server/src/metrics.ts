@@ -16,6 +16,12 @@ export function prometheusText(s: BatchScheduler): string {
   };
   const rate = (n: number, ms: number) => (ms > 0 ? (n * 1000) / ms : 0);
   put("llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", m.promptTokens);
+  put(
+    "llamacpp:prompt_tokens_cached_total",
+    "counter",
+    "Number of prompt tokens reused from a slot's cache (not processed).",
+    m.promptTokensCached,
+  );
   put("llamacpp:prompt_seconds_total", "counter", "Prompt process time in seconds.", m.promptMs / 1000);
   put("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", m.generatedTokens);
   put("llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time in seconds.", m.generateMs / 1000);
@@ -35,6 +41,10 @@ export function prometheusText(s: BatchScheduler): string {
   put("llamacpp:requests_deferred", "gauge", "Number of requests deferred.", s.queued);
   put("llamacpp:n_tokens_max", "counter", "High watermark of the context size observed.", m.nTokensMax);
   put("llamacpp:n_decode_total", "counter", "Total number of decode steps (graphs computed).", m.decodeSteps);
+  // no speculative decoding here: llama.cpp's counters, always 0, so that its dashboards find them
+  put("llamacpp:spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens proposed.", 0);
+  put("llamacpp:spec_decode_num_accepted_tokens_total", "counter", "Number of draft tokens accepted.", 0);
+  put("llamacpp:spec_decode_num_drafts_total", "counter", "Number of drafts.", 0);
   put(
     "llamacpp:n_busy_slots_per_decode",
     "gauge",

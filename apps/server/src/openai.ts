@@ -1,26 +1,27 @@
 /** The OpenAI API: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and their llama.cpp aliases). */
 import { randomBytes } from "node:crypto";
-import type { BatchRequest, BatchToken, ChatMessage } from "@powerinfer/core";
+import type { BatchRequest, BatchToken, ChatMessage, PromptProgress } from "@powerinfer/core";
 import type { FastifyInstance, FastifyReply } from "fastify";
 import {
   abortOnDisconnect,
-  chatLogprob,
   checkPrompt,
   checkSlot,
   finishReason,
   type Job,
+  probsJson,
   type ServerContext,
   SseStream,
   samplingOptions,
   submitAll,
   timingsJson,
+  tokenizePrompt,
   tokenPiece,
   usageJson,
 } from "./context.js";
 import { ApiError } from "./errors.js";
+import { completionResult, progressJson, promptIds } from "./llamacpp.js";
+import { modelMeta } from "./model-meta.js";
 import { type ChatBody, type CompletionsBody, chatBody, completionsBody, parseBody } from "./schemas.js";
-
-const FINGERPRINT = "powerinfer-ts-0.1.0";
 
 const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString("hex")}`;
 const now = () => Math.floor(Date.now() / 1000);
@@ -67,67 +68,84 @@ async function runJobs(
     /** The finishing chunk of choice `index` (`usage` set on the last one to finish). */
     finish(index: number, r: BatchRequest, usage?: unknown): unknown;
     /** The extra usage-only chunk (stream_options.include_usage). */
-    usageChunk?(usage: unknown): unknown;
+    usageChunk?(usage: unknown, reqs: BatchRequest[]): unknown;
+    /** With `return_progress`: a chunk reporting how far choice `index`'s prompt has been evaluated. */
+    progress?(index: number, p: PromptProgress): unknown;
   },
   promptTokens: number,
 ): Promise<{ reqs: BatchRequest[]; outputs: { text: string; tokens: BatchToken[] }[] } | undefined> {
   const ac = abortOnDisconnect(reply);
+  let sse: SseStream | undefined;
+  const progress = chunks.progress;
+  if (stream && progress) {
+    jobs.forEach((j, i) => {
+      j.options = { ...j.options, onPromptProgress: (p) => sse?.send(progress(i, p)) };
+    });
+  }
   const reqs = submitAll(ctx, jobs, ac.signal);
   if (!stream) {
     const outputs = await Promise.all(reqs.map((r) => r.collect()));
     return { reqs, outputs };
   }
   reply.hijack();
-  const sse = new SseStream(reply.raw);
+  sse = new SseStream(reply.raw);
+  const out = sse;
   let left = reqs.length;
   await Promise.all(
     reqs.map(async (r, i) => {
       const first = chunks.first?.(i);
-      if (first) sse.send(first);
+      if (first) out.send(first);
       try {
         for await (const t of r) {
           const c = chunks.token(i, t);
-          if (c) sse.send(c);
+          if (c) out.send(c);
         }
       } catch (e) {
-        sse.send(new ApiError(500, "server_error", e instanceof Error ? e.message : String(e)).body());
+        out.send(new ApiError(500, "server_error", e instanceof Error ? e.message : String(e)).body());
       }
       left--;
-      sse.send(chunks.finish(i, r, left === 0 ? usageJson(reqs, promptTokens) : undefined));
+      out.send(chunks.finish(i, r, left === 0 ? usageJson(reqs, promptTokens) : undefined));
     }),
   );
-  if (chunks.usageChunk) sse.send(chunks.usageChunk(usageJson(reqs, promptTokens)));
-  sse.done();
+  if (chunks.usageChunk) out.send(chunks.usageChunk(usageJson(reqs, promptTokens), reqs));
+  out.done();
   return undefined;
 }
 
-function promptJobs(ctx: ServerContext, b: CompletionsBody): { jobs: Job[]; texts: string[] } {
+async function promptJobs(ctx: ServerContext, b: CompletionsBody): Promise<{ jobs: Job[]; texts: string[] }> {
   const tok = ctx.model.tokenizer;
   const p = b.prompt;
-  const prompts: (string | number[])[] =
-    typeof p === "string"
+  const prompts: (string | number[] | { prompt_string: string | (string | number)[]; multimodal_data?: unknown })[] =
+    typeof p === "string" || !Array.isArray(p)
       ? [p]
       : p.every((x) => typeof x === "string")
         ? (p as string[])
         : p.every((x) => typeof x === "number")
           ? [p as number[]]
           : (p as number[][]);
-  const maxTokens = b.max_tokens ?? b.n_predict ?? -1;
+  // llama.cpp reads n_predict first, max_tokens is its alias
+  const maxTokens = b.n_predict ?? b.max_tokens;
   const jobs: Job[] = [];
   const texts: string[] = [];
   for (const q of prompts) {
-    const ids = typeof q === "string" ? tok.tokenize(q, { addSpecial: true, parseSpecial: true }) : q;
+    const ids = Array.isArray(q) && q.every((x) => typeof x === "number") ? (q as number[]) : await promptIds(ctx, q);
     checkPrompt(ctx, ids);
-    const base = { promptIds: ids, options: samplingOptions(b, maxTokens, b.logprobs ?? 0, ctx.scheduler.nCtx) };
+    const base = { promptIds: ids, options: samplingOptions(b, maxTokens, b.logprobs ?? 0, ctx) };
+    const text =
+      typeof q === "string"
+        ? q
+        : !Array.isArray(q) && typeof q.prompt_string === "string"
+          ? q.prompt_string
+          : tok.detokenize(ids);
     for (const j of fanOut(base, b.n ?? 1)) {
       jobs.push(j);
-      texts.push(typeof q === "string" ? q : tok.detokenize(q));
+      texts.push(text);
     }
   }
   return { jobs, texts };
 }
 
-/** The text of a chat message's content (text parts joined). @throws ApiError 400 for other part types. */
+/** The text of a chat message's content (text parts joined by "\n", as llama.cpp). @throws ApiError 400 for other part types. */
 function messageText(content: ChatBody["messages"][number]["content"], i: number): string {
   if (content === undefined || content === null) return "";
   if (typeof content === "string") return content;
@@ -143,7 +161,50 @@ function messageText(content: ChatBody["messages"][number]["content"], i: number
       }
       return part.text;
     })
-    .join("");
+    .join("\n");
+}
+
+/**
+ * The chat prompt of a request, as llama.cpp builds it: the template over the messages, ending with the
+ * assistant's turn opening (`add_generation_prompt`, default true); a final assistant message is continued
+ * instead (prefill: its text ends the prompt, no end of turn), as is the last message with
+ * `continue_final_message`.
+ * @throws ApiError 400 for two assistant messages at the end, or both add_generation_prompt and
+ *   continue_final_message set.
+ */
+function chatPrompt(ctx: ServerContext, b: ChatBody): string {
+  const messages: ChatMessage[] = b.messages.map((m, i) => ({ role: m.role, content: messageText(m.content, i) }));
+  let addGenerationPrompt = b.add_generation_prompt ?? true;
+  let continueFinal = b.continue_final_message ?? false;
+  const n = messages.length;
+  if (!continueFinal && messages[n - 1]?.role === "assistant") {
+    if (messages[n - 2]?.role === "assistant") {
+      throw new ApiError(
+        400,
+        "invalid_request_error",
+        "Cannot have 2 or more assistant messages at the end of the list.",
+        { param: "messages" },
+      );
+    }
+    continueFinal = true;
+    addGenerationPrompt = false;
+  }
+  if (continueFinal && addGenerationPrompt) {
+    throw new ApiError(
+      400,
+      "invalid_request_error",
+      "Cannot set both add_generation_prompt and continue_final_message to true.",
+      { param: "add_generation_prompt" },
+    );
+  }
+  if (!continueFinal) return ctx.template.apply(messages, addGenerationPrompt);
+  // render with a marker in place of the final message's text, cut there (dropping its end of turn), and
+  // append the text: whatever the template does around a message, the prompt ends inside it
+  const last = messages[n - 1]!;
+  const marker = `\u0000powerinfer-continue-${Math.random().toString(36).slice(2)}\u0000`;
+  const rendered = ctx.template.apply([...messages.slice(0, -1), { ...last, content: marker }], false);
+  const at = rendered.lastIndexOf(marker);
+  return at >= 0 ? rendered.slice(0, at) + last.content : rendered + last.content;
 }
 
 export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext): void {
@@ -151,12 +212,23 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ctx = getCtx();
     const b = parseBody(completionsBody, req.body);
     checkSlot(ctx, b.id_slot);
-    const { jobs, texts } = promptJobs(ctx, b);
+    const { jobs, texts } = await promptJobs(ctx, b);
     const id = newId("cmpl");
     const created = now();
     const promptTokens = [...new Set(jobs.map((j) => j.promptIds))].reduce((s, p) => s + p.length, 0);
-    const base = { id, object: "text_completion", created, model: ctx.alias, system_fingerprint: FINGERPRINT };
+    const base = { id, object: "text_completion", created, model: ctx.alias, system_fingerprint: ctx.build };
     const echo = b.echo ?? false;
+    const stream = b.stream ?? false;
+    const verbose = (r: BatchRequest, text: string, tokens: BatchToken[]) =>
+      b.verbose
+        ? {
+            __verbose: completionResult(ctx, 0, r, text, tokens, {
+              stream,
+              nProbs: b.logprobs ?? 0,
+              hasNewLine: text.includes("\n"),
+            }),
+          }
+        : {};
     const res = await runJobs(
       ctx,
       reply,
@@ -182,15 +254,26 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
         finish: (i, r, usage) => ({
           ...base,
           choices: [{ index: i, text: "", logprobs: null, finish_reason: finishReason(r.stopReason) }],
-          ...(usage ? { usage, timings: timingsJson(r.timings) } : {}),
+          ...(usage ? { usage, timings: timingsJson(r) } : {}),
+          ...verbose(r, "", []),
         }),
-        usageChunk: b.stream_options?.include_usage ? (usage) => ({ ...base, choices: [], usage }) : undefined,
+        usageChunk: b.stream_options?.include_usage
+          ? (usage, reqs) => ({ ...base, choices: [], usage, timings: timingsJson(reqs[0]!) })
+          : undefined,
+        progress: b.return_progress
+          ? (i, p) => ({
+              ...base,
+              choices: [{ index: i, text: "", logprobs: null, finish_reason: null }],
+              prompt_progress: progressJson(p),
+            })
+          : undefined,
       },
       promptTokens,
     );
     if (!res) return;
     return {
       ...base,
+      ...verbose(res.reqs[0]!, res.outputs[0]!.text, res.outputs[0]!.tokens),
       choices: res.outputs.map((o, i) => {
         const prefix = echo ? texts[i]! : "";
         return {
@@ -201,7 +284,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
         };
       }),
       usage: usageJson(res.reqs, promptTokens),
-      timings: timingsJson(res.reqs[0]!.timings),
+      timings: timingsJson(res.reqs[0]!),
     };
   };
 
@@ -209,41 +292,47 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
     checkSlot(ctx, b.id_slot);
-    const messages: ChatMessage[] = b.messages.map((m, i) => ({ role: m.role, content: messageText(m.content, i) }));
-    const prompt = ctx.template.apply(messages, true);
-    const ids = ctx.model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: true });
+    const prompt = chatPrompt(ctx, b);
+    const ids = await tokenizePrompt(ctx, prompt, { addSpecial: true, parseSpecial: true });
     checkPrompt(ctx, ids);
     const wantLogprobs = b.logprobs ?? false;
+    const stream = b.stream ?? false;
     const options = samplingOptions(
       b,
-      b.max_completion_tokens ?? b.max_tokens ?? b.n_predict ?? -1,
+      // llama.cpp: n_predict, else its aliases
+      b.n_predict ?? b.max_completion_tokens ?? b.max_tokens,
       wantLogprobs ? Math.max(1, b.top_logprobs ?? 0) : 0,
-      ctx.scheduler.nCtx,
+      ctx,
     );
     // ChatML through text (the model has no <|im_end|> token): stop at the end-of-turn marker
     if (ctx.template.isFallback) options.stop = [...(options.stop ?? []), "<|im_end|>"];
     const topN = b.top_logprobs ?? 0;
-    const logprobsOf = (ts: BatchToken[]) =>
-      wantLogprobs
-        ? {
-            content: ts
-              .filter((t) => t.id >= 0 && t.logprob !== undefined)
-              .map((t) => chatLogprob(ctx, t.id, t.logprob!, (t.top ?? []).slice(0, topN))),
-          }
-        : null;
+    const logprobsOf = (ts: BatchToken[]) => (wantLogprobs ? { content: probsJson(ctx, ts, topN) } : null);
     const id = newId("chatcmpl");
     const created = now();
-    const base = { id, object: "chat.completion.chunk", created, model: ctx.alias, system_fingerprint: FINGERPRINT };
+    const base = { id, object: "chat.completion.chunk", created, model: ctx.alias, system_fingerprint: ctx.build };
+    const verbose = (r: BatchRequest, text: string, tokens: BatchToken[]) =>
+      b.verbose
+        ? {
+            __verbose: completionResult(ctx, 0, r, text, tokens, {
+              stream,
+              nProbs: options.nProbs ?? 0,
+              hasNewLine: text.includes("\n"),
+            }),
+          }
+        : {};
+    // the opening chunk: the role, and no content yet (null, as OpenAI and llama.cpp)
+    const opening = (i: number) => ({
+      ...base,
+      choices: [{ index: i, delta: { role: "assistant", content: null }, logprobs: null, finish_reason: null }],
+    });
     const res = await runJobs(
       ctx,
       reply,
       fanOut({ promptIds: ids, options }, b.n ?? 1),
-      b.stream ?? false,
+      stream,
       {
-        first: (i) => ({
-          ...base,
-          choices: [{ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }],
-        }),
+        first: opening,
         token: (i, t) =>
           t.text || (wantLogprobs && t.logprob !== undefined)
             ? {
@@ -254,9 +343,13 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
         finish: (i, r, usage) => ({
           ...base,
           choices: [{ index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) }],
-          ...(usage ? { usage, timings: timingsJson(r.timings) } : {}),
+          ...(usage ? { usage, timings: timingsJson(r) } : {}),
+          ...verbose(r, "", []),
         }),
-        usageChunk: b.stream_options?.include_usage ? (usage) => ({ ...base, choices: [], usage }) : undefined,
+        usageChunk: b.stream_options?.include_usage
+          ? (usage, reqs) => ({ ...base, choices: [], usage, timings: timingsJson(reqs[0]!) })
+          : undefined,
+        progress: b.return_progress ? (i, p) => ({ ...opening(i), prompt_progress: progressJson(p) }) : undefined,
       },
       ids.length,
     );
@@ -266,7 +359,8 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       object: "chat.completion",
       created,
       model: ctx.alias,
-      system_fingerprint: FINGERPRINT,
+      system_fingerprint: ctx.build,
+      ...verbose(res.reqs[0]!, res.outputs[0]!.text, res.outputs[0]!.tokens),
       choices: res.outputs.map((o, i) => ({
         index: i,
         message: { role: "assistant", content: o.text },
@@ -274,13 +368,20 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
         finish_reason: finishReason(res.reqs[i]!.stopReason),
       })),
       usage: usageJson(res.reqs, ids.length),
-      timings: timingsJson(res.reqs[0]!.timings),
+      timings: timingsJson(res.reqs[0]!),
     };
+  };
+
+  /** llama.cpp's `/chat/completions/input_tokens`: the prompt tokens a chat request would have. */
+  const inputTokens = async (req: { body: unknown }) => {
+    const ctx = getCtx();
+    const b = parseBody(chatBody, req.body);
+    const ids = await ctx.tokens.tokenize(chatPrompt(ctx, b), { addSpecial: true, parseSpecial: true });
+    return { input_tokens: ids.length, object: "response.input_tokens" };
   };
 
   const models = async () => {
     const ctx = getCtx();
-    const c = ctx.model.config;
     return {
       object: "list",
       data: [
@@ -289,19 +390,16 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
           object: "model",
           created: ctx.created,
           owned_by: "powerinfer-ts",
-          meta: {
-            n_vocab: c.n_vocab,
-            n_ctx_train: c.n_ctx_train,
-            n_embd: c.n_embd,
-            size: ctx.model.weightBytes,
-            sparse: ctx.model.sparse,
-          },
+          // llama.cpp's meta (vocab_type, n_vocab, n_ctx, n_ctx_train, n_embd, n_params, size, ftype) and ours
+          meta: { ...modelMeta(ctx), sparse: ctx.model.sparse },
         },
       ],
     };
   };
 
-  for (const p of ["/v1/completions", "/completions"]) app.post(p, completions);
+  // /completions (no /v1) is llama.cpp's native endpoint, registered with /completion
+  app.post("/v1/completions", completions);
   for (const p of ["/v1/chat/completions", "/chat/completions"]) app.post(p, chat);
+  for (const p of ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"]) app.post(p, inputTokens);
   for (const p of ["/v1/models", "/models"]) app.get(p, models);
 }

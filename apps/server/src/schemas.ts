@@ -59,6 +59,12 @@ const stop = z
   })
   .nullish();
 
+/** Tokens to generate (llama.cpp's n_predict and its aliases): −1 = no limit, −2 = until the context is full. */
+const nPredict = () => integer(-2).nullish();
+
+/** A logit bias: a number (OpenAI's range), or false (llama.cpp: the token is banned). */
+const bias = z.union([z.number().min(-100).max(100), z.literal(false)], { error: "a bias in [-100, 100] or false" });
+
 /** Sampling and stopping fields shared by every generation endpoint. */
 const sampling = {
   model: string().nullish(),
@@ -74,23 +80,44 @@ const sampling = {
   repeat_last_n: integer(-1).nullish(),
   ignore_eos: boolean().nullish(),
   stream: boolean().nullish(),
-  n_predict: integer(-1).nullish(),
+  n_predict: nPredict(),
   cache_prompt: boolean().nullish(),
   /** llama.cpp: the slot to run in; -1 = any free one. */
   id_slot: integer(-1).nullish(),
-  /** OpenAI: {"token id": bias}; llama.cpp: [[token id, bias or false (banned)], …]. */
+  /**
+   * OpenAI: {"token id": bias}; llama.cpp: [[token id, bias or false (banned)], …]. In both, a key that is not
+   * a token id is text whose tokens all get the bias (llama.cpp).
+   */
   logit_bias: z
     .union(
       [
-        z.record(z.string().regex(/^\d+$/), z.number().min(-100).max(100), { error: "an object of token id: bias" }),
-        z.array(z.tuple([integer(0), z.union([z.number(), z.literal(false)])]), {
-          error: "an array of [token id, bias or false] pairs",
+        z.record(z.string(), bias, { error: 'an object of "token id or text": bias' }),
+        z.array(z.tuple([z.union([integer(0), string()]), z.union([z.number(), z.literal(false)])]), {
+          error: "an array of [token id or text, bias or false] pairs",
         }),
       ],
-      { error: 'an object {"token id": bias in [-100, 100]} or an array of [token id, bias or false] pairs' },
+      {
+        error:
+          'an object {"token id or text": bias in [-100, 100]} or an array of [token id or text, bias or false] pairs',
+      },
     )
     .nullish(),
+  /** llama.cpp: with n_probs, report probabilities after the sampler chain (`prob`, `top_probs`). */
+  post_sampling_probs: boolean().nullish(),
+  /** llama.cpp: stream prompt-processing progress events (`prompt_progress`). */
+  return_progress: boolean().nullish(),
+  /** llama.cpp: add `__verbose` (the native result) to OpenAI-shaped responses. */
+  verbose: boolean().nullish(),
 };
+
+/** llama.cpp's object prompt: `{"prompt_string": …}` (`multimodal_data` needs a multimodal model). */
+const objectPrompt = z.object(
+  {
+    prompt_string: z.union([string(), z.array(z.union([string(), tokenId]))]),
+    multimodal_data: z.unknown().optional(),
+  },
+  { error: 'an object {"prompt_string": …}' },
+);
 
 const streamOptions = z.object({ include_usage: boolean().nullish() }, { error: "an object" }).nullish();
 
@@ -103,10 +130,11 @@ export const completionsBody = z.object({
       array(string(), "an array of strings", 1, 16),
       array(tokenId, "an array of token ids", 1),
       array(array(tokenId, "an array of token ids", 1), "an array of arrays of token ids", 1, 16),
+      objectPrompt,
     ],
     { error: "a string, an array of strings or an array of token ids" },
   ),
-  max_tokens: integer(-1).nullish(),
+  max_tokens: nPredict(),
   n: integer(1, 16).nullish(),
   logprobs: integer(0, 20).nullish(),
   echo: boolean().nullish(),
@@ -143,10 +171,14 @@ export const chatBody = z.object({
     "an array of messages",
     1,
   ),
-  max_tokens: integer(-1).nullish(),
-  max_completion_tokens: integer(-1).nullish(),
+  max_tokens: nPredict(),
+  max_completion_tokens: nPredict(),
   n: integer(1, 16).nullish(),
   logprobs: boolean().nullish(),
+  /** End the prompt with the assistant's turn opening (default true). */
+  add_generation_prompt: boolean().nullish(),
+  /** Continue the final (assistant) message instead of opening a new turn (vLLM/transformers' name). */
+  continue_final_message: boolean().nullish(),
   top_logprobs: integer(0, 20).nullish(),
   stream_options: streamOptions,
 });
@@ -164,15 +196,22 @@ export const llamaCompletionBody = z.object({
     [
       string(),
       array(
-        z.union([string(), tokenId, mixedPrompt], { error: "a string, a token id or an array of them" }),
+        z.union([string(), tokenId, mixedPrompt, objectPrompt], {
+          error: 'a string, a token id, an array of them or {"prompt_string": …}',
+        }),
         "an array of prompts",
         1,
       ),
+      objectPrompt,
     ],
-    { error: "a string or an array of strings and token ids" },
+    { error: 'a string, an array of strings and token ids, or {"prompt_string": …}' },
   ),
+  max_tokens: nPredict(),
+  max_completion_tokens: nPredict(),
   n_probs: integer(0, 100).nullish(),
   return_tokens: boolean().nullish(),
+  /** Only these fields of the result ("a/b" lifts a nested field to the top as "a/b"). */
+  response_fields: array(string(), "an array of field names").nullish(),
 });
 export type LlamaCompletionBody = z.infer<typeof llamaCompletionBody>;
 
@@ -197,8 +236,26 @@ function pathText(path: readonly PropertyKey[]): string {
 /** A sent value in a few characters: `-3`, `"hot"`, `[1,2,3,…]`; `undefined` is "nothing". */
 function shown(v: unknown): string {
   if (v === undefined) return "nothing";
-  const json = JSON.stringify(v) ?? String(v);
+  // a number beyond the double range (1e400) parses as ±Infinity, which JSON would write as null
+  if (typeof v === "number" && !Number.isFinite(v)) return String(v);
+  let json: string;
+  try {
+    json = JSON.stringify(v) ?? String(v);
+  } catch {
+    json = preview(v, 0); // nested too deeply for JSON.stringify's stack
+  }
   return json.length > 40 ? `${json.slice(0, 39)}…` : json;
+}
+
+/** The start of a value in JSON, however deeply it nests (enough of it for {@link shown}). */
+function preview(v: unknown, depth: number): string {
+  if (depth > 40) return "…";
+  if (Array.isArray(v)) return `[${v.length > 0 ? preview(v[0], depth + 1) : ""}${v.length > 1 ? ",…" : ""}]`;
+  if (v !== null && typeof v === "object") {
+    const [k, x] = Object.entries(v)[0] ?? [];
+    return k === undefined ? "{}" : `{${JSON.stringify(k)}:${preview(x, depth + 1)},…}`;
+  }
+  return JSON.stringify(v) ?? String(v);
 }
 
 /**

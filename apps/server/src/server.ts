@@ -6,11 +6,15 @@
 import { basename } from "node:path";
 import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model } from "@powerinfer/core";
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
-import type { ServerContext } from "./context.js";
+import { buildInfo } from "./build-info.js";
+import type { GenerationDefaults, ServerContext } from "./context.js";
 import { ApiError, toApiError } from "./errors.js";
 import { registerLlamaCpp } from "./llamacpp.js";
 import { prometheusText } from "./metrics.js";
 import { registerOpenAi } from "./openai.js";
+import { TokenizerService } from "./tokenize.js";
+
+export type { GenerationDefaults } from "./context.js";
 
 /** Options of {@link createServer}; every field but `model` is optional. */
 export interface ServerOptions {
@@ -31,10 +35,17 @@ export interface ServerOptions {
   kvType?: KvCacheType;
   /** Requests that may wait for a slot before the server answers 503. Default 64. */
   queueLimit?: number;
-  /** When set, every endpoint but `/health` and `/models` needs `Authorization: Bearer <key>`. */
+  /**
+   * When set, every endpoint but `/health` and `/models` needs the key: `Authorization: Bearer <key>`,
+   * `Authorization: <key>` or `X-Api-Key: <key>` (as llama.cpp).
+   */
   apiKey?: string;
   /** Serve `GET /metrics`. Default false (501). */
   metrics?: boolean;
+  /** Serve `GET /slots`. Default true (llama.cpp's `--no-slots`: 501). */
+  slotsEndpoint?: boolean;
+  /** Generation defaults for requests that leave a setting out (llama-server's `--seed`, `--temp`, …). */
+  defaults?: GenerationDefaults;
   /** fastify's request log. Default false. */
   logger?: boolean;
 }
@@ -57,6 +68,13 @@ const HTTP_METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"
 
 const PUBLIC = new Set(["/health", "/v1/health", "/models", "/v1/models"]);
 
+/** llama.cpp's CORS answer (its defaults: any origin, with credentials). */
+const CORS_METHODS = "GET, POST, DELETE, OPTIONS";
+const CORS_HEADERS = "*";
+
+/** The body as text; invalid UTF-8 is refused rather than replaced by U+FFFD. */
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
 function pathOf(req: FastifyRequest): string {
   const q = req.url.indexOf("?");
   return q < 0 ? req.url : req.url.slice(0, q);
@@ -77,6 +95,24 @@ function checkOptions(opts: ServerOptions): void {
     throw new EngineError("BAD_INPUT", `ctxSize ${opts.ctxSize} leaves no context for ${slots} slots`);
   if (opts.kvType !== undefined && opts.kvType !== "f16" && opts.kvType !== "f32")
     throw new EngineError("BAD_INPUT", `kvType must be f16 or f32, got ${String(opts.kvType)}`);
+  checkDefaults(opts.defaults ?? {});
+}
+
+/** @throws EngineError 'BAD_INPUT' naming the first bad default. */
+export function checkDefaults(d: GenerationDefaults): void {
+  const bad = (what: string, rule: string, v: number) => {
+    throw new EngineError("BAD_INPUT", `defaults.${what} must be ${rule}, got ${v}`);
+  };
+  const { seed, temperature, topK, topP, minP, nPredict, repeatPenalty } = d;
+  if (seed !== undefined && !(Number.isInteger(seed) && ((seed >= 0 && seed <= 0xffffffff) || seed === -1)))
+    bad("seed", "an integer in [0, 4294967295] or -1 (random)", seed);
+  if (temperature !== undefined && !Number.isFinite(temperature)) bad("temperature", "a number", temperature);
+  if (topK !== undefined && !(Number.isInteger(topK) && topK >= 0)) bad("topK", "an integer ≥ 0", topK);
+  if (topP !== undefined && !(topP > 0 && topP <= 1)) bad("topP", "in (0, 1]", topP);
+  if (minP !== undefined && !(minP >= 0 && minP <= 1)) bad("minP", "in [0, 1]", minP);
+  if (nPredict !== undefined && !(Number.isInteger(nPredict) && nPredict >= -2))
+    bad("nPredict", "an integer ≥ -2 (-1 = no limit, -2 = until the context is full)", nPredict);
+  if (repeatPenalty !== undefined && !(repeatPenalty > 0)) bad("repeatPenalty", "> 0", repeatPenalty);
 }
 
 /**
@@ -89,6 +125,8 @@ export function createServer(opts: ServerOptions): PowerinferServer {
   let ctx: ServerContext | undefined;
   let loadError: unknown;
   let closed = false;
+  /** Unix seconds the server started (llama.cpp's `Process-Start-Time-Unix` on /metrics). */
+  const startTime = Math.floor(Date.now() / 1000);
 
   const ready = (async () => {
     try {
@@ -120,6 +158,10 @@ export function createServer(opts: ServerOptions): PowerinferServer {
         alias: opts.alias ?? basename(model.file.path),
         modelPath: model.file.path,
         created: Math.floor(Date.now() / 1000),
+        defaults: { ...opts.defaults },
+        tokens: new TokenizerService(tok),
+        build: buildInfo(),
+        endpoints: { slots: opts.slotsEndpoint ?? true, metrics: opts.metrics ?? false },
       };
     } catch (e) {
       loadError = e;
@@ -134,9 +176,14 @@ export function createServer(opts: ServerOptions): PowerinferServer {
   };
 
   // llama.cpp accepts a JSON body whatever the content type says (curl -d sends form encoding, fetch text/plain)
-  app.removeContentTypeParser("text/plain");
-  app.addContentTypeParser("*", { parseAs: "string" }, (_req, body, done) => {
-    const text = typeof body === "string" ? body : body.toString("utf8");
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser("*", { parseAs: "buffer" }, (_req, body, done) => {
+    let text: string;
+    try {
+      text = utf8.decode(body as Buffer);
+    } catch {
+      return done(new ApiError(400, "invalid_request_error", "the body is not valid UTF-8"), undefined);
+    }
     if (text.trim() === "") return done(null, undefined);
     try {
       done(null, JSON.parse(text));
@@ -150,9 +197,24 @@ export function createServer(opts: ServerOptions): PowerinferServer {
 
   app.addHook("onRequest", async (req, reply) => {
     const path = pathOf(req);
+    // CORS as llama.cpp: the request's origin is allowed (with credentials) on every response — set on the
+    // raw response so that streamed (hijacked) answers carry it too — and a preflight is answered at once,
+    // without a key (browsers send none)
+    const origin = req.headers.origin;
+    if (origin) reply.raw.setHeader("Access-Control-Allow-Origin", origin);
+    if (req.method === "OPTIONS") {
+      return reply
+        .code(200)
+        .header("Access-Control-Allow-Credentials", "true")
+        .header("Access-Control-Allow-Methods", CORS_METHODS)
+        .header("Access-Control-Allow-Headers", CORS_HEADERS)
+        .type("text/html")
+        .send("");
+    }
     if (opts.apiKey !== undefined && !PUBLIC.has(path)) {
+      // llama.cpp: Authorization with or without "Bearer ", else X-Api-Key
       const auth = req.headers.authorization;
-      const key = auth?.startsWith("Bearer ") ? auth.slice(7).trim() : req.headers["x-api-key"];
+      const key = auth ? (auth.startsWith("Bearer ") ? auth.slice(7) : auth).trim() : req.headers["x-api-key"];
       if (key !== opts.apiKey) {
         const e = new ApiError(401, "authentication_error", key === undefined ? "Missing API key" : "Invalid API key");
         return reply.code(401).send(e.body());
@@ -205,6 +267,7 @@ export function createServer(opts: ServerOptions): PowerinferServer {
       throw new ApiError(501, "not_supported_error", "this server does not serve metrics; start it with --metrics");
     }
     reply.type("text/plain; version=0.0.4; charset=utf-8");
+    reply.header("Process-Start-Time-Unix", String(startTime));
     return prometheusText(getCtx().scheduler);
   });
 
@@ -223,6 +286,7 @@ export function createServer(opts: ServerOptions): PowerinferServer {
     async close() {
       closed = true;
       await ctx?.scheduler.close();
+      ctx?.tokens.close();
       await app.close();
     },
   };

@@ -9,7 +9,16 @@ import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkInputFile, checkModelOptions, choice, float, int, loadModelFromCli } from "./common.js";
+import {
+  checkInputFile,
+  checkModelOptions,
+  choice,
+  float,
+  int,
+  loadModelFromCli,
+  SEED_RULE,
+  TEMP_HELP,
+} from "./common.js";
 
 interface ServeOptions {
   model: string;
@@ -28,6 +37,16 @@ interface ServeOptions {
   sparse?: string;
   sparseThreshold?: number;
   log?: boolean;
+  /** Generation defaults (llama-server's options of the same names). */
+  seed?: number;
+  temp?: number;
+  topK?: number;
+  topP?: number;
+  minP?: number;
+  nPredict?: number;
+  repeatPenalty?: number;
+  /** false with --no-slots. */
+  slots?: boolean;
 }
 
 /** Lets llama.cpp's `-np N` through (commander's short flags are one character). */
@@ -95,6 +114,24 @@ export function register(program: Command): void {
     )
     .option("--sparse-threshold <x>", "predictor threshold", float("sparse-threshold"))
     .option("--log", "log every request (JSON lines on stdout)")
+    // generation defaults of requests that leave them out, as llama-server's options
+    .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", int("seed", SEED_RULE))
+    .option("--temp <t>", `default ${TEMP_HELP} (default 0.8)`, float("temp"))
+    .option("--top-k <k>", "default top-k (0 = off; default 40)", int("top-k", { min: 0 }))
+    .option("--top-p <p>", "default top-p (1 = off; default 0.95)", float("top-p", { above: 0, max: 1 }))
+    .option("--min-p <p>", "default min-p (0 = off; default 0.05)", float("min-p", { min: 0, max: 1 }))
+    .option(
+      "-n, --n-predict <n>",
+      "default tokens to generate (-1 = no limit, -2 = until the context is full; default -1)",
+      int("n-predict", { min: 0, also: [-1, -2], alsoMeans: "-1 = no limit, -2 = until the context is full" }),
+    )
+    .option(
+      "--repeat-penalty <x>",
+      "default repetition penalty (1 = off; default 1)",
+      float("repeat-penalty", { above: 0 }),
+    )
+    .option("--slots", "serve GET /slots (the default)")
+    .option("--no-slots", "answer GET /slots with 501, as llama-server --no-slots")
     .action(
       action(async (o: ServeOptions) => {
         // every option is checked before listening: a bad value never gets as far as "listening"
@@ -118,6 +155,16 @@ export function register(program: Command): void {
           queueLimit: o.queue,
           apiKey,
           metrics: o.metrics ?? false,
+          slotsEndpoint: o.slots ?? true,
+          defaults: {
+            seed: o.seed,
+            temperature: o.temp,
+            topK: o.topK,
+            topP: o.topP,
+            minP: o.minP,
+            nPredict: o.nPredict,
+            repeatPenalty: o.repeatPenalty,
+          },
           logger: o.log ?? false,
         });
         const url = await server.listen({ host: o.host, port: o.port });

@@ -48,6 +48,28 @@ export interface BatchRequestOptions extends GenerateOptions {
    * later ones take other free slots. Undefined or −1: any free slot.
    */
   slot?: number;
+  /**
+   * With `nProbs` > 0: report, for every generated token, the candidates the sampler chain left and their
+   * probabilities (llama.cpp's `post_sampling_probs`) in {@link BatchToken.post}. Default false.
+   */
+  postSamplingProbs?: boolean;
+  /**
+   * Called when the request takes a slot (nothing evaluated yet) and after every decode step that evaluated
+   * a chunk of its prompt (llama.cpp's `return_progress`).
+   */
+  onPromptProgress?: (p: PromptProgress) => void;
+}
+
+/** How far a request's prompt has been evaluated. */
+export interface PromptProgress {
+  /** Prompt tokens. */
+  total: number;
+  /** Prompt tokens found in the slot's cache (not evaluated). */
+  cache: number;
+  /** Prompt tokens in the cache now: `cache` plus those evaluated so far. */
+  processed: number;
+  /** Milliseconds since the request took its slot. */
+  timeMs: number;
 }
 
 /** A token and its log-probability under the model (log-softmax of the raw logits). */
@@ -61,6 +83,11 @@ export interface BatchToken extends GeneratedToken {
   /** With `nProbs` > 0: the token's log-probability and the most likely alternatives, best first. */
   logprob?: number;
   top?: TokenLogprob[];
+  /**
+   * With `nProbs` > 0 and `postSamplingProbs`: the token's probability after the sampler chain and the
+   * `nProbs` most likely candidates the chain left (probability > 0), best first.
+   */
+  post?: { prob: number; top: { id: number; p: number }[] };
 }
 
 /** Timings of a request; `promptMs`/`generateMs` are wall times while it was in the batch. */
@@ -89,6 +116,8 @@ export interface BatchMetrics {
   computeMs: number;
   /** Prompt tokens evaluated and their summed per-request wall time. */
   promptTokens: number;
+  /** Prompt tokens found in a slot's cache (not evaluated again). */
+  promptTokensCached: number;
   promptMs: number;
   /** Tokens generated and their summed per-request wall time. */
   generatedTokens: number;
@@ -119,6 +148,12 @@ export interface SlotInfo {
   /** Tokens left before `maxTokens` (−1 = no limit). */
   remaining: number;
   options?: BatchRequestOptions;
+  /** The request in the slot, or else the last one it ran (undefined for a slot never used). */
+  lastRequestId?: number;
+  lastOptions?: BatchRequestOptions;
+  /** Prompt tokens of that request found in the cache, and evaluated. */
+  cachedTokens: number;
+  processedTokens: number;
 }
 
 /** Length of the common prefix of two token lists. */
@@ -175,6 +210,11 @@ export class BatchRequest implements AsyncIterable<BatchToken> {
   /** @internal */ promptPos = 0;
   /** Prompt tokens found in the slot's cache (not evaluated again). */
   cachedTokens = 0;
+  /**
+   * Positions in the slot's cache when the request ended (llama.cpp's `tokens_cached`: the prompt and every
+   * generated token but the last, which was sampled and never evaluated).
+   */
+  nPast = 0;
   /** @internal */ pending = -1;
   /** @internal */ readonly submittedAt = performance.now();
   /** @internal */ startedAt = 0;
@@ -194,6 +234,7 @@ export class BatchRequest implements AsyncIterable<BatchToken> {
     private readonly onCancel: (r: BatchRequest) => void,
   ) {
     this.gen = new Generation(model.tokenizer, promptIds, options);
+    if (options.postSamplingProbs && (options.nProbs ?? 0) > 0) this.gen.sampler.keepCandidates = true;
     this.timings = {
       promptTokens: promptIds.length,
       promptMs: 0,
@@ -209,6 +250,11 @@ export class BatchRequest implements AsyncIterable<BatchToken> {
   /** True once cancelled or its signal aborted. */
   get aborted(): boolean {
     return this.cancelled || !!this.options.signal?.aborted;
+  }
+
+  /** True when it stopped because its slot's context was full (llama.cpp's `truncated`). */
+  get truncated(): boolean {
+    return this.stopReason === "context";
   }
 
   /** True once it has finished. */
@@ -285,14 +331,16 @@ interface Slot {
   id: number;
   session: Session;
   req?: BatchRequest;
+  /** The last request that ran in the slot (for {@link BatchScheduler.slots}). */
+  last?: BatchRequest;
   /** The tokens in the slot's cache, positions 0..nPast−1 (kept after a request for prompt caching). */
   tokens: number[];
 }
 
 /**
- * Schedules requests over slots of one model with continuous batching. Steps run on the event loop (one
- * synchronous compute per step, a macrotask turn between steps so that I/O, new requests and aborts are
- * seen between them).
+ * Schedules requests over slots of one model with continuous batching. Each step's graph is computed off the
+ * JavaScript thread ({@link Model.decodeBatchAsync}), so sockets, timers, new requests and aborts are handled
+ * while it runs; sampling and the next step's graph are built on the event loop between computes.
  */
 export class BatchScheduler {
   readonly nSlots: number;
@@ -308,6 +356,7 @@ export class BatchScheduler {
     tokensEvaluated: 0,
     computeMs: 0,
     promptTokens: 0,
+    promptTokensCached: 0,
     promptMs: 0,
     generatedTokens: 0,
     generateMs: 0,
@@ -433,6 +482,10 @@ export class BatchScheduler {
         generatedTokens: r?.gen.generated ?? 0,
         remaining: r && max >= 0 ? Math.max(0, max - r.gen.generated) : -1,
         options: r?.options,
+        lastRequestId: (r ?? s.last)?.id,
+        lastOptions: (r ?? s.last)?.options,
+        cachedTokens: (r ?? s.last)?.cachedTokens ?? 0,
+        processedTokens: r ? r.promptPos - r.cachedTokens : s.last ? s.last.promptPos - s.last.cachedTokens : 0,
       };
     });
   }
@@ -467,17 +520,20 @@ export class BatchScheduler {
   private async loop(): Promise<void> {
     try {
       while (!this.closed && (this.queue.length > 0 || this.slotList.some((s) => s.req))) {
-        this.step();
-        // a macrotask turn: sockets, timers and new requests are handled between steps
-        await new Promise((r) => setImmediate(r));
+        // sockets, timers and new requests are handled while a step computes off the thread; a step that
+        // computed nothing yields a macrotask turn instead
+        if (!(await this.step())) await new Promise((r) => setImmediate(r));
       }
     } finally {
       this.running = false;
     }
   }
 
-  /** One decode step: admit, drop aborted, build the batch, compute, sample. */
-  private step(): void {
+  /**
+   * One decode step: admit, drop aborted, build the batch, compute (off the JS thread), sample.
+   * @returns whether a graph was computed (the event loop ran meanwhile)
+   */
+  private async step(): Promise<boolean> {
     const now = performance.now();
     for (const s of this.slotList) {
       if (s.req?.aborted) this.release(s, "aborted");
@@ -507,6 +563,7 @@ export class BatchScheduler {
       // at least the last prompt token is evaluated again: its logits are needed
       const reuse = Math.min(bestLen, r.promptIds.length - 1);
       best.req = r;
+      best.last = r;
       best.tokens.length = reuse;
       best.session.nPast = reuse;
       r.slot = best.id;
@@ -515,6 +572,7 @@ export class BatchScheduler {
       r.timings.promptTokens = r.promptIds.length - reuse;
       r.startedAt = now;
       r.timings.queueMs = now - r.submittedAt;
+      this.progress(r, now);
     }
     const entries: BatchEntry[] = [];
     const members: Slot[] = [];
@@ -545,18 +603,20 @@ export class BatchScheduler {
       r.promptPos += n;
       budget -= n;
     }
-    if (entries.length === 0) return;
-    let result: ReturnType<Model["decodeBatch"]>;
+    if (entries.length === 0) return false;
+    const running = members.map((s) => s.req);
+    let result: Awaited<ReturnType<Model["decodeBatchAsync"]>>;
     try {
-      result = this.model.decodeBatch(entries);
+      result = await this.model.decodeBatchAsync(entries);
     } catch (e) {
       for (const s of members) {
+        if (this.closed) break;
         // nothing was appended: forget the slot's cache rather than trust it
         s.tokens.length = 0;
         s.session.reset();
         this.release(s, "aborted", e);
       }
-      return;
+      return false;
     }
     const m = this.metrics;
     m.decodeSteps++;
@@ -570,9 +630,25 @@ export class BatchScheduler {
     const after = performance.now();
     members.forEach((s, i) => {
       m.nTokensMax = Math.max(m.nTokensMax, s.session.nPast);
+      // a request released while the step computed (the scheduler closing) has left its slot
+      if (this.closed || s.req !== running[i]) return;
+      const r = s.req!;
+      if (r.pending < 0) this.progress(r, after);
       const logits = result.logits[i];
       if (logits) this.onLogits(s, logits, after);
     });
+    return true;
+  }
+
+  /** Reports how far the request's prompt has been evaluated (to its `onPromptProgress`). */
+  private progress(r: BatchRequest, now: number): void {
+    const cb = r.options.onPromptProgress;
+    if (!cb) return;
+    try {
+      cb({ total: r.promptIds.length, cache: r.cachedTokens, processed: r.promptPos, timeMs: now - r.startedAt });
+    } catch {
+      // a listener's error is its own
+    }
   }
 
   /** Samples the slot's next token; finishes the request when a stop condition holds. */
@@ -596,6 +672,13 @@ export class BatchScheduler {
     const out: BatchToken = probs
       ? { id: t.id, text: t.text, logprob: probs.logprob, top: probs.top }
       : { id: t.id, text: t.text };
+    if (probs && r.options.postSamplingProbs) {
+      const cands = r.gen.sampler.lastCandidates ?? [];
+      out.post = {
+        prob: cands.find((c) => c.id === t.id)?.p ?? 0,
+        top: cands.slice(0, nProbs).filter((c) => c.p > 0),
+      };
+    }
     if (t.stop === "eos") return "eos";
     if (t.stop === "stop") {
       if (t.text) r.push(out);
@@ -603,7 +686,9 @@ export class BatchScheduler {
       return "stop";
     }
     r.push(out);
-    if (s.session.nPast >= s.session.nCtx) return "context";
+    // llama.cpp (no context shift): stop once the next token would leave no room, and say the output was
+    // truncated; `nPast` holds the prompt and every generated token but this one
+    if (s.session.nPast + 1 >= s.session.nCtx) return "context";
     // done now rather than after evaluating a token whose logits nobody reads
     if (r.gen.exhausted) return "length";
     r.pending = t.id;
@@ -614,7 +699,10 @@ export class BatchScheduler {
   private release(s: Slot, reason: StopReason, error?: unknown): void {
     const r = s.req;
     s.req = undefined;
-    if (r) this.end(r, reason, error);
+    if (r) {
+      r.nPast = s.session.nPast;
+      this.end(r, reason, error);
+    }
   }
 
   private end(r: BatchRequest, reason: StopReason, error?: unknown): void {
@@ -626,6 +714,7 @@ export class BatchScheduler {
     else m.requestsFinished++;
     if (r.startedAt > 0) {
       m.promptTokens += r.promptPos - r.cachedTokens;
+      m.promptTokensCached += r.cachedTokens;
       m.promptMs += r.timings.promptMs;
       m.generatedTokens += r.timings.generatedTokens;
       m.generateMs += r.timings.generateMs;

@@ -4,7 +4,7 @@
  */
 import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { Graph } from "../backend/graph.js";
-import type { Backend, TensorHandle } from "../backend/types.js";
+import type { Backend, ComputeResult, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
 import {
   buildLlamaBatchGraph,
@@ -140,6 +140,23 @@ export class Model {
    *   outside the vocabulary), 'CONTEXT_FULL' (nothing is appended then), 'DISPOSED'.
    */
   decodeBatch(entries: readonly BatchEntry[]): BatchResult {
+    const step = this.prepareBatch(entries);
+    return this.finishBatch(entries, step, this.backend.compute(step.graph));
+  }
+
+  /**
+   * {@link decodeBatch} with the graph computed off the JavaScript thread (`Backend.computeAsync`), so that
+   * the event loop stays free while the step runs (the server's decode steps). The sessions' caches and
+   * positions must not be touched until the promise settles; nothing is appended when it rejects.
+   * @throws the same as {@link decodeBatch} (as a rejection).
+   */
+  async decodeBatchAsync(entries: readonly BatchEntry[]): Promise<BatchResult> {
+    const step = this.prepareBatch(entries);
+    return this.finishBatch(entries, step, await this.backend.computeAsync(step.graph));
+  }
+
+  /** Checks a batch and builds its graph. */
+  private prepareBatch(entries: readonly BatchEntry[]) {
     if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
     if (entries.length === 0) throw new EngineError("BAD_INPUT", "empty batch");
     const seen = new Set<Session>();
@@ -162,7 +179,7 @@ export class Model {
       }
       total += e.tokens.length;
     }
-    const { graph, logits, sparseNodes } = buildLlamaBatchGraph(
+    const built = buildLlamaBatchGraph(
       this.config,
       this.weights,
       entries.map((e) => ({
@@ -177,7 +194,16 @@ export class Model {
         scratch: entries.length > 1 ? this.batchScratch(total) : undefined,
       },
     );
-    const r = this.backend.compute(graph);
+    return { ...built, total };
+  }
+
+  /** Advances the sessions past a computed batch and collects its result. */
+  private finishBatch(
+    entries: readonly BatchEntry[],
+    step: ReturnType<typeof buildLlamaBatchGraph> & { total: number },
+    r: ComputeResult,
+  ): BatchResult {
+    const { logits, sparseNodes, total } = step;
     for (const e of entries) e.session.nPast += e.tokens.length;
     const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs };
     if (sparseNodes.layers.length) {

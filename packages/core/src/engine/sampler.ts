@@ -101,6 +101,16 @@ export class Sampler {
   readonly options: Required<SamplerOptions>;
   private readonly rng: Mt19937;
   private readonly recent: number[] = [];
+  /**
+   * Keep, after each {@link sample}, the candidates the chain left and their probabilities in
+   * {@link lastCandidates} (llama.cpp's `post_sampling_probs`). Default false.
+   */
+  keepCandidates = false;
+  /**
+   * With {@link keepCandidates}: the last sample's candidates after the whole chain, most likely first, with
+   * the probabilities the draw used (greedy: the chosen token alone, probability 1).
+   */
+  lastCandidates?: { id: number; p: number }[];
 
   constructor(options: SamplerOptions = {}) {
     this.options = {
@@ -168,7 +178,11 @@ export class Sampler {
         l[t] = v;
       }
     }
-    if (o.temperature <= 0) return argmax(l);
+    if (o.temperature <= 0) {
+      const id = argmax(l);
+      if (this.keepCandidates) this.lastCandidates = [{ id, p: 1 }];
+      return id;
+    }
 
     return this.draw(l);
   }
@@ -232,7 +246,10 @@ export class Sampler {
     const x = new Float32Array(ids.length);
     for (let i = 0; i < ids.length; i++) x[i] = f32(l[ids[i]!]! / temp);
     const u = this.rng.canonical();
-    if (ids.length === 1) return ids[0]!;
+    if (ids.length === 1) {
+      if (this.keepCandidates) this.lastCandidates = [{ id: ids[0]!, p: 1 }];
+      return ids[0]!;
+    }
     let m = x[0]!;
     if (!sorted) for (const v of x) m = Math.max(m, v);
     const p = new Float64Array(ids.length);
@@ -240,6 +257,9 @@ export class Sampler {
     for (let i = 0; i < ids.length; i++) {
       p[i] = f32(Math.exp(f32(x[i]! - m)));
       total += p[i]!;
+    }
+    if (this.keepCandidates) {
+      this.lastCandidates = ids.map((id, i) => ({ id, p: p[i]! / total })).sort((a, b) => b.p - a.p || a.id - b.id);
     }
     const target = total * u;
     let run = 0;
