@@ -1,6 +1,7 @@
 /**
- * Typed, validated model configuration for the architectures powerinfer-ts runs: `llama`, `bamboo`,
- * `falcon`, `opt` (dense GGUF files from llama.cpp converters, and PowerInfer PWRI files).
+ * Typed, validated model configuration for the architectures powerinfer-ts runs: `llama` (with or without
+ * routed experts, Mixtral's layout), `bamboo`, `falcon`, `opt`, `qwen2`, `qwen3`, `qwen3moe` (dense GGUF
+ * files from llama.cpp converters, and PowerInfer PWRI files).
  *
  * Keys are llama.cpp's (`{arch}.context_length`, `{arch}.attention.head_count`, …); optional keys take
  * llama.cpp's defaults (head_count_kv = head_count, rope.freq_base = 10000, rope.dimension_count =
@@ -22,7 +23,7 @@ const posInt = z.number().int().positive();
 /** zod schema of {@link ModelConfig}. */
 export const ModelConfigSchema = z.object({
   /** `general.architecture`. */
-  arch: z.enum(["llama", "bamboo", "falcon", "opt"]),
+  arch: z.enum(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"]),
   /** Container: dense GGUF or PowerInfer PWRI. */
   format: z.enum(["GGUF", "PWRI"]),
   /** `general.name`, when present. */
@@ -60,6 +61,32 @@ export const ModelConfigSchema = z.object({
     /** Activation on the up branch too (Bamboo: ReLU(gate)·ReLU(up)). */
     up_activation: z.literal("relu").optional(),
   }),
+  /** Biases on the q, k and v projections (`blk.N.attn_{q,k,v}.bias`: opt, qwen2). */
+  qkv_bias: z.boolean(),
+  /** RMS norm of each query and key head before RoPE (`blk.N.attn_{q,k}_norm.weight` [head_dim]: qwen3, qwen3moe). */
+  qk_norm: z.boolean(),
+  /**
+   * Routed experts (mixture of experts) in every layer's FFN, absent for a dense model. llama.cpp's
+   * `build_moe_ffn`: router logits W_gate_inp·h, probabilities by the gating function, the n_expert_used
+   * largest chosen per token, each chosen expert's FFN (same activation as a dense FFN), outputs summed with
+   * the probabilities as weights (renormalised over the chosen ones when `norm_weights`).
+   */
+  moe: z
+    .object({
+      /** `{arch}.expert_count`. */
+      n_expert: posInt,
+      /** `{arch}.expert_used_count`: experts per token (top-k). */
+      n_expert_used: posInt,
+      /** Neurons per expert (`{arch}.expert_feed_forward_length`, llama: `{arch}.feed_forward_length`). */
+      n_ff_exp: posInt,
+      /** Router probabilities: softmax over all experts or an independent sigmoid per expert. */
+      gating: z.enum(["softmax", "sigmoid"]),
+      /** Divide the chosen experts' weights by their sum (llama, qwen3moe: always). */
+      norm_weights: z.boolean(),
+      /** Multiplies the weights (1 = none). */
+      weights_scale: z.number(),
+    })
+    .optional(),
   /** Attention and FFN both read the layer input (falcon). */
   parallel_attn: z.boolean(),
   /** Every layer has predictor tensors `blk.N.fc1.weight` and `blk.N.fc2.weight`. */
@@ -77,7 +104,7 @@ export const ModelConfigSchema = z.object({
 /** Validated model hyper-parameters. */
 export type ModelConfig = z.infer<typeof ModelConfigSchema>;
 
-const ARCHS = ["llama", "bamboo", "falcon", "opt"] as const;
+const ARCHS = ["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"] as const;
 
 function bad(file: GgufFile, key: string, msg: string): never {
   throw new GgufError("BAD_VALUE", `"${key}": ${msg}`, { path: file.path });
@@ -174,7 +201,9 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   if (n_vocab === 0) bad(file, "tokenizer.ggml.tokens", "the vocabulary is empty");
 
   // RoPE.
-  const ropeType = arch === "falcon" ? "neox" : arch === "opt" ? "none" : "normal";
+  // NeoX pairs: falcon and the Qwen family (llama.cpp's llama_model_rope_type)
+  const qwen = arch === "qwen2" || arch === "qwen3" || arch === "qwen3moe";
+  const ropeType = arch === "falcon" || qwen ? "neox" : arch === "opt" ? "none" : "normal";
   let n_rot = int(k("rope.dimension_count"), false, true) ?? (ropeType === "none" ? 0 : head_dim);
   if (ropeType !== "none" && (n_rot > head_dim || n_rot % 2 !== 0 || n_rot === 0)) {
     bad(file, k("rope.dimension_count"), `${n_rot} must be even, non-zero and at most the head dimension ${head_dim}`);
@@ -192,7 +221,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const freq_scale = factor === 0 || scalingType === "none" ? 1 : 1 / factor;
 
   // Normalization.
-  const rms = arch === "llama" || arch === "bamboo";
+  const rms = arch === "llama" || arch === "bamboo" || qwen;
   const epsKey = rms ? k("attention.layer_norm_rms_epsilon") : k("attention.layer_norm_epsilon");
   const eps = getNumber(file, epsKey);
   if (!(eps > 0)) bad(file, epsKey, `expected a positive epsilon, found ${eps}`);
@@ -203,7 +232,10 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const act = actRaw === undefined ? undefined : normalizeAct(file, actKey, actRaw);
   const pwri = file.format === "PWRI";
   let ffn: ModelConfig["ffn"];
-  if (arch === "llama") {
+  if (qwen) {
+    if (act !== undefined && act !== "silu") bad(file, actKey, `"${actRaw}" contradicts ${arch}'s SiLU(gate)·up FFN`);
+    ffn = { activation: "silu", gated: true };
+  } else if (arch === "llama") {
     if (pwri && act !== undefined && act !== "relu") {
       bad(file, actKey, `"${actRaw}" contradicts the PWRI format, whose llama FFN is ReLU(gate)·up`);
     }
@@ -230,6 +262,36 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
         `n_vocab ${n_vocab} contradicts token_embd.weight [${embd.shape}]`,
       );
     }
+  }
+  // Routed experts: {arch}.expert_count > 0 (llama, qwen3moe) with ffn_gate_inp / ffn_*_exps tensors.
+  let moe: ModelConfig["moe"];
+  const nExpert = int(k("expert_count"), arch === "qwen3moe", true) ?? 0;
+  if (nExpert > 0) {
+    if (arch !== "llama" && arch !== "qwen3moe") bad(file, k("expert_count"), `${arch} has no routed experts`);
+    if (pwri) bad(file, k("expert_count"), "PowerInfer files with routed experts are not supported yet");
+    const nUsed = int(k("expert_used_count"), true)!;
+    if (nUsed > nExpert) bad(file, k("expert_used_count"), `${nUsed} exceeds the expert count ${nExpert}`);
+    const nFfExp = int(k("expert_feed_forward_length"), false) ?? (arch === "llama" ? n_ff : Math.floor(n_ff / nUsed));
+    moe = {
+      n_expert: nExpert,
+      n_expert_used: nUsed,
+      n_ff_exp: nFfExp,
+      gating: "softmax",
+      norm_weights: true,
+      weights_scale: 1,
+    };
+    const exp0 = tensors.get("blk.0.ffn_up_exps.weight");
+    if (exp0 && (exp0.shape[0] !== n_embd || exp0.shape[1] !== nFfExp || exp0.shape[2] !== nExpert)) {
+      bad(
+        file,
+        arch === "llama" ? k("feed_forward_length") : k("expert_feed_forward_length"),
+        `n_ff_exp ${nFfExp}, n_expert ${nExpert} contradict blk.0.ffn_up_exps.weight [${exp0.shape}]`,
+      );
+    }
+    if (tensors.size > 0 && !exp0)
+      bad(file, k("expert_count"), `${nExpert} experts, but blk.0.ffn_up_exps.weight is absent`);
+  } else if (arch === "qwen3moe") {
+    bad(file, k("expert_count"), "qwen3moe needs at least one expert");
   }
   const up0 = tensors.get("blk.0.ffn_up.weight");
   if (up0 && (up0.shape[0] !== n_embd || up0.shape[1] !== n_ff)) {
@@ -311,6 +373,9 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     rope: { type: ropeType, freq_base, freq_scale },
     norm: { type: rms ? "rms" : "layer", eps },
     ffn,
+    qkv_bias: arch === "opt" || arch === "qwen2",
+    qk_norm: arch === "qwen3" || arch === "qwen3moe",
+    moe,
     parallel_attn: arch === "falcon",
     has_predictors,
     predictor_ranks: has_predictors ? predictor_ranks : [],
@@ -319,6 +384,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     warnings,
   };
   if (cfg.name === undefined) delete cfg.name;
+  if (cfg.moe === undefined) delete cfg.moe;
   const parsed = ModelConfigSchema.safeParse(cfg);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];

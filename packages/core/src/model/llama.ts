@@ -16,7 +16,7 @@ import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "../backend/graph.j
 import type { TensorHandle } from "../backend/types.js";
 import { EngineError } from "../engine/errors.js";
 import type { KvCache } from "../engine/kv-cache.js";
-import { F32_MIN_POSITIVE, sparseFfn } from "./blocks.js";
+import { type ExpertWeights, F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
 import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
@@ -42,7 +42,8 @@ export interface LlamaLayerWeights {
   ffnNorm?: TensorHandle;
   ffnNormB?: TensorHandle;
   ffnGate?: TensorHandle;
-  ffnUp: TensorHandle;
+  /** Absent when the layer has routed experts. */
+  ffnUp?: TensorHandle;
   /** FFN biases (opt: fc1/fc2 biases). */
   bUp?: TensorHandle;
   bDown?: TensorHandle;
@@ -53,6 +54,8 @@ export interface LlamaLayerWeights {
   /** Predictor fc1 {n_embd, r} and fc2 {r, n_ff} (PowerInfer GGUF or trained here). */
   fc1?: TensorHandle;
   fc2?: TensorHandle;
+  /** Routed experts in place of the dense FFN (ffnGate/ffnUp/ffnDown absent). */
+  experts?: ExpertWeights;
 }
 
 /**
@@ -104,6 +107,25 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
   for (let l = 0; l < n_layer; l++) {
     const p = `blk.${l}.`;
     const hasDownT = m.has(`${p}ffn_down_t.weight`);
+    if (cfg.moe) {
+      const { n_expert: nx, n_ff_exp: fx } = cfg.moe;
+      layers.push({
+        attnNorm: m.map(`${p}attn_norm.weight`, [e]),
+        wq: m.map(`${p}attn_q.weight`, [e, dH]),
+        wk: m.map(`${p}attn_k.weight`, [e, ekv]),
+        wv: m.map(`${p}attn_v.weight`, [e, ekv]),
+        wo: m.map(`${p}attn_output.weight`, [dH, e]),
+        ffnNorm: m.map(`${p}ffn_norm.weight`, [e]),
+        experts: {
+          gateInp: m.map(`${p}ffn_gate_inp.weight`, [e, nx]),
+          gateExps: m.map(`${p}ffn_gate_exps.weight`, [e, fx, nx]),
+          upExps: m.map(`${p}ffn_up_exps.weight`, [e, fx, nx]),
+          downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]),
+        },
+      });
+      onLayer?.(l);
+      continue;
+    }
     const L: LlamaLayerWeights = {
       attnNorm: m.map(`${p}attn_norm.weight`, [e]),
       attnNormB: falcon || opt ? m.map(`${p}attn_norm.bias`, [e]) : undefined,
@@ -176,6 +198,18 @@ export interface SparseNodes {
  */
 export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
   if (mode === "off") return;
+  if (cfg.moe && mode === "predictor") {
+    throw new EngineError(
+      "BAD_INPUT",
+      'sparse mode "predictor" is not available for routed experts yet; use --sparse oracle',
+    );
+  }
+  if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs the experts' down projections stored neuron-major (transposeDownExperts)`,
+    );
+  }
   if (cfg.ffn.activation !== "relu") {
     throw new EngineError(
       "BAD_INPUT",
@@ -188,7 +222,7 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
       'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
     );
   }
-  if (!w.layers.every((L) => L.ffnDownT)) {
+  if (!cfg.moe && !w.layers.every((L) => L.ffnDownT)) {
     throw new EngineError(
       "BAD_INPUT",
       `sparse mode "${mode}" needs the down projection stored neuron-major (ffn_down_t); load the model with transposeDown`,
@@ -404,8 +438,13 @@ export function buildLlamaBatchGraph(
     if (!cfg.parallel_attn) h = normed(ffnInp, L.ffnNorm!, L.ffnNormB);
     const mode = opts.sparse ?? "off";
     let down: TensorId;
-    if (mode === "off") {
-      let up = linear(L.ffnUp, h, L.bUp);
+    if (L.experts) {
+      if (opts.capture) throw new EngineError("BAD_INPUT", "capture is not available for routed experts yet");
+      const r = moeFfn(g, cfg, L.experts, h, h, mode !== "off");
+      down = r.out;
+      if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
+    } else if (mode === "off") {
+      let up = linear(L.ffnUp!, h, L.bUp);
       const upRaw = up;
       if (cfg.ffn.up_activation === "relu") up = g.relu(up);
       let a: TensorId;
@@ -437,10 +476,10 @@ export function buildLlamaBatchGraph(
         threshold = F32_MIN_POSITIVE;
       } else {
         // no gate: a neuron fires when its up pre-activation (with bias) is > 0
-        logits = linear(L.ffnUp, h, L.bUp);
+        logits = linear(L.ffnUp!, h, L.bUp);
         threshold = F32_MIN_POSITIVE;
       }
-      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp, upBias: L.bUp, downT: L.ffnDownT! }, h, {
+      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT: L.ffnDownT! }, h, {
         logits,
         threshold,
         gate,
