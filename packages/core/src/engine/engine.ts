@@ -257,7 +257,11 @@ export class Model {
     free(w.tokEmbd);
     free(w.output);
     free(w.outputNorm);
-    for (const L of w.layers) for (const t of Object.values(L)) free(t);
+    for (const L of w.layers) {
+      const { experts, ...rest } = L;
+      for (const t of Object.values(rest)) free(t);
+      if (experts) for (const t of Object.values(experts)) free(t);
+    }
   }
 }
 

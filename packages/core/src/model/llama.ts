@@ -183,7 +183,10 @@ export interface ForwardOptions {
 /** What {@link ForwardOptions.capture} returns, per layer, token-major. */
 export interface LayerCapture {
   ffnInput: Float32Array;
+  /** Empty for a layer with routed experts. */
   gate: Float32Array;
+  /** Layers with routed experts: the router probabilities [n_expert × T]. */
+  routerProbs?: Float32Array;
 }
 
 /** Per-layer graph nodes of the sparse FFN, so callers can read their row counters. */
@@ -439,9 +442,11 @@ export function buildLlamaBatchGraph(
     const mode = opts.sparse ?? "off";
     let down: TensorId;
     if (L.experts) {
-      if (opts.capture) throw new EngineError("BAD_INPUT", "capture is not available for routed experts yet");
       const r = moeFfn(g, cfg, L.experts, h, h, mode !== "off");
       down = r.out;
+      if (opts.capture) {
+        captures.push({ ffnInput: g.output(ffnInp), gate: new Float32Array(0), routerProbs: g.output(r.probs) });
+      }
       if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
     } else if (mode === "off") {
       let up = linear(L.ffnUp!, h, L.bUp);

@@ -25,3 +25,11 @@ export {
   powerLawFrequencies,
 } from "./stats-math.js";
 export { MIN_SYNTHETIC_VOCAB, syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
+export {
+  generateSyntheticMoeModel,
+  SYNTHETIC_MOE_ARCHS,
+  type SyntheticMoeArch,
+  type SyntheticMoeOptions,
+  type SyntheticMoeReport,
+  type SyntheticMoeShape,
+} from "./moe.js";

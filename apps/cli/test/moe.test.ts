@@ -1,0 +1,181 @@
+/**
+ * Models with routed experts (mixture of experts) and the dense Qwen layouts that share their blocks,
+ * on small generated files (core's generateSyntheticMoeModel), against llama.cpp built for this CPU
+ * (node-llama-cpp, 1 thread), a one-token prompt and a 16-token batch prompt, 12 greedy steps:
+ * - greedy ids equal;
+ * - logits within the tolerances of the dense llama tests against the same peer (golden.test.ts:
+ *   1e-2 for F32 and F16 weights, 0.1 for Q8_0, 0.5 for Q4_0), at every step whose routing is not a
+ *   near-tie. A step's routing margin is the smallest gap, over layers and tokens, between the last
+ *   chosen expert's probability and the next one's (ours, captured). Where it is below the rounding
+ *   noise of the weight type (ROUTING_NOISE), one ulp of difference in an activation (our SiLU is not
+ *   ggml's vectorised one) can make llama.cpp choose the other expert, and that step's logits differ
+ *   by the other expert's output — llama.cpp would do the same under any ulp change. Such steps are
+ *   counted and must be few (at most a quarter of the steps).
+ */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import {
+  argmax,
+  type Backend,
+  EngineError,
+  generateSyntheticMoeModel,
+  type LayerCapture,
+  Model,
+  type SyntheticMoeArch,
+  type SyntheticMoeShape,
+} from "@powerinfer/core";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { type LlamaCppPeer, loadLlamaCpp } from "../src/bench/llama-cpp.js";
+
+const probe = await cpuBackend.probe();
+const peer = await loadLlamaCpp();
+const peerReason = "unavailable" in peer ? peer.unavailable : "";
+const dir = mkdtempSync(join(tmpdir(), "moe-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+/** The smallest gap between the k-th and (k+1)-th router probability over every layer and token. */
+function routingMargin(layers: LayerCapture[], nExpert: number, k: number): number {
+  let m = Number.POSITIVE_INFINITY;
+  for (const c of layers) {
+    const p = c.routerProbs!;
+    for (let t = 0; t < p.length / nExpert; t++) {
+      const s = Array.from(p.subarray(t * nExpert, (t + 1) * nExpert)).sort((a, b) => b - a);
+      if (k < nExpert) m = Math.min(m, s[k - 1]! - s[k]!);
+    }
+  }
+  return m;
+}
+
+/** Greedy ids, the logits before each and the routing margin of each step (one token at a time after the prompt). */
+function greedy(model: Model, prompt: number[], n: number) {
+  const s = model.createSession({ nCtx: 128, kvType: "f16" });
+  const moe = model.config.moe;
+  const margins: number[] = [];
+  const onCapture = moe
+    ? (layers: LayerCapture[]) => margins.push(routingMargin(layers, moe.n_expert, moe.n_expert_used))
+    : undefined;
+  let l = s.evaluate(prompt, { onCapture });
+  const ids: number[] = [];
+  const logits: Float32Array[] = [];
+  for (let i = 0; i < n; i++) {
+    logits.push(Float32Array.from(l));
+    ids.push(argmax(l));
+    if (i < n - 1) l = s.evaluate([ids[i]!], { onCapture });
+  }
+  s.dispose();
+  return { ids, logits, margins };
+}
+
+type WeightType = "F32" | "F16" | "Q8_0" | "Q4_0";
+/** golden.test.ts's tolerances for the dense llama files against the same peer. */
+const TOL: Record<WeightType, number> = { F32: 1e-2, F16: 1e-2, Q8_0: 0.1, Q4_0: 0.5 };
+/** Probability gaps below which the weight type's activation rounding can swap two experts. */
+const ROUTING_NOISE: Record<WeightType, number> = { F32: 1e-5, F16: 1e-3, Q8_0: 5e-3, Q4_0: 5e-3 };
+
+const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
+  let w = 0;
+  for (let i = 0; i < a.length; i++) w = Math.max(w, Math.abs(a[i]! - b[i]!));
+  return w;
+};
+
+const PROMPTS = [[1], [1, 17, 250, 300, 42, 9, 480, 3, 77, 91, 200, 150, 12, 64, 5, 311]];
+
+const SHAPE: SyntheticMoeShape = {
+  n_embd: 64,
+  n_ff: 96,
+  n_ff_exp: 64,
+  n_expert: 8,
+  n_expert_used: 2,
+  n_head: 4,
+  n_head_kv: 2,
+  n_layer: 2,
+  n_ctx: 256,
+};
+
+describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
+  let backend: Backend;
+  beforeAll(async () => {
+    backend = await cpuBackend.load({ threads: 2 });
+  });
+  afterAll(() => backend?.dispose());
+
+  it("reads llama with experts (Mixtral layout): expert count, experts per token, neurons per expert", async () => {
+    const path = join(dir, "cfg.gguf");
+    generateSyntheticMoeModel(path, { arch: "llama-moe", shape: SHAPE });
+    const m = await Model.load(path, { backend });
+    try {
+      expect(m.config.arch).toBe("llama");
+      expect(m.config.moe).toEqual({
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 64,
+        gating: "softmax",
+        norm_weights: true,
+        weights_scale: 1,
+      });
+    } finally {
+      m.dispose();
+    }
+  });
+
+  it("refuses a backend without the expert ops with a typed error", async () => {
+    const path = join(dir, "noops.gguf");
+    generateSyntheticMoeModel(path, { arch: "llama-moe", shape: SHAPE });
+    const without = new Proxy(backend, {
+      get: (t, k) =>
+        k === "supportsOp"
+          ? (op: string, d: string[]) => op !== "mul_mat_id" && t.supportsOp(op as never, d as never)
+          : Reflect.get(t, k),
+    });
+    const err = await Model.load(path, { backend: without }).catch((e) => e);
+    expect(err).toBeInstanceOf(EngineError);
+    expect((err as EngineError).code).toBe("UNSUPPORTED_OP");
+    expect(String(err.message)).toMatch(/does not implement mul_mat_id for f32/);
+  });
+
+  const cases: [SyntheticMoeArch, WeightType][] = [
+    ["llama-moe", "F32"],
+    ["llama-moe", "Q8_0"],
+    ["llama-moe", "Q4_0"],
+    ["llama-moe", "F16"],
+  ];
+  for (const [arch, dtype] of cases) {
+    it.skipIf("unavailable" in peer)(
+      `${arch} ${dtype} equals llama.cpp built for this CPU ${peerReason}`,
+      async () => {
+        const llama = peer as LlamaCppPeer;
+        const path = join(dir, `${arch}-${dtype}.gguf`);
+        generateSyntheticMoeModel(path, { arch, shape: SHAPE, dtype, seed: 3 });
+        const runner = await llama.open(path, { contextSize: 128, batchSize: 128, threads: 1 });
+        const m = await Model.load(path, { backend });
+        try {
+          let steps = 0;
+          let nearTies = 0;
+          for (const prompt of PROMPTS) {
+            const theirs = await runner.greedy(prompt, 12);
+            const ours = greedy(m, prompt, 12);
+            expect(ours.ids).toEqual(theirs.ids);
+            ours.logits.forEach((l, i) => {
+              steps++;
+              if (m.config.moe && ours.margins[i]! < ROUTING_NOISE[dtype]) {
+                nearTies++;
+                return;
+              }
+              expect(maxDiff(l, theirs.logits[i]!), `${dtype} step ${i}`).toBeLessThan(TOL[dtype]);
+            });
+          }
+          expect(nearTies, `${nearTies} of ${steps} steps with a routing near-tie`).toBeLessThanOrEqual(steps / 4);
+        } finally {
+          m.dispose();
+          await runner.dispose();
+        }
+      },
+      120_000,
+    );
+  }
+  afterAll(async () => {
+    if (!("unavailable" in peer)) await (peer as LlamaCppPeer).dispose();
+  });
+});
