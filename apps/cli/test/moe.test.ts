@@ -4,13 +4,15 @@
  * (node-llama-cpp, 1 thread), a one-token prompt and a 16-token batch prompt, 12 greedy steps:
  * - greedy ids equal;
  * - logits within the tolerances of the dense llama tests against the same peer (golden.test.ts:
- *   1e-2 for F32 and F16 weights, 0.1 for Q8_0, 0.5 for Q4_0), at every step whose routing is not a
- *   near-tie. A step's routing margin is the smallest gap, over layers and tokens, between the last
- *   chosen expert's probability and the next one's (ours, captured). Where it is below the rounding
- *   noise of the weight type (ROUTING_NOISE), one ulp of difference in an activation (our SiLU is not
- *   ggml's vectorised one) can make llama.cpp choose the other expert, and that step's logits differ
- *   by the other expert's output — llama.cpp would do the same under any ulp change. Such steps are
- *   counted and must be few (at most a quarter of the steps).
+ *   1e-2 for F32 and F16 weights, 0.1 for Q8_0, 0.5 for Q4_0) at every step. Measured here: F32, F16
+ *   and Q8_0 agree to < 1e-6 at almost every step.
+ * - Q4_0 only: llama.cpp on AVX2 runs Q4_0 through its repacked kernels, whose activations round
+ *   differently at a few half-way points (golden.test.ts pins such divergences on the dense Q4_0 file);
+ *   where a step's routing is a near-tie that is enough for llama.cpp to choose another expert, and the
+ *   step's logits then differ by that expert's output. A step's routing margin is the smallest gap, over
+ *   layers and tokens, between the last chosen expert's probability and the next one's (ours, captured);
+ *   Q4_0 steps with a margin below 5e-3 are exempt from the logits check, counted, and must be at most a
+ *   quarter of the steps.
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -71,8 +73,8 @@ function greedy(model: Model, prompt: number[], n: number) {
 type WeightType = "F32" | "F16" | "Q8_0" | "Q4_0";
 /** golden.test.ts's tolerances for the dense llama files against the same peer. */
 const TOL: Record<WeightType, number> = { F32: 1e-2, F16: 1e-2, Q8_0: 0.1, Q4_0: 0.5 };
-/** Probability gaps below which the weight type's activation rounding can swap two experts. */
-const ROUTING_NOISE: Record<WeightType, number> = { F32: 1e-5, F16: 1e-3, Q8_0: 5e-3, Q4_0: 5e-3 };
+/** Routing margins below which a step is a near-tie (Q4_0 only, see the module comment). */
+const ROUTING_NOISE: Record<WeightType, number> = { F32: 0, F16: 0, Q8_0: 0, Q4_0: 5e-3 };
 
 const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
   let w = 0;
@@ -140,6 +142,13 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
     ["llama-moe", "Q8_0"],
     ["llama-moe", "Q4_0"],
     ["llama-moe", "F16"],
+    ["qwen3moe", "F32"],
+    ["qwen3moe", "Q8_0"],
+    ["qwen3moe", "Q4_0"],
+    ["qwen2", "F32"],
+    ["qwen2", "Q8_0"],
+    ["qwen3", "F32"],
+    ["qwen3", "Q4_0"],
   ];
   for (const [arch, dtype] of cases) {
     it.skipIf("unavailable" in peer)(
@@ -147,7 +156,9 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
       async () => {
         const llama = peer as LlamaCppPeer;
         const path = join(dir, `${arch}-${dtype}.gguf`);
-        generateSyntheticMoeModel(path, { arch, shape: SHAPE, dtype, seed: 3 });
+        // qwen3 and qwen3moe: head_dim 32 with 4 heads (n_head·head_dim = 128 ≠ n_embd, as Qwen3's 128 ≠ 2048)
+        const shape = arch.startsWith("qwen3") ? { ...SHAPE, head_dim: 32 } : SHAPE;
+        generateSyntheticMoeModel(path, { arch, shape, dtype, seed: 3 });
         const runner = await llama.open(path, { contextSize: 128, batchSize: 128, threads: 1 });
         const m = await Model.load(path, { backend });
         try {

@@ -16,7 +16,7 @@ const char* const kOpNames[OP_COUNT] = {"?",       "get_rows", "mul_mat", "rms_n
                                         "softmax", "attention", "add",    "mul",      "scale", "silu",
                                         "relu",    "gelu",      "cpy",    "slice",    "mul_mat_sparse",
                                         "axpy_sparse", "sigmoid",  "top_k",     "mul_mat_id", "moe_sum",
-                                        "mul_mat_id_sparse", "axpy_id_sparse"};
+                                        "mul_mat_id_sparse", "axpy_id_sparse", "reshape"};
 
 struct TInfo {
   int kind = 0;
@@ -75,6 +75,7 @@ OpSig op_sig(int op) {
     case OP_MOE_SUM: return {3, 0, 2};
     case OP_MUL_MAT_ID_SPARSE: return {3, 1, 1};
     case OP_AXPY_ID_SPARSE: return {3, 1, 1};
+    case OP_RESHAPE: return {1, 0, 0};
     default: return {-1, 0, 0};
   }
 }
@@ -231,6 +232,7 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
     case OP_SIGMOID:
     case OP_TOP_K:
     case OP_MOE_SUM:
+    case OP_RESHAPE:
     case OP_SLICE: return d0 == DT_F32;
     default: return false;
   }
@@ -431,6 +433,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       case OP_SIGMOID:
         need_f32(0);
         need_dst_like(0);
+        break;
+      case OP_RESHAPE:
+        need_f32(0);
+        if (n.dst.nel != S[0].nel) bad(where + ": destination has " + std::to_string(n.dst.nel) + " elements, source " + std::to_string(S[0].nel));
         break;
       case OP_TOP_K: {
         need_f32(0);

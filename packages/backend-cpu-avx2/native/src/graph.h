@@ -43,7 +43,8 @@ enum Op : int {
   OP_MOE_SUM = 21,
   OP_MUL_MAT_ID_SPARSE = 22,
   OP_AXPY_ID_SPARSE = 23,
-  OP_COUNT = 24,
+  OP_RESHAPE = 24,
+  OP_COUNT = 25,
 };
 
 constexpr int TENSOR_STRIDE = 8;

@@ -782,6 +782,12 @@ void op_cpy(const NodeExec& n, int ith, int nth) {
   }
 }
 
+void op_reshape(const NodeExec& n, int ith, int nth) {
+  const int64_t N = n.dst.nel;
+  const int64_t e0 = lo(N, ith, nth), e1 = hi(N, ith, nth);
+  std::memcpy(n.dst.f32() + e0, n.src[0].f32() + e0, sizeof(float) * static_cast<size_t>(e1 - e0));
+}
+
 void op_slice(const NodeExec& n, int ith, int nth) {
   const int64_t N = n.src[0].ne[0], T = n.src[0].rows();
   const int64_t off = static_cast<int64_t>(n.p[0]), len = static_cast<int64_t>(n.p[1]);
@@ -829,6 +835,7 @@ void exec_node(const NodeExec& n, int ith, int nth) {
     case OP_MOE_SUM: op_moe_sum(n, ith, nth); break;
     case OP_CPY: op_cpy(n, ith, nth); break;
     case OP_SLICE: op_slice(n, ith, nth); break;
+    case OP_RESHAPE: op_reshape(n, ith, nth); break;
     case OP_MUL_MAT_SPARSE: op_mul_mat_sparse(n, ith, nth); break;
     case OP_AXPY_SPARSE: op_axpy_sparse(n, ith, nth); break;
     default: break;

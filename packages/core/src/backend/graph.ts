@@ -24,6 +24,8 @@
  * - `cpy(src[n,T], dst handle [n,R]; row_offset)`: writes src into rows row_offset..row_offset+T−1 of dst,
  *   converting to dst's dtype (F32/F16/BF16). The node's output is dst itself.
  * - `slice(src[N,T]; offset, length)` → [length,T]: rows offset..offset+length−1 of each column.
+ * - `reshape(src)` → the same values in the same order under another shape of the same element count
+ *   (e.g. [head_dim·n_head, T] → [head_dim, n_head·T] so that a per-head norm is a per-column one).
  * - `mul_mat_sparse(W[K,M] any, x[K,T], logits[n_out,T]?, rows i32[M']?; threshold, n_out)` → [n_out,T]:
  *   output neuron i is computed (= W-row·x) when i is in `rows` (all neurons when absent) and
  *   logits[i,t] ≥ threshold (always when absent); every other output element is exactly 0. When
@@ -83,6 +85,7 @@ export const OP_CODES: Readonly<Record<OpName, number>> = {
   moe_sum: 21,
   mul_mat_id_sparse: 22,
   axpy_id_sparse: 23,
+  reshape: 24,
 };
 
 export const DTYPE_CODES: Readonly<Record<DType, number>> = {
@@ -291,6 +294,13 @@ export class Graph {
 
   gelu(a: TensorId): TensorId {
     return this.node("gelu", this.shape(a), [a]);
+  }
+
+  /** The same F32 values under shape `ne` (same element count). */
+  reshape(src: TensorId, ne: readonly number[]): TensorId {
+    const n = nel(this.shape(src));
+    this.check(nel(ne) === n, `reshape: [${ne}] has ${nel(ne)} elements, source has ${n}`);
+    return this.node("reshape", ne, [src]);
   }
 
   sigmoid(a: TensorId): TensorId {

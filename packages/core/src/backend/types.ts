@@ -159,7 +159,8 @@ export type OpName =
   | "mul_mat_id"
   | "moe_sum"
   | "mul_mat_id_sparse"
-  | "axpy_id_sparse";
+  | "axpy_id_sparse"
+  | "reshape";
 
 /**
  * The ops of routed experts (mixture-of-experts FFNs): an optional capability. A backend that does not

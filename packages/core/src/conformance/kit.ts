@@ -948,7 +948,29 @@ function casesFor(op: OpName, dtype: DType, rng: ConformanceRng, backend: Backen
       return axpyIdSparseCases(dtype, rng);
     case "moe_sum":
       return moeSumCases(rng);
+    case "reshape":
+      return reshapeCases(rng);
   }
+}
+
+function reshapeCases(rng: ConformanceRng): CaseDef[] {
+  const shapes: [number, number, number[]][] = [
+    [12, 1, [4, 3]],
+    [64, 3, [16, 12]],
+    [30, 4, [5, 6, 4]],
+    [7, 5, [35]],
+  ];
+  return shapes.map(([n, t, ne]) => ({
+    shape: `x[${n},${t}] → [${ne}]`,
+    async run(env) {
+      const x = rng.f32(n * t, -3, 3);
+      const g = new Graph();
+      const y = g.reshape(g.input("f32", [n, t], x), ne);
+      const out = env.poisoned(g, y);
+      await env.compute(g);
+      env.compare("y", out, env.reference(g).values[y]!, () => 0, ne[0]!);
+    },
+  }));
 }
 
 // ---- routed experts -----------------------------------------------------------------------------

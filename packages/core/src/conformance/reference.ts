@@ -615,6 +615,8 @@ export function referenceCompute(
         return { value: value(s0!).map(refGelu) };
       case "sigmoid":
         return { value: value(s0!).map(refSigmoid) };
+      case "reshape":
+        return { value: Float64Array.from(value(s0!)) };
       case "top_k":
         return { value: refTopK(value(s0!), ne0(s0!)[0], p[0]!) };
       case "mul_mat_id":

@@ -21,7 +21,7 @@ import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
 
-const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt"]);
+const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"]);
 
 /**
  * Routed experts need the backend's expert ops (an optional capability) for the dtypes of the file's
@@ -115,6 +115,12 @@ export class Model {
       );
     }
     if (config.moe) checkExpertOps(opts.backend, file, config.n_layer);
+    if (config.qk_norm && !opts.backend.supportsOp("reshape", ["f32"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement reshape, which the per-head q/k norms of ${config.arch} need`,
+      );
+    }
     const tokenizer = Tokenizer.fromGguf(file);
     const mapper = new WeightMapper(file, opts.backend);
     const weights = mapLlamaWeights(config, mapper, (l) => {

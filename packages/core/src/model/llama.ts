@@ -6,6 +6,9 @@
  *
  *   llama:  h = rms_norm(x)·attn_norm;  q,k,v = Wq·h, Wk·h, Wv·h;  q,k = rope(q,k);  cache ← k,v
  *           x = x + Wo·attention(q, cache);  h = rms_norm(x)·ffn_norm;  x = x + W_down·(act(W_gate·h) ⊙ W_up·h)
+ *           (with experts: x = x + Σ_chosen p_e·FFN_e(h), see blocks.ts moeFfn)
+ *   qwen2/3: llama with NeoX RoPE; qwen2 adds q/k/v biases, qwen3 an RMS norm of every q and k head
+ *           (weights attn_q_norm/attn_k_norm [head_dim]) before RoPE; qwen3moe is qwen3 with experts
  *   falcon: h = layer_norm(x)·attn_norm + b;  q,k,v = rows of W_qkv·h₂ with h₂ = attn_norm_2(x) (40B) or h
  *           (7B);  q,k = rope_neox(q,k);  x = (W_down·act(W_up·h) + Wo·attention(…)) + x
  *   opt:    x = tok_embd[t] + pos_embd[p];  h = layer_norm(x)·attn_norm + b;  q,k,v = W·h + b (no RoPE)
@@ -32,7 +35,10 @@ export interface LlamaLayerWeights {
   wv?: TensorHandle;
   /** … or one fused {n_embd, n_embd + 2·n_embd_kv} (falcon `attn_qkv`): q rows, then k, then v. */
   wqkv?: TensorHandle;
-  /** Projection biases (opt). */
+  /** Per-head RMS-norm weights of queries and keys [head_dim] (qwen3, qwen3moe). */
+  attnQNorm?: TensorHandle;
+  attnKNorm?: TensorHandle;
+  /** Projection biases (opt, qwen2). */
   bq?: TensorHandle;
   bk?: TensorHandle;
   bv?: TensorHandle;
@@ -81,8 +87,8 @@ export interface LlamaWeights {
 }
 
 /**
- * Maps the weights of a model (llama, bamboo, falcon or opt; GGUF tensor names as llama.cpp and PowerInfer
- * write them).
+ * Maps the weights of a model (llama with or without routed experts, bamboo, falcon, opt, qwen2, qwen3,
+ * qwen3moe; GGUF tensor names as llama.cpp and PowerInfer write them).
  * @throws EngineError 'MISSING_TENSOR' / 'BAD_SHAPE' / 'UNSUPPORTED_TYPE'.
  */
 export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l: number) => void): LlamaWeights {
@@ -103,6 +109,14 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
     posEmbd = m.map("position_embd.weight", [e, rows]);
   }
   const opt1 = (name: string, ne: number[]) => m.mapOptional(name, ne);
+  /** q/k/v biases (qwen2) and per-head q/k norms (qwen3, qwen3moe). */
+  const qkExtras = (p: string): Partial<LlamaLayerWeights> => ({
+    bq: cfg.qkv_bias && !opt ? m.map(`${p}attn_q.bias`, [dH]) : undefined,
+    bk: cfg.qkv_bias && !opt ? m.map(`${p}attn_k.bias`, [ekv]) : undefined,
+    bv: cfg.qkv_bias && !opt ? m.map(`${p}attn_v.bias`, [ekv]) : undefined,
+    attnQNorm: cfg.qk_norm ? m.map(`${p}attn_q_norm.weight`, [cfg.head_dim]) : undefined,
+    attnKNorm: cfg.qk_norm ? m.map(`${p}attn_k_norm.weight`, [cfg.head_dim]) : undefined,
+  });
   const layers: LlamaLayerWeights[] = [];
   for (let l = 0; l < n_layer; l++) {
     const p = `blk.${l}.`;
@@ -114,6 +128,7 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
         wq: m.map(`${p}attn_q.weight`, [e, dH]),
         wk: m.map(`${p}attn_k.weight`, [e, ekv]),
         wv: m.map(`${p}attn_v.weight`, [e, ekv]),
+        ...qkExtras(p),
         wo: m.map(`${p}attn_output.weight`, [dH, e]),
         ffnNorm: m.map(`${p}ffn_norm.weight`, [e]),
         experts: {
@@ -154,6 +169,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
         L.bq = m.map(`${p}attn_q.bias`, [dH]);
         L.bk = m.map(`${p}attn_k.bias`, [ekv]);
         L.bv = m.map(`${p}attn_v.bias`, [ekv]);
+      } else {
+        Object.assign(L, qkExtras(p));
       }
     }
     layers.push(L);
@@ -411,6 +428,16 @@ export function buildLlamaBatchGraph(
       q = linear(L.wq!, h, L.bq);
       k = linear(L.wk!, h, L.bk);
       v = linear(L.wv!, h, L.bv);
+    }
+    if (L.attnQNorm && L.attnKNorm) {
+      // Qwen3: each head of q and k RMS-normed, then scaled by its [head_dim] weight, before RoPE
+      const headNorm = (t: TensorId, wt: TensorHandle, heads: number) => {
+        const [, cols] = g.shape(t);
+        const perHead = g.reshape(t, [cfg.head_dim, heads * cols]);
+        return g.reshape(g.mul(g.rmsNorm(perHead, eps), g.handle(wt)), [cfg.head_dim * heads, cols]);
+      };
+      q = headNorm(q, L.attnQNorm, cfg.n_head);
+      k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
     }
     if (useRope) {
       q = g.rope(q, pos, rope);
