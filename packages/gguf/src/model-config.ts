@@ -23,7 +23,7 @@ const posInt = z.number().int().positive();
 /** zod schema of {@link ModelConfig}. */
 export const ModelConfigSchema = z.object({
   /** `general.architecture`. */
-  arch: z.enum(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"]),
+  arch: z.enum(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]),
   /** Container: dense GGUF or PowerInfer PWRI. */
   format: z.enum(["GGUF", "PWRI"]),
   /** `general.name`, when present. */
@@ -85,8 +85,20 @@ export const ModelConfigSchema = z.object({
       norm_weights: z.boolean(),
       /** Multiplies the weights (1 = none). */
       weights_scale: z.number(),
+      /**
+       * What the router reads: `ffn_input` (the FFN input after ffn_norm: llama, qwen3moe) or
+       * `layer_input` (the layer's input before attn_norm: SmallThinker, so the experts a token needs are
+       * known while attention runs).
+       */
+      router_input: z.enum(["ffn_input", "layer_input"]),
     })
     .optional(),
+  /**
+   * Per layer how attention sees positions, as llama.cpp reads SmallThinker: `rope` false for NoPE layers,
+   * `window` > 0 for sliding-window layers (a query at position p sees keys at p − window + 1 .. p).
+   * Absent: every layer RoPE with full causal attention.
+   */
+  layer_attention: z.array(z.object({ rope: z.boolean(), window: z.number().int().nonnegative() })).optional(),
   /** Attention and FFN both read the layer input (falcon). */
   parallel_attn: z.boolean(),
   /** Every layer has predictor tensors `blk.N.fc1.weight` and `blk.N.fc2.weight`. */
@@ -104,7 +116,7 @@ export const ModelConfigSchema = z.object({
 /** Validated model hyper-parameters. */
 export type ModelConfig = z.infer<typeof ModelConfigSchema>;
 
-const ARCHS = ["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"] as const;
+const ARCHS = ["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"] as const;
 
 function bad(file: GgufFile, key: string, msg: string): never {
   throw new GgufError("BAD_VALUE", `"${key}": ${msg}`, { path: file.path });
@@ -202,7 +214,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
 
   // RoPE.
   // NeoX pairs: falcon and the Qwen family (llama.cpp's llama_model_rope_type)
-  const qwen = arch === "qwen2" || arch === "qwen3" || arch === "qwen3moe";
+  const qwen = arch === "qwen2" || arch === "qwen3" || arch === "qwen3moe" || arch === "smallthinker";
   const ropeType = arch === "falcon" || qwen ? "neox" : arch === "opt" ? "none" : "normal";
   let n_rot = int(k("rope.dimension_count"), false, true) ?? (ropeType === "none" ? 0 : head_dim);
   if (ropeType !== "none" && (n_rot > head_dim || n_rot % 2 !== 0 || n_rot === 0)) {
@@ -233,8 +245,10 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const pwri = file.format === "PWRI";
   let ffn: ModelConfig["ffn"];
   if (qwen) {
-    if (act !== undefined && act !== "silu") bad(file, actKey, `"${actRaw}" contradicts ${arch}'s SiLU(gate)·up FFN`);
-    ffn = { activation: "silu", gated: true };
+    // SmallThinker's experts are ReGLU: ReLU(gate)·up (llama.cpp's LLM_FFN_RELU with a gate)
+    const a0 = arch === "smallthinker" ? "relu" : "silu";
+    if (act !== undefined && act !== a0) bad(file, actKey, `"${actRaw}" contradicts ${arch}'s ${a0}(gate)·up FFN`);
+    ffn = { activation: a0, gated: true };
   } else if (arch === "llama") {
     if (pwri && act !== undefined && act !== "relu") {
       bad(file, actKey, `"${actRaw}" contradicts the PWRI format, whose llama FFN is ReLU(gate)·up`);
@@ -265,20 +279,31 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   }
   // Routed experts: {arch}.expert_count > 0 (llama, qwen3moe) with ffn_gate_inp / ffn_*_exps tensors.
   let moe: ModelConfig["moe"];
-  const nExpert = int(k("expert_count"), arch === "qwen3moe", true) ?? 0;
+  const nExpert = int(k("expert_count"), arch === "qwen3moe" || arch === "smallthinker", true) ?? 0;
   if (nExpert > 0) {
-    if (arch !== "llama" && arch !== "qwen3moe") bad(file, k("expert_count"), `${arch} has no routed experts`);
+    if (arch !== "llama" && arch !== "qwen3moe" && arch !== "smallthinker") {
+      bad(file, k("expert_count"), `${arch} has no routed experts`);
+    }
     if (pwri) bad(file, k("expert_count"), "PowerInfer files with routed experts are not supported yet");
     const nUsed = int(k("expert_used_count"), true)!;
     if (nUsed > nExpert) bad(file, k("expert_used_count"), `${nUsed} exceeds the expert count ${nExpert}`);
     const nFfExp = int(k("expert_feed_forward_length"), false) ?? (arch === "llama" ? n_ff : Math.floor(n_ff / nUsed));
+    // llama.cpp's gating per arch: softmax for llama and qwen3moe; SmallThinker's expert_gating_func
+    // (1 softmax, 2 sigmoid; llama.cpp has no default), weights renormalised over the chosen in all three
+    let gating: "softmax" | "sigmoid" = "softmax";
+    if (arch === "smallthinker") {
+      const gf = int(k("expert_gating_func"), true)!;
+      if (gf !== 1 && gf !== 2) bad(file, k("expert_gating_func"), `${gf} is not 1 (softmax) or 2 (sigmoid)`);
+      gating = gf === 1 ? "softmax" : "sigmoid";
+    }
     moe = {
       n_expert: nExpert,
       n_expert_used: nUsed,
       n_ff_exp: nFfExp,
-      gating: "softmax",
+      gating,
       norm_weights: true,
       weights_scale: 1,
+      router_input: arch === "smallthinker" ? "layer_input" : "ffn_input",
     };
     const exp0 = tensors.get("blk.0.ffn_up_exps.weight");
     if (exp0 && (exp0.shape[0] !== n_embd || exp0.shape[1] !== nFfExp || exp0.shape[2] !== nExpert)) {
@@ -290,8 +315,24 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     }
     if (tensors.size > 0 && !exp0)
       bad(file, k("expert_count"), `${nExpert} experts, but blk.0.ffn_up_exps.weight is absent`);
-  } else if (arch === "qwen3moe") {
-    bad(file, k("expert_count"), "qwen3moe needs at least one expert");
+  } else if (arch === "qwen3moe" || arch === "smallthinker") {
+    bad(file, k("expert_count"), `${arch} needs at least one expert`);
+  }
+
+  // SmallThinker (llama.cpp's reading): with {arch}.attention.sliding_window > 0, layers il % n_pattern != 0
+  // (n_pattern = {arch}.attention.sliding_window_pattern, default 4) use a sliding window that llama.cpp
+  // fixes at 4096 whatever the key says, and layers il % 4 == 0 use no RoPE — unless the model has exactly
+  // 4 layers (llama.cpp's rule: RoPE when n_no_rope_layer_step, 4, equals n_layer); without the key every
+  // layer uses RoPE and full attention.
+  let layer_attention: ModelConfig["layer_attention"];
+  if (arch === "smallthinker") {
+    const swa = int(k("attention.sliding_window"), false, true) ?? 0;
+    const pattern = int(k("attention.sliding_window_pattern"), false, true) ?? 4;
+    layer_attention = Array.from({ length: n_layer }, (_, il) =>
+      swa > 0
+        ? { rope: n_layer === 4 || il % 4 !== 0, window: pattern === 0 || il % pattern !== 0 ? 4096 : 0 }
+        : { rope: true, window: 0 },
+    );
   }
   const up0 = tensors.get("blk.0.ffn_up.weight");
   if (up0 && (up0.shape[0] !== n_embd || up0.shape[1] !== n_ff)) {
@@ -376,6 +417,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     qkv_bias: arch === "opt" || arch === "qwen2",
     qk_norm: arch === "qwen3" || arch === "qwen3moe",
     moe,
+    layer_attention,
     parallel_attn: arch === "falcon",
     has_predictors,
     predictor_ranks: has_predictors ? predictor_ranks : [],
@@ -385,6 +427,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   };
   if (cfg.name === undefined) delete cfg.name;
   if (cfg.moe === undefined) delete cfg.moe;
+  if (cfg.layer_attention === undefined) delete cfg.layer_attention;
   const parsed = ModelConfigSchema.safeParse(cfg);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];

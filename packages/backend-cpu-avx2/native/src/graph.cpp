@@ -16,7 +16,7 @@ const char* const kOpNames[OP_COUNT] = {"?",       "get_rows", "mul_mat", "rms_n
                                         "softmax", "attention", "add",    "mul",      "scale", "silu",
                                         "relu",    "gelu",      "cpy",    "slice",    "mul_mat_sparse",
                                         "axpy_sparse", "sigmoid",  "top_k",     "mul_mat_id", "moe_sum",
-                                        "mul_mat_id_sparse", "axpy_id_sparse", "reshape"};
+                                        "mul_mat_id_sparse", "axpy_id_sparse", "reshape", "attention_swa"};
 
 struct TInfo {
   int kind = 0;
@@ -76,6 +76,7 @@ OpSig op_sig(int op) {
     case OP_MUL_MAT_ID_SPARSE: return {3, 1, 1};
     case OP_AXPY_ID_SPARSE: return {3, 1, 1};
     case OP_RESHAPE: return {1, 0, 0};
+    case OP_ATTENTION_SWA: return {3, 0, 6};
     default: return {-1, 0, 0};
   }
 }
@@ -174,7 +175,8 @@ double node_work(const NodeExec& n) {
     case OP_AXPY_SPARSE:
       return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].rows()) +
              4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
-    case OP_ATTENTION: {
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: {
       const double ctx = static_cast<double>(n.p[0]) + static_cast<double>(n.src[0].rows());
       return 2.0 * 4.0 * ctx * static_cast<double>(n.src[1].ne[0]) * (n.p[4] / n.p[1]) * static_cast<double>(n.src[0].rows());
     }
@@ -217,7 +219,8 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
     case OP_MUL_MAT_ID:
     case OP_MUL_MAT_ID_SPARSE:
     case OP_AXPY_ID_SPARSE: return is_weight_dtype(d0);
-    case OP_ATTENTION: return d0 == DT_F32 || d0 == DT_F16;
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: return d0 == DT_F32 || d0 == DT_F16;
     case OP_CPY: return d0 == DT_F32 || d0 == DT_F16 || d0 == DT_BF16;
     case OP_RMS_NORM:
     case OP_NORM:
@@ -501,7 +504,9 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         if (!(n.p[2] > 0)) bad(where + ": freq_base must be positive");
         break;
       }
-      case OP_ATTENTION: {
+      case OP_ATTENTION:
+      case OP_ATTENTION_SWA: {
+        if (op == OP_ATTENTION_SWA) checked_int_param(n.p[5], "window", node, 1, int64_t{1} << 40);
         need_f32(0);
         need_2d(0);
         need_2d(1);

@@ -44,7 +44,8 @@ enum Op : int {
   OP_MUL_MAT_ID_SPARSE = 22,
   OP_AXPY_ID_SPARSE = 23,
   OP_RESHAPE = 24,
-  OP_COUNT = 25,
+  OP_ATTENTION_SWA = 25,
+  OP_COUNT = 26,
 };
 
 constexpr int TENSOR_STRIDE = 8;

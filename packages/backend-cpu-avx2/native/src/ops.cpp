@@ -687,16 +687,20 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   void* acc = static_cast<float*>(l.acc) + static_cast<size_t>(ith) * static_cast<size_t>(hd);
   const int64_t units = T * H;
   const int64_t chunk = chunk_size(units, nth, 1);
+  // attention_swa: keys at positions p with (n_past + t) − p < window only
+  const int64_t window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
   int64_t u0, u1;
   while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
-    const int64_t ctx = n_past + t + 1;
+    const int64_t end = n_past + t + 1;
+    const int64_t first = window > 0 && end > window ? end - window : 0;
+    const int64_t ctx = end - first;
     const float* q = Q.f32() + t * hd * H + h * hd;
     if (ki) n.k->convert[XF_F16](q, q16, hd);
     float* out = n.dst.f32() + t * hd * H + h * hd;
-    n.k->attn_row[ki][vi](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(kvh * hd) * kes, static_cast<size_t>(kvrow) * kes,
-                          Vc.data + static_cast<size_t>(kvh * hd) * ves, static_cast<size_t>(kvrow) * ves, ctx, scale,
-                          out, acc);
+    n.k->attn_row[ki][vi](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(first * kvrow + kvh * hd) * kes,
+                          static_cast<size_t>(kvrow) * kes, Vc.data + static_cast<size_t>(first * kvrow + kvh * hd) * ves,
+                          static_cast<size_t>(kvrow) * ves, ctx, scale, out, acc);
   }
 }
 
@@ -804,7 +808,8 @@ size_t node_scratch_bytes(const NodeExec& n, int nth) {
     case OP_MUL_MAT: mat_layout(n, b); break;
     case OP_MUL_MAT_SPARSE:
     case OP_AXPY_SPARSE: sparse_layout(n, nth, b); break;
-    case OP_ATTENTION: attn_layout(n, nth, b); break;
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: attn_layout(n, nth, b); break;
     case OP_MUL_MAT_ID:
     case OP_MUL_MAT_ID_SPARSE: expert_layout(n, b); break;
     default: break;
@@ -820,7 +825,8 @@ void exec_node(const NodeExec& n, int ith, int nth) {
     case OP_NORM: op_norm(n, ith, nth); break;
     case OP_ROPE: op_rope(n, ith, nth); break;
     case OP_SOFTMAX: op_softmax(n, ith, nth); break;
-    case OP_ATTENTION: op_attention(n, ith, nth); break;
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: op_attention(n, ith, nth); break;
     case OP_ADD:
     case OP_MUL: op_binary(n, ith, nth); break;
     case OP_SCALE:

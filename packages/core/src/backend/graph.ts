@@ -19,6 +19,8 @@
  * - `attention(q[d·H,T], k_cache[d·H_kv, C], v_cache[d·H_kv, C]; n_past, n_head_kv, scale)` → [d·H, T]:
  *   query t (absolute position n_past+t) attends cache positions 0..n_past+t (causal), head h reads KV head
  *   h / (H / H_kv) (GQA). Caches are F32 or F16 handles.
+ * - `attention_swa(…; n_past, n_head_kv, scale, window)`: as attention, but query t sees only the cache
+ *   positions p with (n_past + t) − p < window (a sliding window, llama.cpp's LLAMA_SWA_TYPE_STANDARD).
  * - `add(a[n,T], b[n,T|1])`, `mul(a, b)`: elementwise, b broadcast over columns when b.ne[1] == 1.
  * - `scale(a; s)`, `silu(a)`, `relu(a)`, `gelu(a)` (tanh approximation, as ggml).
  * - `cpy(src[n,T], dst handle [n,R]; row_offset)`: writes src into rows row_offset..row_offset+T−1 of dst,
@@ -86,6 +88,7 @@ export const OP_CODES: Readonly<Record<OpName, number>> = {
   mul_mat_id_sparse: 22,
   axpy_id_sparse: 23,
   reshape: 24,
+  attention_swa: 25,
 };
 
 export const DTYPE_CODES: Readonly<Record<DType, number>> = {
@@ -241,25 +244,24 @@ export class Graph {
     return this.node("softmax", this.shape(x), [x], [scale]);
   }
 
-  /** q is [head_dim·n_head, T]. */
+  /** q is [head_dim·n_head, T]; `window` > 0 emits attention_swa. */
   attention(
     q: TensorId,
     kCache: TensorId,
     vCache: TensorId,
-    p: { headDim: number; nHead: number; nHeadKv: number; nPast: number; scale: number },
+    p: { headDim: number; nHead: number; nHeadKv: number; nPast: number; scale: number; window?: number },
   ): TensorId {
     const [qd, t] = this.shape(q);
+    const w = p.window ?? 0;
+    this.check(Number.isInteger(w) && w >= 0, `attention: window ${w} must be a non-negative integer`);
     this.check(qd === p.headDim * p.nHead, `attention: q row ${qd} != head_dim·n_head`);
     const [kd, ctx] = this.shape(kCache);
     this.check(kd === p.headDim * p.nHeadKv, `attention: k cache row ${kd} != head_dim·n_head_kv`);
     this.check(p.nHead % p.nHeadKv === 0, "attention: n_head must be a multiple of n_head_kv");
     this.check(p.nPast + t <= ctx, `attention: ${p.nPast + t} positions exceed the cache size ${ctx}`);
-    return this.node(
-      "attention",
-      [p.headDim * p.nHead, t],
-      [q, kCache, vCache],
-      [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead],
-    );
+    const params = [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead];
+    if (w > 0) return this.node("attention_swa", [p.headDim * p.nHead, t], [q, kCache, vCache], [...params, w]);
+    return this.node("attention", [p.headDim * p.nHead, t], [q, kCache, vCache], params);
   }
 
   add(a: TensorId, b: TensorId): TensorId {

@@ -160,7 +160,8 @@ export type OpName =
   | "moe_sum"
   | "mul_mat_id_sparse"
   | "axpy_id_sparse"
-  | "reshape";
+  | "reshape"
+  | "attention_swa";
 
 /**
  * The ops of routed experts (mixture-of-experts FFNs): an optional capability. A backend that does not

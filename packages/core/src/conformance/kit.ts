@@ -50,6 +50,7 @@ export function conformanceDtypes(op: OpName): readonly DType[] {
     case "axpy_id_sparse":
       return WEIGHT_DTYPES;
     case "attention":
+    case "attention_swa":
       return ["f32", "f16"];
     case "cpy":
       return ["f32", "f16", "bf16"];
@@ -657,7 +658,17 @@ interface AttnCase {
   ctx: number;
   nPast: number;
   t: number;
+  /** attention_swa's window. */
+  window?: number;
 }
+
+/** attention_swa: windows shorter than, equal to and longer than the visible context. */
+const ATTN_SWA_CASES: AttnCase[] = [
+  { d: 8, h: 1, hkv: 1, ctx: 6, nPast: 2, t: 1, window: 1 },
+  { d: 64, h: 4, hkv: 2, ctx: 20, nPast: 7, t: 3, window: 4 },
+  { d: 16, h: 6, hkv: 1, ctx: 12, nPast: 3, t: 4, window: 5 },
+  { d: 32, h: 8, hkv: 8, ctx: 14, nPast: 0, t: 5, window: 30 },
+];
 
 const ATTN_CASES: AttnCase[] = [
   { d: 8, h: 1, hkv: 1, ctx: 6, nPast: 0, t: 1 },
@@ -680,7 +691,7 @@ function attentionTolerance(
   k: Float64Array,
   v: Float64Array,
 ): Float64Array {
-  const p = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d) };
+  const p = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d), window: c.window };
   const tol = new Float64Array(c.d * c.h * c.t);
   const kRow = c.d * c.hkv;
   const epsQ = cache === "f16" ? U_F16 : 0;
@@ -718,12 +729,12 @@ function attentionTolerance(
   return tol;
 }
 
-function attentionCases(dtype: DType, rng: ConformanceRng, withCpy: boolean): CaseDef[] {
-  const cases: CaseDef[] = ATTN_CASES.map((c) => ({
-    shape: `q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}`,
+function attentionCases(dtype: DType, rng: ConformanceRng, withCpy: boolean, swa = false): CaseDef[] {
+  const cases: CaseDef[] = (swa ? ATTN_SWA_CASES : ATTN_CASES).map((c) => ({
+    shape: `q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}${c.window ? ` window ${c.window}` : ""}`,
     run: (env) => runAttention(env, c, dtype, rng, false),
   }));
-  if (withCpy) {
+  if (withCpy && !swa) {
     const c = ATTN_CASES[1]!;
     cases.push({
       shape: `cpy K,V then attention: q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}`,
@@ -756,7 +767,14 @@ async function runAttention(
     kt = g.cpy(g.input("f32", [kRow, c.t], rng.f32(kRow * c.t)), kt, c.nPast);
     vt = g.cpy(g.input("f32", [kRow, c.t], rng.f32(kRow * c.t)), vt, c.nPast);
   }
-  const params = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d) };
+  const params = {
+    headDim: c.d,
+    nHead: c.h,
+    nHeadKv: c.hkv,
+    nPast: c.nPast,
+    scale: 1 / Math.sqrt(c.d),
+    window: c.window,
+  };
   const y = g.attention(g.input("f32", [c.d * c.h, c.t], q), kt, vt, params);
   const out = env.poisoned(g, y);
   await env.compute(g);
@@ -921,6 +939,8 @@ function casesFor(op: OpName, dtype: DType, rng: ConformanceRng, backend: Backen
       }
       return attentionCases(dtype, rng, withCpy);
     }
+    case "attention_swa":
+      return attentionCases(dtype, rng, false, true);
     case "add":
     case "mul":
       return binaryCases(op, rng);

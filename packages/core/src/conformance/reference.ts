@@ -141,6 +141,8 @@ export interface RefAttentionParams {
   nHeadKv: number;
   nPast: number;
   scale: number;
+  /** Sliding window (attention_swa): positions p with (nPast + t) − p ≥ window get weight 0. 0 or absent: none. */
+  window?: number;
 }
 
 /**
@@ -160,15 +162,16 @@ export function refAttentionWeights(
   const n = p.nPast + t + 1;
   const s = new Float64Array(n);
   const qo = t * d * p.nHead + h * d;
+  const first = p.window ? Math.max(0, n - p.window) : 0;
   let m = Number.NEGATIVE_INFINITY;
-  for (let c = 0; c < n; c++) {
+  for (let c = first; c < n; c++) {
     let acc = 0;
     for (let j = 0; j < d; j++) acc += q[qo + j]! * k[c * kRow + g * d + j]!;
     s[c] = p.scale * acc;
     m = Math.max(m, s[c]!);
   }
   let z = 0;
-  for (let c = 0; c < n; c++) z += s[c] = Math.exp(s[c]! - m);
+  for (let c = first; c < n; c++) z += s[c] = Math.exp(s[c]! - m);
   for (let c = 0; c < n; c++) s[c]! /= z;
   return s;
 }
@@ -593,6 +596,7 @@ export function referenceCompute(
       case "softmax":
         return { value: refSoftmax(value(s0!), ne0(s0!)[0], p[0]!) };
       case "attention":
+      case "attention_swa":
         return {
           value: refAttention(value(s0!), value(s1!), value(s2!), columns(ne0(s0!)), {
             nPast: p[0]!,
@@ -600,6 +604,7 @@ export function referenceCompute(
             scale: p[2]!,
             headDim: p[3]!,
             nHead: p[4]!,
+            window: node.op === "attention_swa" ? p[5]! : 0,
           }),
         };
       case "add":

@@ -21,7 +21,7 @@ import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
 
-const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe"]);
+const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]);
 
 /**
  * Routed experts need the backend's expert ops (an optional capability) for the dtypes of the file's
@@ -115,6 +115,12 @@ export class Model {
       );
     }
     if (config.moe) checkExpertOps(opts.backend, file, config.n_layer);
+    if (config.layer_attention?.some((a) => a.window > 0) && !opts.backend.supportsOp("attention_swa", ["f16"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement attention_swa, which the sliding-window layers of ${config.arch} need`,
+      );
+    }
     if (config.qk_norm && !opts.backend.supportsOp("reshape", ["f32"])) {
       throw new EngineError(
         "UNSUPPORTED_OP",

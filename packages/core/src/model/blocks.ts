@@ -113,7 +113,8 @@ export interface ExpertWeights {
  * p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid), the
  * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) then
  * W_down_e, summed with weights p_e (divided by their sum over the chosen when `norm_weights`).
- * `routerInput` r is h (the FFN input after ffn_norm) for llama and qwen3moe.
+ * `routerInput` r is h (the FFN input after ffn_norm) for llama and qwen3moe, the layer input before
+ * attn_norm for SmallThinker.
  *
  * Sparse ("oracle", ReLU experts only): the gate W_gate_e·h is computed densely for the chosen experts,
  * and up and down read only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output

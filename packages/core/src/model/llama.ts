@@ -9,6 +9,8 @@
  *           (with experts: x = x + Σ_chosen p_e·FFN_e(h), see blocks.ts moeFfn)
  *   qwen2/3: llama with NeoX RoPE; qwen2 adds q/k/v biases, qwen3 an RMS norm of every q and k head
  *           (weights attn_q_norm/attn_k_norm [head_dim]) before RoPE; qwen3moe is qwen3 with experts
+ *   smallthinker: llama with NeoX RoPE, ReGLU experts routed from the layer input (before attn_norm),
+ *           softmax or sigmoid gating, NoPE and sliding-window layers (config.layer_attention), tied output
  *   falcon: h = layer_norm(x)·attn_norm + b;  q,k,v = rows of W_qkv·h₂ with h₂ = attn_norm_2(x) (40B) or h
  *           (7B);  q,k = rope_neox(q,k);  x = (W_down·act(W_up·h) + Wo·attention(…)) + x
  *   opt:    x = tok_embd[t] + pos_embd[p];  h = layer_norm(x)·attn_norm + b;  q,k,v = W·h + b (no RoPE)
@@ -404,7 +406,8 @@ export function buildLlamaBatchGraph(
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
-  const attnParams = (nPast: number) => ({
+  const attnParams = (nPast: number, window = 0) => ({
+    window,
     headDim: cfg.head_dim,
     nHead: cfg.n_head,
     nHeadKv: cfg.n_head_kv,
@@ -413,6 +416,7 @@ export function buildLlamaBatchGraph(
   });
   for (let l = 0; l < w.layers.length; l++) {
     const L = w.layers[l]!;
+    const layerIn = x;
     let h = normed(x, L.attnNorm, L.attnNormB);
     // Falcon-40B: attention reads attn_norm_2's output, the FFN attn_norm's (llama.cpp's llm_build_falcon)
     const attnIn = L.attnNorm2 ? normed(x, L.attnNorm2, L.attnNorm2B) : h;
@@ -439,7 +443,9 @@ export function buildLlamaBatchGraph(
       q = headNorm(q, L.attnQNorm, cfg.n_head);
       k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
     }
-    if (useRope) {
+    // SmallThinker: NoPE layers and sliding-window layers as llama.cpp reads them (config.layer_attention)
+    const la = cfg.layer_attention?.[l];
+    if (useRope && (la?.rope ?? true)) {
       q = g.rope(q, pos, rope);
       k = g.rope(k, pos, rope);
     }
@@ -448,14 +454,14 @@ export function buildLlamaBatchGraph(
       const s = seqs[0]!;
       const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
       const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
-      att = g.attention(q, kc, vc, attnParams(s.nPast));
+      att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
     } else {
       const scratch = g.handle(opts.scratch!);
       seqs.forEach((s, i) => {
         const c = cols[i]!;
         const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
         const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
-        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast));
+        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast, la?.window));
         g.cpy(a, scratch, offsets[i]!);
       });
       // the nodes run in order: every copy above is done before this read
@@ -469,7 +475,9 @@ export function buildLlamaBatchGraph(
     const mode = opts.sparse ?? "off";
     let down: TensorId;
     if (L.experts) {
-      const r = moeFfn(g, cfg, L.experts, h, h, mode !== "off");
+      // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
+      const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
+      const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
       down = r.out;
       if (opts.capture) {
         captures.push({ ffnInput: g.output(ffnInp), gate: new Float32Array(0), routerProbs: g.output(r.probs) });

@@ -15,9 +15,15 @@ import { gauss, streamKey } from "./random.js";
 import { syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
 
 /** Architectures {@link generateSyntheticMoeModel} writes. `llama-moe` is `llama` with experts (Mixtral's layout). */
-export type SyntheticMoeArch = "llama-moe" | "qwen3moe" | "qwen2" | "qwen3";
+export type SyntheticMoeArch = "llama-moe" | "qwen3moe" | "qwen2" | "qwen3" | "smallthinker";
 
-export const SYNTHETIC_MOE_ARCHS: readonly SyntheticMoeArch[] = ["llama-moe", "qwen3moe", "qwen2", "qwen3"];
+export const SYNTHETIC_MOE_ARCHS: readonly SyntheticMoeArch[] = [
+  "llama-moe",
+  "qwen3moe",
+  "qwen2",
+  "qwen3",
+  "smallthinker",
+];
 
 /** Shape of a model with routed experts (dense archs ignore the expert fields). */
 export interface SyntheticMoeShape {
@@ -50,12 +56,16 @@ export interface SyntheticMoeOptions {
   /** Write output.weight (default true); false ties the output to token_embd. */
   untiedOutput?: boolean;
   seed?: number;
+  /** smallthinker: `expert_gating_func` written (1 softmax, 2 sigmoid). Default "softmax". */
+  gating?: "softmax" | "sigmoid";
+  /** smallthinker: `attention.sliding_window` written (llama.cpp then uses 4096 on 3 layers of 4). Default 0 (none). */
+  slidingWindow?: number;
 }
 
 /** What was written. */
 export interface SyntheticMoeReport {
   path: string;
-  ggufArch: "llama" | "qwen3moe" | "qwen2" | "qwen3";
+  ggufArch: "llama" | "qwen3moe" | "qwen2" | "qwen3" | "smallthinker";
   n_vocab: number;
   layers: number;
   bytes: number;
@@ -73,7 +83,7 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   const hd = s.head_dim ?? s.n_embd / s.n_head;
   if (!Number.isInteger(hd)) throw new RangeError(`n_head ${s.n_head} does not divide n_embd ${s.n_embd}`);
   if (s.n_head % s.n_head_kv !== 0) throw new RangeError(`n_head_kv ${s.n_head_kv} does not divide n_head ${s.n_head}`);
-  const moe = o.arch === "llama-moe" || o.arch === "qwen3moe";
+  const moe = o.arch === "llama-moe" || o.arch === "qwen3moe" || o.arch === "smallthinker";
   if (moe && !(s.n_expert_used >= 1 && s.n_expert_used <= s.n_expert)) {
     throw new RangeError(`n_expert_used ${s.n_expert_used} must be in 1..n_expert ${s.n_expert}`);
   }
@@ -106,7 +116,11 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   ];
   if (moe) {
     meta.push(u32("expert_count", s.n_expert), u32("expert_used_count", s.n_expert_used));
-    if (o.arch === "qwen3moe") meta.push(u32("expert_feed_forward_length", s.n_ff_exp));
+    if (o.arch !== "llama-moe") meta.push(u32("expert_feed_forward_length", s.n_ff_exp));
+    if (o.arch === "smallthinker") {
+      meta.push(u32("expert_gating_func", o.gating === "sigmoid" ? 2 : 1));
+      if (o.slidingWindow) meta.push(u32("attention.sliding_window", o.slidingWindow));
+    }
   }
   meta.push(...vocab);
 
