@@ -119,8 +119,9 @@ export interface ExpertWeights {
  * Sparse ("oracle", ReLU experts only): the gate W_gate_e·h is computed densely for the chosen experts,
  * and up and down read only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output
  * is 0); the down projection must be stored neuron-major (`downExpsT`).
- * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T] and the graph node indices
- *   of the sparse expert ops (empty when dense).
+ * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
+ *   pre-activations [n_ff_exp, n_expert_used, T] and the graph node indices of the sparse expert ops
+ *   (empty when dense).
  */
 export function moeFfn(
   g: Graph,
@@ -129,7 +130,7 @@ export function moeFfn(
   h: TensorId,
   routerInput: TensorId,
   sparse: boolean,
-): { out: TensorId; probs: TensorId; sparseNodes: number[] } {
+): { out: TensorId; probs: TensorId; gate: TensorId; sparseNodes: number[] } {
   const moe = cfg.moe!;
   const logits = g.mulMat(g.handle(W.gateInp), routerInput);
   const probs = moe.gating === "softmax" ? g.softmax(logits) : g.sigmoid(logits);
@@ -152,5 +153,5 @@ export function moeFfn(
     sparseNodes.push(g.nodes.length - 1);
   }
   const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
-  return { out, probs, sparseNodes };
+  return { out, probs, gate, sparseNodes };
 }

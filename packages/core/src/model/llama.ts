@@ -206,6 +206,8 @@ export interface LayerCapture {
   gate: Float32Array;
   /** Layers with routed experts: the router probabilities [n_expert × T]. */
   routerProbs?: Float32Array;
+  /** Layers with routed experts: the chosen experts' gate pre-activations [n_ff_exp × n_expert_used × T]. */
+  expertGate?: Float32Array;
 }
 
 /** Per-layer graph nodes of the sparse FFN, so callers can read their row counters. */
@@ -480,7 +482,12 @@ export function buildLlamaBatchGraph(
       const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
       down = r.out;
       if (opts.capture) {
-        captures.push({ ffnInput: g.output(ffnInp), gate: new Float32Array(0), routerProbs: g.output(r.probs) });
+        captures.push({
+          ffnInput: g.output(ffnInp),
+          gate: new Float32Array(0),
+          routerProbs: g.output(r.probs),
+          expertGate: g.output(r.gate),
+        });
       }
       if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
     } else if (mode === "off") {

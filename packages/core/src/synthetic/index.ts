@@ -26,7 +26,10 @@ export {
 } from "./stats-math.js";
 export { MIN_SYNTHETIC_VOCAB, syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
 export {
+  activeParametersPerToken,
   generateSyntheticMoeModel,
+  MOE_SHAPE_PRESETS,
+  type MoeShapePreset,
   SYNTHETIC_MOE_ARCHS,
   type SyntheticMoeArch,
   type SyntheticMoeOptions,

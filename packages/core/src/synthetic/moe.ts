@@ -42,6 +42,81 @@ export interface SyntheticMoeShape {
   n_ctx: number;
 }
 
+/**
+ * Real shapes, from each model's published configuration (Hugging Face `config.json`):
+ * - `qwen3-30b-a3b` (Qwen/Qwen3-30B-A3B): hidden_size 2048, intermediate_size 6144, moe_intermediate_size
+ *   768, num_experts 128, num_experts_per_tok 8, num_attention_heads 32, num_key_value_heads 4, head_dim
+ *   128, num_hidden_layers 48, max_position_embeddings 40960.
+ * - `mixtral-8x7b` (mistralai/Mixtral-8x7B-v0.1): hidden_size 4096, intermediate_size 14336,
+ *   num_local_experts 8, num_experts_per_tok 2, num_attention_heads 32, num_key_value_heads 8,
+ *   num_hidden_layers 32, max_position_embeddings 32768.
+ * - `smallthinker-4b-a0.6b` (PowerInfer/SmallThinker-4BA0.6B-Instruct, config.json at b51db6d): hidden_size
+ *   1536, moe_ffn_hidden_size 768, moe_num_primary_experts 32, moe_num_active_primary_experts 4,
+ *   num_attention_heads 12, num_key_value_heads 2, head_dim 128, num_hidden_layers 32,
+ *   max_position_embeddings 32768, sliding_window_size 4096.
+ */
+export const MOE_SHAPE_PRESETS = {
+  "qwen3-30b-a3b": {
+    arch: "qwen3moe",
+    shape: {
+      n_embd: 2048,
+      n_ff: 6144,
+      n_ff_exp: 768,
+      n_expert: 128,
+      n_expert_used: 8,
+      n_head: 32,
+      n_head_kv: 4,
+      head_dim: 128,
+      n_layer: 48,
+      n_ctx: 40960,
+    },
+  },
+  "mixtral-8x7b": {
+    arch: "llama-moe",
+    shape: {
+      n_embd: 4096,
+      n_ff: 14336,
+      n_ff_exp: 14336,
+      n_expert: 8,
+      n_expert_used: 2,
+      n_head: 32,
+      n_head_kv: 8,
+      n_layer: 32,
+      n_ctx: 32768,
+    },
+  },
+  "smallthinker-4b-a0.6b": {
+    arch: "smallthinker",
+    shape: {
+      n_embd: 1536,
+      n_ff: 768,
+      n_ff_exp: 768,
+      n_expert: 32,
+      n_expert_used: 4,
+      n_head: 12,
+      n_head_kv: 2,
+      head_dim: 128,
+      n_layer: 32,
+      n_ctx: 32768,
+    },
+  },
+} as const satisfies Record<string, { arch: SyntheticMoeArch; shape: SyntheticMoeShape }>;
+
+export type MoeShapePreset = keyof typeof MOE_SHAPE_PRESETS;
+
+/**
+ * Parameters one token reads in a model with routed experts: attention, router and the n_expert_used
+ * chosen experts of every layer, plus the output matrix (token_embd is a row lookup and is not counted).
+ * Dense archs: every FFN parameter.
+ */
+export function activeParametersPerToken(arch: SyntheticMoeArch, s: SyntheticMoeShape, n_vocab: number): number {
+  const hd = s.head_dim ?? s.n_embd / s.n_head;
+  const attn = s.n_embd * hd * (2 * s.n_head + 2 * s.n_head_kv);
+  const moe = arch === "llama-moe" || arch === "qwen3moe" || arch === "smallthinker";
+  const ffn = moe ? s.n_embd * s.n_expert + s.n_expert_used * 3 * s.n_embd * s.n_ff_exp : 3 * s.n_embd * s.n_ff;
+  return s.n_layer * (attn + ffn) + s.n_embd * n_vocab;
+}
+
 /** Options of {@link generateSyntheticMoeModel}. */
 export interface SyntheticMoeOptions {
   arch: SyntheticMoeArch;
