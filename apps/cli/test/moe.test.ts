@@ -378,3 +378,32 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     );
   }, 300_000);
 });
+
+describe("inspect reports experts", () => {
+  it("counts experts, experts per token, neurons per expert and the parameters one token reads", async () => {
+    const { inspectFile, formatInspect } = await import("../src/commands/inspect.js");
+    const path = join(dir, "inspect-moe.gguf");
+    generateSyntheticMoeModel(path, { arch: "llama-moe", shape: SHAPE });
+    const r = inspectFile(path);
+    const { n_embd: E, n_ff_exp: F, n_expert: X, n_expert_used: U, n_layer: L } = SHAPE;
+    const dH = 64;
+    const dKv = 32;
+    const perLayer = E * dH + 2 * E * dKv + dH * E + 2 * E + E * X + 3 * E * F * U;
+    expect(r.experts).toEqual({
+      n_expert: 8,
+      n_expert_used: 2,
+      n_ff_exp: 64,
+      gating: "softmax",
+      router_input: "ffn_input",
+      activeParametersPerToken: L * perLayer + E + E * 512,
+    });
+    expect(formatInspect(r, {})).toMatch(
+      /experts: 8, 2 used per token, 64 neurons each; softmax gating of the FFN input/,
+    );
+    const st = join(dir, "inspect-st.gguf");
+    generateSyntheticMoeModel(st, { arch: "smallthinker", shape: SHAPE, untiedOutput: false });
+    const rs = inspectFile(st);
+    expect(rs.experts?.router_input).toBe("layer_input");
+    expect(rs.sparse.reason).toMatch(/oracle mode/);
+  });
+});
