@@ -352,6 +352,20 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     expect(String(e2.message)).toMatch(/not available for routed experts/);
   });
 
+  it("profile refuses routed experts with a typed error (not supported yet)", async () => {
+    const { profileActivations } = await import("@powerinfer/core");
+    const path = join(dir, "st-profile.gguf");
+    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: SHAPE });
+    const m = await Model.load(path, { backend });
+    const s = m.createSession({ nCtx: 32 });
+    try {
+      expect(() => profileActivations(s, [1, 2, 3], { bosId: 1 })).toThrow(/routed experts .* not supported yet/);
+    } finally {
+      s.dispose();
+      m.dispose();
+    }
+  });
+
   it("a SmallThinker-4B-shaped slice (2 layers, Q8_0): oracle-sparse experts give the dense run's greedy ids", async () => {
     const path = join(dir, "st4b-slice.gguf");
     const p = MOE_SHAPE_PRESETS["smallthinker-4b-a0.6b"];
