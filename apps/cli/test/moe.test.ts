@@ -148,6 +148,39 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
     expect(String(err.message)).toMatch(/does not implement mul_mat_id for f32/);
   });
 
+  it("continuous batching: two sequences decoded in one graph get, bit for bit, their logits alone (qwen3moe, smallthinker with windows)", async () => {
+    for (const [arch, opts] of [
+      ["qwen3moe", { shape: { ...SHAPE, head_dim: 32 } }],
+      ["smallthinker", { shape: SHAPE, layers: 5, slidingWindow: 4096, untiedOutput: false }],
+    ] as const) {
+      const path = join(dir, `batch-${arch}.gguf`);
+      generateSyntheticMoeModel(path, { arch, seed: 9, dtype: "Q8_0", ...opts });
+      const m = await Model.load(path, { backend });
+      try {
+        const pa = [1, 40, 300, 7, 99];
+        const pb = [1, 250, 3];
+        const alone = (p: number[]) => {
+          const s = m.createSession({ nCtx: 32 });
+          const l = Float32Array.from(s.evaluate(p));
+          s.dispose();
+          return l;
+        };
+        const a = m.createSession({ nCtx: 32 });
+        const b = m.createSession({ nCtx: 32 });
+        const r = m.decodeBatch([
+          { session: a, tokens: pa },
+          { session: b, tokens: pb },
+        ]);
+        expect(Array.from(r.logits[0]!), arch).toEqual(Array.from(alone(pa)));
+        expect(Array.from(r.logits[1]!), arch).toEqual(Array.from(alone(pb)));
+        a.dispose();
+        b.dispose();
+      } finally {
+        m.dispose();
+      }
+    }
+  });
+
   interface PeerCase {
     arch: SyntheticMoeArch;
     dtype: WeightType;
