@@ -413,6 +413,7 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   const DotFn dot = n.k->dot[W.dtype];
+  const DotTileFn tile = n.k->dot_tile[W.dtype];
   const int64_t nu = *l.n_used;
   // items: (used expert, chunk of rows)
   const int64_t rows_chunk = 16;
@@ -427,6 +428,20 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
       const int64_t r0 = (it % per_expert) * rows_chunk;
       const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
       const uint8_t* we = W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
+      if (!logits && l.start[e + 1] - l.start[e] == 1) {
+        // one (slot, token) on this expert (decode): four rows at a time as concurrent streams, as the
+        // dense matrix × vector does; a tile computes each output exactly as dot does
+        const int64_t p = l.pairs[l.start[e]];
+        const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+        for (int64_t r = r0; r < r1; r += 4) {
+          const int nr = r + 4 <= r1 ? 4 : static_cast<int>(r1 - r);
+          const uint8_t* w[4];
+          for (int i = 0; i < nr; i++) w[i] = we + (r + i) * wrb;
+          tile(K, nr, 1, w, &xp, y + p * M + r);
+        }
+        read += r1 - r0;
+        continue;
+      }
       for (int64_t r = r0; r < r1; r++) {
         const uint8_t* w = we + r * wrb;
         if (r + 1 < r1) prefetch_row(w + wrb, wrb);
