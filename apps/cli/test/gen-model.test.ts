@@ -145,3 +145,39 @@ describe("gen-model", () => {
     for (let i = 1; i <= 6; i++) expect(existsSync(join(dir, `x${i}.gguf`))).toBe(false);
   });
 });
+
+describe("gen-model with routed experts", () => {
+  it("writes a Qwen3-30B-A3B-shaped slice (published shape) that parses as qwen3moe", async () => {
+    const out = join(dir, "q3moe.gguf");
+    const r = await cli(
+      "--preset",
+      "qwen3-30b-a3b",
+      "--layers",
+      "1",
+      "--dtype",
+      "Q8_0",
+      "--vocab-size",
+      "512",
+      "-o",
+      out,
+      "--json",
+    );
+    expect(r.code, r.err).toBe(0);
+    const rep = JSON.parse(r.out);
+    expect(rep.ggufArch).toBe("qwen3moe");
+    const cfg = parseModelConfig(openGguf(out));
+    expect(cfg.moe).toMatchObject({ n_expert: 128, n_expert_used: 8, n_ff_exp: 768 });
+    expect([cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_layer]).toEqual([2048, 32, 4, 128, 1]);
+    // attention 2048·128·(2·32 + 2·4) + router 2048·128 + 8 experts · 3·2048·768, plus the output 2048·512
+    expect(rep.activeParametersPerToken).toBe(2048 * 128 * 72 + 2048 * 128 + 8 * 3 * 2048 * 768 + 2048 * 512);
+  }, 120_000);
+
+  it("refuses --format pwri and a conflicting --arch for an expert preset", async () => {
+    const a = await cli("--preset", "mixtral-8x7b", "--format", "pwri", "-o", join(dir, "x.gguf"));
+    expect(a.code).toBe(1);
+    expect(a.err).toMatch(/routed experts are written as GGUF only/);
+    const b = await cli("--preset", "smallthinker-4b-a0.6b", "--arch", "falcon", "-o", join(dir, "y.gguf"));
+    expect(b.code).toBe(1);
+    expect(b.err).toMatch(/is a smallthinker model/);
+  });
+});

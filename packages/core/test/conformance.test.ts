@@ -47,7 +47,8 @@ describe("conformance kit on the pure-TypeScript reference backend", () => {
     const r = await runConformance(b);
     expect(r.ok, formatConformanceReport(r)).toBe(true);
     expect(r.failed).toEqual([]);
-    expect(r.claimed.length).toBe(4 * WEIGHT_DTYPES.length + 2 + 3 + 11);
+    // weight ops (4 dense/sparse + 3 routed-expert), attention and attention_swa (f32/f16), cpy (3), 15 f32 ops
+    expect(r.claimed.length).toBe(7 * WEIGHT_DTYPES.length + 2 + 2 + 3 + 15);
     expect(r.passed).toEqual(r.claimed);
     expect(r.cases).toBeGreaterThan(300);
     expect(b.allocatedBytes()).toBe(0); // the kit frees what it creates
@@ -167,6 +168,59 @@ describe("conformance kit fails broken backends", () => {
     ]);
     expect(r.failed.find((f) => f.op === "mul_mat_sparse")!.message).toMatch(/inactive: the output must be exactly 0/);
     expect(r.failed.find((f) => f.op === "axpy_sparse")!.message).toMatch(/rowsRead\[\d+\] = \d+, expected \d+/);
+  });
+
+  it("routed experts: every slot reading expert 0, unnormalised weights, a top_k in ascending order, a sparse expert op reading every neuron", async () => {
+    const expert0 = (n: GraphNode, ctx: ReferenceOpContext) => {
+      const [k, m, e] = ctx.tensor(n.src[0]!).ne;
+      const w = ctx.value(n.src[0]!);
+      const x = ctx.value(n.src[1]!);
+      const [u, t] = ctx.tensor(n.src[2]!).ne;
+      const xCols = x.length / k;
+      const y = new Float64Array(m * u * t);
+      for (let c = 0; c < t; c++)
+        for (let s = 0; s < u; s++)
+          for (let r = 0; r < m; r++) {
+            let acc = 0;
+            const col = xCols === t ? c : c * u + s;
+            for (let i = 0; i < k; i++) acc += w[r * k + i]! * x[col * k + i]!;
+            y[(c * u + s) * m + r] = e > 0 ? acc : 0;
+          }
+      return { value: y };
+    };
+    const raw = (n: GraphNode, ctx: ReferenceOpContext) => ctx.reference({ ...n, params: [0, n.params[1]!] });
+    const ascending = (n: GraphNode, ctx: ReferenceOpContext) => {
+      const x = ctx.value(n.src[0]!);
+      const [len] = ctx.tensor(n.src[0]!).ne;
+      const k = n.params[0]!;
+      const out = new Float64Array((x.length / len) * k);
+      for (let c = 0; c < x.length / len; c++) {
+        const idx = Array.from({ length: len }, (_, i) => i).sort((a, b) => x[c * len + a]! - x[c * len + b]!);
+        for (let j = 0; j < k; j++) out[c * k + j] = idx[j]!;
+      }
+      return { value: out };
+    };
+    const readsAll = (n: GraphNode, ctx: ReferenceOpContext) => {
+      const r = ctx.reference(n);
+      return { ...r, rowsRead: (r.value!.length / ctx.tensor(n.dst).ne[0]) * ctx.tensor(n.src[0]!).ne[1] };
+    };
+    const r = await runConformance(backend({ ops: { mul_mat_id: expert0, moe_sum: raw, axpy_id_sparse: readsAll } }), {
+      ops: ["mul_mat_id", "moe_sum", "axpy_id_sparse"],
+      dtypes: ["f32", "q8_0"],
+    });
+    expect(failedPairs(r)).toEqual([
+      "axpy_id_sparse/f32",
+      "axpy_id_sparse/q8_0",
+      "moe_sum/f32",
+      "mul_mat_id/f32",
+      "mul_mat_id/q8_0",
+    ]);
+    // top_k is read through a correct mul_mat_id
+    const r2 = await runConformance(backend({ ops: { top_k: ascending } }), {
+      ops: ["top_k", "mul_mat_id"],
+      dtypes: ["f32"],
+    });
+    expect(failedPairs(r2)).toEqual(["top_k/f32"]);
   });
 
   it("a sparse op that treats logits == threshold as inactive", async () => {

@@ -1,6 +1,7 @@
 /**
- * Typed, validated model configuration for the architectures powerinfer-ts runs: `llama`, `bamboo`,
- * `falcon`, `opt` (dense GGUF files from llama.cpp converters, and PowerInfer PWRI files).
+ * Typed, validated model configuration for the architectures powerinfer-ts runs: `llama` (with or without
+ * routed experts, Mixtral's layout), `bamboo`, `falcon`, `opt`, `qwen2`, `qwen3`, `qwen3moe` (dense GGUF
+ * files from llama.cpp converters, and PowerInfer PWRI files).
  *
  * Keys are llama.cpp's (`{arch}.context_length`, `{arch}.attention.head_count`, …); optional keys take
  * llama.cpp's defaults (head_count_kv = head_count, rope.freq_base = 10000, rope.dimension_count =
@@ -22,7 +23,7 @@ const posInt = z.number().int().positive();
 /** zod schema of {@link ModelConfig}. */
 export const ModelConfigSchema = z.object({
   /** `general.architecture`. */
-  arch: z.enum(["llama", "bamboo", "falcon", "opt"]),
+  arch: z.enum(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]),
   /** Container: dense GGUF or PowerInfer PWRI. */
   format: z.enum(["GGUF", "PWRI"]),
   /** `general.name`, when present. */
@@ -60,6 +61,44 @@ export const ModelConfigSchema = z.object({
     /** Activation on the up branch too (Bamboo: ReLU(gate)·ReLU(up)). */
     up_activation: z.literal("relu").optional(),
   }),
+  /** Biases on the q, k and v projections (`blk.N.attn_{q,k,v}.bias`: opt, qwen2). */
+  qkv_bias: z.boolean(),
+  /** RMS norm of each query and key head before RoPE (`blk.N.attn_{q,k}_norm.weight` [head_dim]: qwen3, qwen3moe). */
+  qk_norm: z.boolean(),
+  /**
+   * Routed experts (mixture of experts) in every layer's FFN, absent for a dense model. llama.cpp's
+   * `build_moe_ffn`: router logits W_gate_inp·h, probabilities by the gating function, the n_expert_used
+   * largest chosen per token, each chosen expert's FFN (same activation as a dense FFN), outputs summed with
+   * the probabilities as weights (renormalised over the chosen ones when `norm_weights`).
+   */
+  moe: z
+    .object({
+      /** `{arch}.expert_count`. */
+      n_expert: posInt,
+      /** `{arch}.expert_used_count`: experts per token (top-k). */
+      n_expert_used: posInt,
+      /** Neurons per expert (`{arch}.expert_feed_forward_length`, llama: `{arch}.feed_forward_length`). */
+      n_ff_exp: posInt,
+      /** Router probabilities: softmax over all experts or an independent sigmoid per expert. */
+      gating: z.enum(["softmax", "sigmoid"]),
+      /** Divide the chosen experts' weights by their sum (llama, qwen3moe: always). */
+      norm_weights: z.boolean(),
+      /** Multiplies the weights (1 = none). */
+      weights_scale: z.number(),
+      /**
+       * What the router reads: `ffn_input` (the FFN input after ffn_norm: llama, qwen3moe) or
+       * `layer_input` (the layer's input before attn_norm: SmallThinker, so the experts a token needs are
+       * known while attention runs).
+       */
+      router_input: z.enum(["ffn_input", "layer_input"]),
+    })
+    .optional(),
+  /**
+   * Per layer how attention sees positions, as llama.cpp reads SmallThinker: `rope` false for NoPE layers,
+   * `window` > 0 for sliding-window layers (a query at position p sees keys at p − window + 1 .. p).
+   * Absent: every layer RoPE with full causal attention.
+   */
+  layer_attention: z.array(z.object({ rope: z.boolean(), window: z.number().int().nonnegative() })).optional(),
   /** Attention and FFN both read the layer input (falcon). */
   parallel_attn: z.boolean(),
   /** Every layer has predictor tensors `blk.N.fc1.weight` and `blk.N.fc2.weight`. */
@@ -77,7 +116,7 @@ export const ModelConfigSchema = z.object({
 /** Validated model hyper-parameters. */
 export type ModelConfig = z.infer<typeof ModelConfigSchema>;
 
-const ARCHS = ["llama", "bamboo", "falcon", "opt"] as const;
+const ARCHS = ["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"] as const;
 
 function bad(file: GgufFile, key: string, msg: string): never {
   throw new GgufError("BAD_VALUE", `"${key}": ${msg}`, { path: file.path });
@@ -174,7 +213,9 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   if (n_vocab === 0) bad(file, "tokenizer.ggml.tokens", "the vocabulary is empty");
 
   // RoPE.
-  const ropeType = arch === "falcon" ? "neox" : arch === "opt" ? "none" : "normal";
+  // NeoX pairs: falcon and the Qwen family (llama.cpp's llama_model_rope_type)
+  const qwen = arch === "qwen2" || arch === "qwen3" || arch === "qwen3moe" || arch === "smallthinker";
+  const ropeType = arch === "falcon" || qwen ? "neox" : arch === "opt" ? "none" : "normal";
   let n_rot = int(k("rope.dimension_count"), false, true) ?? (ropeType === "none" ? 0 : head_dim);
   if (ropeType !== "none" && (n_rot > head_dim || n_rot % 2 !== 0 || n_rot === 0)) {
     bad(file, k("rope.dimension_count"), `${n_rot} must be even, non-zero and at most the head dimension ${head_dim}`);
@@ -192,7 +233,7 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const freq_scale = factor === 0 || scalingType === "none" ? 1 : 1 / factor;
 
   // Normalization.
-  const rms = arch === "llama" || arch === "bamboo";
+  const rms = arch === "llama" || arch === "bamboo" || qwen;
   const epsKey = rms ? k("attention.layer_norm_rms_epsilon") : k("attention.layer_norm_epsilon");
   const eps = getNumber(file, epsKey);
   if (!(eps > 0)) bad(file, epsKey, `expected a positive epsilon, found ${eps}`);
@@ -203,7 +244,12 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const act = actRaw === undefined ? undefined : normalizeAct(file, actKey, actRaw);
   const pwri = file.format === "PWRI";
   let ffn: ModelConfig["ffn"];
-  if (arch === "llama") {
+  if (qwen) {
+    // SmallThinker's experts are ReGLU: ReLU(gate)·up (llama.cpp's LLM_FFN_RELU with a gate)
+    const a0 = arch === "smallthinker" ? "relu" : "silu";
+    if (act !== undefined && act !== a0) bad(file, actKey, `"${actRaw}" contradicts ${arch}'s ${a0}(gate)·up FFN`);
+    ffn = { activation: a0, gated: true };
+  } else if (arch === "llama") {
     if (pwri && act !== undefined && act !== "relu") {
       bad(file, actKey, `"${actRaw}" contradicts the PWRI format, whose llama FFN is ReLU(gate)·up`);
     }
@@ -230,6 +276,63 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
         `n_vocab ${n_vocab} contradicts token_embd.weight [${embd.shape}]`,
       );
     }
+  }
+  // Routed experts: {arch}.expert_count > 0 (llama, qwen3moe) with ffn_gate_inp / ffn_*_exps tensors.
+  let moe: ModelConfig["moe"];
+  const nExpert = int(k("expert_count"), arch === "qwen3moe" || arch === "smallthinker", true) ?? 0;
+  if (nExpert > 0) {
+    if (arch !== "llama" && arch !== "qwen3moe" && arch !== "smallthinker") {
+      bad(file, k("expert_count"), `${arch} has no routed experts`);
+    }
+    if (pwri) bad(file, k("expert_count"), "PowerInfer files with routed experts are not supported yet");
+    const nUsed = int(k("expert_used_count"), true)!;
+    if (nUsed > nExpert) bad(file, k("expert_used_count"), `${nUsed} exceeds the expert count ${nExpert}`);
+    const nFfExp = int(k("expert_feed_forward_length"), false) ?? (arch === "llama" ? n_ff : Math.floor(n_ff / nUsed));
+    // llama.cpp's gating per arch: softmax for llama and qwen3moe; SmallThinker's expert_gating_func
+    // (1 softmax, 2 sigmoid; llama.cpp has no default), weights renormalised over the chosen in all three
+    let gating: "softmax" | "sigmoid" = "softmax";
+    if (arch === "smallthinker") {
+      const gf = int(k("expert_gating_func"), true)!;
+      if (gf !== 1 && gf !== 2) bad(file, k("expert_gating_func"), `${gf} is not 1 (softmax) or 2 (sigmoid)`);
+      gating = gf === 1 ? "softmax" : "sigmoid";
+    }
+    moe = {
+      n_expert: nExpert,
+      n_expert_used: nUsed,
+      n_ff_exp: nFfExp,
+      gating,
+      norm_weights: true,
+      weights_scale: 1,
+      router_input: arch === "smallthinker" ? "layer_input" : "ffn_input",
+    };
+    const exp0 = tensors.get("blk.0.ffn_up_exps.weight");
+    if (exp0 && (exp0.shape[0] !== n_embd || exp0.shape[1] !== nFfExp || exp0.shape[2] !== nExpert)) {
+      bad(
+        file,
+        arch === "llama" ? k("feed_forward_length") : k("expert_feed_forward_length"),
+        `n_ff_exp ${nFfExp}, n_expert ${nExpert} contradict blk.0.ffn_up_exps.weight [${exp0.shape}]`,
+      );
+    }
+    if (tensors.size > 0 && !exp0)
+      bad(file, k("expert_count"), `${nExpert} experts, but blk.0.ffn_up_exps.weight is absent`);
+  } else if (arch === "qwen3moe" || arch === "smallthinker") {
+    bad(file, k("expert_count"), `${arch} needs at least one expert`);
+  }
+
+  // SmallThinker (llama.cpp's reading): with {arch}.attention.sliding_window > 0, layers il % n_pattern != 0
+  // (n_pattern = {arch}.attention.sliding_window_pattern, default 4) use a sliding window that llama.cpp
+  // fixes at 4096 whatever the key says, and layers il % 4 == 0 use no RoPE — unless the model has exactly
+  // 4 layers (llama.cpp's rule: RoPE when n_no_rope_layer_step, 4, equals n_layer); without the key every
+  // layer uses RoPE and full attention.
+  let layer_attention: ModelConfig["layer_attention"];
+  if (arch === "smallthinker") {
+    const swa = int(k("attention.sliding_window"), false, true) ?? 0;
+    const pattern = int(k("attention.sliding_window_pattern"), false, true) ?? 4;
+    layer_attention = Array.from({ length: n_layer }, (_, il) =>
+      swa > 0
+        ? { rope: n_layer === 4 || il % 4 !== 0, window: pattern === 0 || il % pattern !== 0 ? 4096 : 0 }
+        : { rope: true, window: 0 },
+    );
   }
   const up0 = tensors.get("blk.0.ffn_up.weight");
   if (up0 && (up0.shape[0] !== n_embd || up0.shape[1] !== n_ff)) {
@@ -311,6 +414,10 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     rope: { type: ropeType, freq_base, freq_scale },
     norm: { type: rms ? "rms" : "layer", eps },
     ffn,
+    qkv_bias: arch === "opt" || arch === "qwen2",
+    qk_norm: arch === "qwen3" || arch === "qwen3moe",
+    moe,
+    layer_attention,
     parallel_attn: arch === "falcon",
     has_predictors,
     predictor_ranks: has_predictors ? predictor_ranks : [],
@@ -319,6 +426,8 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     warnings,
   };
   if (cfg.name === undefined) delete cfg.name;
+  if (cfg.moe === undefined) delete cfg.moe;
+  if (cfg.layer_attention === undefined) delete cfg.layer_attention;
   const parsed = ModelConfigSchema.safeParse(cfg);
   if (!parsed.success) {
     const issue = parsed.error.issues[0];

@@ -52,6 +52,11 @@ export function register(program: Command): void {
           preds = readPredictors(file, { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
         }
         if (preds && o.sparseThreshold !== undefined) preds.threshold = o.sparseThreshold;
+        if (to === "pwri" && cfg.moe) {
+          throw new InvalidArgumentError(
+            `${cfg.arch} with routed experts: PowerInfer files with experts are not supported yet (keep it as GGUF)`,
+          );
+        }
         if (to === "pwri" && cfg.ffn.activation !== "relu") {
           process.stderr.write(
             `note: the FFN uses ${cfg.ffn.activation}, not ReLU; PowerInfer reads PWRI llama files as ReLU models\n`,

@@ -7,7 +7,11 @@
  */
 import { existsSync } from "node:fs";
 import {
+  activeParametersPerToken,
   generateSyntheticModel,
+  generateSyntheticMoeModel,
+  MOE_SHAPE_PRESETS,
+  type MoeShapePreset,
   Model,
   SHAPE_PRESET_NAMES,
   SYNTHETIC_ARCHS,
@@ -254,6 +258,45 @@ export function formatGenReport(r: SyntheticModelReport, verify?: VerifyReport):
   return lines.join("\n");
 }
 
+/**
+ * A preset with routed experts: the published shape (MOE_SHAPE_PRESETS), seeded Gaussian weights
+ * (generateSyntheticMoeModel; no designed activation statistics: ReLU experts fire about half their
+ * neurons), a slice of `--layers` layers (default 4).
+ */
+function genMoe(o: GenModelCliOptions): void {
+  const p = MOE_SHAPE_PRESETS[o.preset as MoeShapePreset];
+  if (o.arch !== undefined && o.arch !== p.arch) {
+    throw new InvalidArgumentError(`--preset ${o.preset} is a ${p.arch} model; --arch ${o.arch} does not fit it`);
+  }
+  const dtype = oneOf("dtype", o.dtype, SYNTHETIC_DTYPES, (x) => x.toUpperCase());
+  if (o.format.toLowerCase() !== "gguf") {
+    throw new InvalidArgumentError(`--format ${o.format}: models with routed experts are written as GGUF only`);
+  }
+  if (existsSync(o.output) && !o.force) throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);
+  const layers = o.layers ?? 4;
+  const r = generateSyntheticMoeModel(o.output, {
+    arch: p.arch,
+    shape: p.shape,
+    layers,
+    dtype,
+    vocabSize: o.vocabFrom ? undefined : o.vocabSize,
+    vocabFrom: o.vocabFrom,
+    seed: o.seed,
+    ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
+  });
+  const active = activeParametersPerToken(p.arch, { ...p.shape, n_layer: layers }, r.n_vocab);
+  const report = { ...r, preset: o.preset, arch: p.arch, shape: p.shape, dtype, activeParametersPerToken: active };
+  if (o.json) {
+    process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+    return;
+  }
+  const s = p.shape;
+  process.stdout.write(
+    `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
+      `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n`,
+  );
+}
+
 export function register(program: Command): void {
   program
     .command("gen-model")
@@ -262,7 +305,11 @@ export function register(program: Command): void {
     )
     .requiredOption("-o, --output <file>", "file to write")
     .option("--arch <arch>", `${SYNTHETIC_ARCHS.join(" | ")} (default: falcon for 40b, relu-llama otherwise)`)
-    .option("--preset <shape>", SHAPE_PRESET_NAMES.join(" | "), "7b")
+    .option(
+      "--preset <shape>",
+      `${SHAPE_PRESET_NAMES.join(" | ")} | routed experts (shapes from the published configs): ${Object.keys(MOE_SHAPE_PRESETS).join(" | ")}`,
+      "7b",
+    )
     .option("--layers <n>", "layers to generate (a slice; default: all of the preset's)", int("layers", { min: 1 }))
     .option("--dtype <type>", SYNTHETIC_DTYPES.join(" | "), "F16")
     .option("--format <format>", "gguf (llama.cpp) or pwri (PowerInfer: ffn_down_t, predictors, threshold)", "gguf")
@@ -317,6 +364,10 @@ export function register(program: Command): void {
     .option("--json", "print the report as JSON")
     .action(
       action(async (o: GenModelCliOptions) => {
+        if (o.preset in MOE_SHAPE_PRESETS) {
+          genMoe(o);
+          return;
+        }
         const opts = generatorOptions(o);
         if (existsSync(o.output) && !o.force)
           throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);

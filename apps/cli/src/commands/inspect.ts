@@ -89,6 +89,19 @@ export interface InspectReport {
   /** Metadata in file order: stored type and value (arrays summarised by length and first items). */
   metadata: Array<{ key: string; type: string; value: string | number | boolean }>;
   sparse: { verdict: SparseVerdict; reason: string };
+  /**
+   * Models with routed experts: expert count, experts per token, neurons per expert, and the parameters
+   * one token reads — every tensor but token_embd (a row lookup, counted when it is also the output), with
+   * only n_expert_used / n_expert of each stacked expert tensor (`ffn_*_exps`).
+   */
+  experts?: {
+    n_expert: number;
+    n_expert_used: number;
+    n_ff_exp: number;
+    gating: string;
+    router_input: string;
+    activeParametersPerToken: number;
+  };
   /** Summary of `<model>.activations.gguf` when it exists (from `powerinfer profile`). */
   activationStats?:
     | {
@@ -135,6 +148,12 @@ export function sparseVerdict(
     : config.ffn.gated
       ? `${config.ffn.activation}(gate)·up`
       : `${config.ffn.activation}(up)`;
+  if (config.moe && config.ffn.activation === "relu") {
+    return {
+      verdict: "needs-predictor",
+      reason: `ReLU-gated experts (${act}): within the chosen experts neurons fire sparsely; runs sparse in oracle mode (--sparse oracle, the exact active set); predictors for experts are not supported yet`,
+    };
+  }
   if (config.ffn.activation !== "relu") {
     return {
       verdict: "dense",
@@ -233,6 +252,27 @@ export function inspectFile(path: string): InspectReport {
       ? { verdict: "not-a-model", reason: `cannot run this file: ${splitError.replace(`${path}: `, "")}` }
       : sparseVerdict(file, config, configError),
     activationStats: statsSummary(path, config),
+    ...(config?.moe ? { experts: expertSummary(file, config) } : {}),
+  };
+}
+
+function expertSummary(file: GgufFile, config: ModelConfig): NonNullable<InspectReport["experts"]> {
+  const moe = config.moe!;
+  const tied = !file.tensorMap.has("output.weight");
+  let active = 0;
+  for (const t of file.tensors) {
+    if (t.name === "token_embd.weight" && !tied) continue;
+    active += /\.ffn_(gate|up|down)_exps\./.test(t.name)
+      ? (t.nElements * moe.n_expert_used) / moe.n_expert
+      : t.nElements;
+  }
+  return {
+    n_expert: moe.n_expert,
+    n_expert_used: moe.n_expert_used,
+    n_ff_exp: moe.n_ff_exp,
+    gating: moe.gating,
+    router_input: moe.router_input,
+    activeParametersPerToken: active,
   };
 }
 
@@ -320,6 +360,12 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
         ? `${c.ffn.activation}(gate)·up`
         : `${c.ffn.activation}(up), no gate`;
     out.push(`  FFN ${ffn}${c.parallel_attn ? ", attention and FFN in parallel" : ""}`);
+    if (r.experts) {
+      const x = r.experts;
+      out.push(
+        `  experts: ${x.n_expert}, ${x.n_expert_used} used per token, ${x.n_ff_exp} neurons each; ${x.gating} gating of the ${x.router_input === "layer_input" ? "layer input (before attention)" : "FFN input"}; ${num(Math.round(x.activeParametersPerToken))} of ${num(r.parameters)} parameters read per token`,
+      );
+    }
     if (c.format === "PWRI" || c.has_predictors || c.down_transposed) {
       const pred = c.has_predictors ? `predictors rank ${[...new Set(c.predictor_ranks)].join("/")}` : "no predictors";
       out.push(

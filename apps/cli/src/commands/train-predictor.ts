@@ -177,6 +177,9 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   // the model's header (cheap) decides the ReLU and rank checks before the text is read or the model loaded
   checkInputFile(o.model);
   const cfg = parseModelConfig(openGguf(o.model));
+  if (cfg.moe) {
+    throw new Error(`${o.model}: predictors for routed experts are not supported yet (run it with --sparse oracle)`);
+  }
   if (cfg.ffn.activation !== "relu") {
     throw new Error(
       `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,

@@ -15,7 +15,8 @@ namespace {
 const char* const kOpNames[OP_COUNT] = {"?",       "get_rows", "mul_mat", "rms_norm", "norm",  "rope",
                                         "softmax", "attention", "add",    "mul",      "scale", "silu",
                                         "relu",    "gelu",      "cpy",    "slice",    "mul_mat_sparse",
-                                        "axpy_sparse"};
+                                        "axpy_sparse", "sigmoid",  "top_k",     "mul_mat_id", "moe_sum",
+                                        "mul_mat_id_sparse", "axpy_id_sparse", "reshape", "attention_swa"};
 
 struct TInfo {
   int kind = 0;
@@ -68,6 +69,14 @@ OpSig op_sig(int op) {
     case OP_SLICE: return {1, 0, 2};
     case OP_MUL_MAT_SPARSE: return {2, 2, 2};
     case OP_AXPY_SPARSE: return {2, 2, 2};
+    case OP_SIGMOID: return {1, 0, 0};
+    case OP_TOP_K: return {1, 0, 1};
+    case OP_MUL_MAT_ID: return {3, 0, 0};
+    case OP_MOE_SUM: return {3, 0, 2};
+    case OP_MUL_MAT_ID_SPARSE: return {3, 1, 1};
+    case OP_AXPY_ID_SPARSE: return {3, 1, 1};
+    case OP_RESHAPE: return {1, 0, 0};
+    case OP_ATTENTION_SWA: return {3, 0, 6};
     default: return {-1, 0, 0};
   }
 }
@@ -151,12 +160,23 @@ void run_graph(void* ctx, int ith, int nth) {
 /// Rough bytes a node touches (weights read plus activations); used to keep tiny graphs on one thread.
 double node_work(const NodeExec& n) {
   switch (n.op) {
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: {
+      // the selected experts' matrices (at most one per slot and token, at most all experts)
+      const double used = static_cast<double>(n.src[2].nel) < static_cast<double>(n.src[0].ne[2])
+                              ? static_cast<double>(n.src[2].nel)
+                              : static_cast<double>(n.src[0].ne[2]);
+      return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].ne[1]) * used +
+             4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
+    }
     case OP_MUL_MAT:
     case OP_MUL_MAT_SPARSE:
     case OP_AXPY_SPARSE:
       return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].rows()) +
              4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
-    case OP_ATTENTION: {
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: {
       const double ctx = static_cast<double>(n.p[0]) + static_cast<double>(n.src[0].rows());
       return 2.0 * 4.0 * ctx * static_cast<double>(n.src[1].ne[0]) * (n.p[4] / n.p[1]) * static_cast<double>(n.src[0].rows());
     }
@@ -195,8 +215,12 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
     case OP_GET_ROWS:
     case OP_MUL_MAT:
     case OP_MUL_MAT_SPARSE:
-    case OP_AXPY_SPARSE: return is_weight_dtype(d0);
-    case OP_ATTENTION: return d0 == DT_F32 || d0 == DT_F16;
+    case OP_AXPY_SPARSE:
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: return is_weight_dtype(d0);
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: return d0 == DT_F32 || d0 == DT_F16;
     case OP_CPY: return d0 == DT_F32 || d0 == DT_F16 || d0 == DT_BF16;
     case OP_RMS_NORM:
     case OP_NORM:
@@ -208,6 +232,10 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
     case OP_SILU:
     case OP_RELU:
     case OP_GELU:
+    case OP_SIGMOID:
+    case OP_TOP_K:
+    case OP_MOE_SUM:
+    case OP_RESHAPE:
     case OP_SLICE: return d0 == DT_F32;
     default: return false;
   }
@@ -245,7 +273,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     t.out = w[7];
     if (t.kind < 0 || t.kind > 2) bad(name + ": unknown kind " + std::to_string(t.kind));
     if (t.kind == 0) {
-      if (t.dtype != DT_F32) bad(name + ": intermediate tensors must be f32");
+      // i32 intermediates hold expert ids (top_k); each op checks the dtypes of its sources
+      if (t.dtype != DT_F32 && t.dtype != DT_I32) bad(name + ": intermediate tensors must be f32 or i32");
     } else if (t.kind == 1) {
       if (t.dtype != DT_F32 && t.dtype != DT_I32) bad(name + ": inputs must be f32 or i32");
       if (t.ref < 0 || static_cast<size_t>(t.ref) >= g.inputs.size()) {
@@ -346,6 +375,9 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       dt.produced_by = node;
       if (dt.last_use < node) dt.last_use = node;
     }
+    if (op != OP_CPY && dt.dtype != (op == OP_TOP_K ? DT_I32 : DT_F32)) {
+      bad(where + ": destination must be " + (op == OP_TOP_K ? "i32" : "f32"));
+    }
     dst_of[ni] = dst;
     n.dst.dtype = dt.dtype;
     for (int d = 0; d < 4; d++) n.dst.ne[d] = dt.ne[d];
@@ -401,9 +433,62 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       case OP_SILU:
       case OP_RELU:
       case OP_GELU:
+      case OP_SIGMOID:
         need_f32(0);
         need_dst_like(0);
         break;
+      case OP_RESHAPE:
+        need_f32(0);
+        if (n.dst.nel != S[0].nel) bad(where + ": destination has " + std::to_string(n.dst.nel) + " elements, source " + std::to_string(S[0].nel));
+        break;
+      case OP_TOP_K: {
+        need_f32(0);
+        need_2d(0);
+        const int64_t k = checked_int_param(n.p[0], "k", node, 1, S[0].ne[0]);
+        need_dst(k, S[0].ne[1]);
+        break;
+      }
+      case OP_MUL_MAT_ID:
+      case OP_MUL_MAT_ID_SPARSE:
+      case OP_AXPY_ID_SPARSE: {
+        need_weight(0);
+        need_f32(1);
+        need_i32(2);
+        need_f32(3);
+        if (S[0].ne[3] != 1) bad(where + ": stacked experts must be 3-D [K, M, n_expert]");
+        need_2d(2);
+        const int64_t U = S[2].ne[0], T = S[2].ne[1], M = S[0].ne[1];
+        const int64_t xcols = S[1].rows();
+        if (op == OP_AXPY_ID_SPARSE) {
+          const int64_t e[4] = {M, U, T, 1};
+          if (!same_shape(S[1].ne, e)) bad(where + ": activations shape " + shape_str(S[1].ne) + ", expected " + shape_str(e));
+        } else {
+          if (S[0].ne[0] != S[1].ne[0]) bad(where + ": W row length " + std::to_string(S[0].ne[0]) + " != x length " + std::to_string(S[1].ne[0]));
+          if (xcols != T && xcols != U * T) {
+            bad(where + ": x has " + std::to_string(xcols) + " columns, expected " + std::to_string(T) + " or " + std::to_string(U * T));
+          }
+        }
+        const int64_t e[4] = {op == OP_AXPY_ID_SPARSE ? S[0].ne[0] : M, U, T, 1};
+        if (!same_shape(n.dst.ne, e)) bad(where + ": destination shape " + shape_str(n.dst.ne) + ", expected " + shape_str(e));
+        if (n.has[3] && (S[3].ne[0] != M || S[3].nel != M * U * T)) {
+          bad(where + ": logits shape " + shape_str(S[3].ne) + ", expected [" + std::to_string(M) + ", " + std::to_string(U) + ", " + std::to_string(T) + "]");
+        }
+        break;
+      }
+      case OP_MOE_SUM: {
+        need_f32(0);
+        need_f32(1);
+        need_i32(2);
+        need_2d(1);
+        need_2d(2);
+        const int64_t U = S[2].ne[0], T = S[2].ne[1];
+        const int64_t e[4] = {S[0].ne[0], U, T, 1};
+        if (!same_shape(S[0].ne, e)) bad(where + ": y shape " + shape_str(S[0].ne) + ", expected " + shape_str(e));
+        if (S[1].ne[1] != T) bad(where + ": probs must have " + std::to_string(T) + " columns");
+        need_dst(S[0].ne[0], T);
+        if (n.p[0] != 0 && n.p[0] != 1) bad(where + ": norm must be 0 or 1");
+        break;
+      }
       case OP_ROPE: {
         need_f32(0);
         need_i32(1);
@@ -419,7 +504,9 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         if (!(n.p[2] > 0)) bad(where + ": freq_base must be positive");
         break;
       }
-      case OP_ATTENTION: {
+      case OP_ATTENTION:
+      case OP_ATTENTION_SWA: {
+        if (op == OP_ATTENTION_SWA) checked_int_param(n.p[5], "window", node, 1, int64_t{1} << 40);
         need_f32(0);
         need_2d(0);
         need_2d(1);
@@ -498,12 +585,35 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   for (size_t ni = 0; ni < nn; ni++) {
     const NodeExec& n = ex[ni];
     const std::string where = "node " + std::to_string(ni) + " (" + op_name(n.op) + ")";
-    auto values = [&](int s) { return reinterpret_cast<const int32_t*>(ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])].data); };
+    auto values = [&](int s) {
+      const TInfo& st = ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])];
+      // an i32 intermediate (a top_k output) has no values before the run: only expert ids may be one
+      if (st.kind == 0) bad(where + ": source " + std::to_string(s) + " must be an input or a backend tensor");
+      return reinterpret_cast<const int32_t*>(st.data);
+    };
     if (n.op == OP_GET_ROWS) {
       const int32_t* ids = values(1);
       const int64_t R = n.src[0].rows();
       for (int64_t t = 0; t < n.src[1].nel; t++) {
         if (ids[t] < 0 || ids[t] >= R) bad(where + ": row id " + std::to_string(ids[t]) + " out of range 0.." + std::to_string(R - 1));
+      }
+    } else if (n.op == OP_MUL_MAT_ID || n.op == OP_MUL_MAT_ID_SPARSE || n.op == OP_AXPY_ID_SPARSE || n.op == OP_MOE_SUM) {
+      // expert ids: an input's values are checked here; a top_k output is in range when its row count is
+      const int64_t E = n.op == OP_MOE_SUM ? n.src[1].ne[0] : n.src[0].ne[2];
+      const TInfo& it = ts[static_cast<size_t>(src_of[ni * MAX_SRC + 2])];
+      if (it.kind == 0) {
+        const NodeExec& prod = ex[static_cast<size_t>(it.produced_by)];
+        if (prod.op != OP_TOP_K) bad(where + ": expert ids must be an input or the output of top_k");
+        if (prod.src[0].ne[0] > E) {
+          bad(where + ": ids come from top_k over " + std::to_string(prod.src[0].ne[0]) + " values, but there are " + std::to_string(E) + " experts");
+        }
+      } else {
+        const int32_t* ids = values(2);
+        for (int64_t j = 0; j < n.src[2].nel; j++) {
+          if (ids[j] < 0 || ids[j] >= E) {
+            bad(where + ": expert id " + std::to_string(ids[j]) + " at " + std::to_string(j) + " out of range 0.." + std::to_string(E - 1));
+          }
+        }
       }
     } else if ((n.op == OP_MUL_MAT_SPARSE || n.op == OP_AXPY_SPARSE) && n.has[3]) {
       const int32_t* rows = values(3);

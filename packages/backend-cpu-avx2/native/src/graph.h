@@ -36,7 +36,16 @@ enum Op : int {
   OP_SLICE = 15,
   OP_MUL_MAT_SPARSE = 16,
   OP_AXPY_SPARSE = 17,
-  OP_COUNT = 18,
+  // routed experts (mixture of experts)
+  OP_SIGMOID = 18,
+  OP_TOP_K = 19,
+  OP_MUL_MAT_ID = 20,
+  OP_MOE_SUM = 21,
+  OP_MUL_MAT_ID_SPARSE = 22,
+  OP_AXPY_ID_SPARSE = 23,
+  OP_RESHAPE = 24,
+  OP_ATTENTION_SWA = 25,
+  OP_COUNT = 26,
 };
 
 constexpr int TENSOR_STRIDE = 8;

@@ -341,6 +341,246 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   }
 }
 
+// ---- routed experts (mixture of experts) ----------------------------------------------------
+//
+// ids [U, T] name, per token t, the U experts its slots use. mul_mat_id and mul_mat_id_sparse group the
+// (slot, token) pairs by expert, so that a chunk of an expert's rows is read once for every token routed
+// to it; each output element is one DotFn call (the arithmetic of mul_mat), so results do not depend on
+// the grouping or the thread count. axpy_id_sparse splits its output into (column, block-aligned piece)
+// items, each summed by one thread in neuron order.
+
+struct ExpertLayout {
+  void* xq = nullptr;        // converted activations (mul_mat_id*)
+  int32_t* start = nullptr;  // E + 1 offsets into pairs, by expert
+  int32_t* pairs = nullptr;  // U·T pair indices (t·U + u), grouped by expert
+  int32_t* used = nullptr;   // experts with at least one pair, in id order
+  int64_t* n_used = nullptr;
+};
+
+ExpertLayout expert_layout(const NodeExec& n, Bump& b) {
+  ExpertLayout l;
+  const TensorView& W = n.src[0];
+  const int64_t E = W.ne[2], P = n.src[2].nel;
+  if (n.op != OP_AXPY_ID_SPARSE) {
+    const int fmt = x_format(W.dtype);
+    if (fmt != XF_F32) l.xq = b.take(x_row_bytes(fmt, W.ne[0]) * static_cast<size_t>(n.src[1].rows()));
+  }
+  l.start = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(E + 1)));
+  l.pairs = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(P)));
+  l.used = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(E)));
+  l.n_used = static_cast<int64_t*>(b.take(sizeof(int64_t)));
+  return l;
+}
+
+/// Thread 0: pairs grouped by expert (counting sort, pairs in order within an expert).
+void group_by_expert(const NodeExec& n, const ExpertLayout& l) {
+  const int64_t E = n.src[0].ne[2], P = n.src[2].nel;
+  const int32_t* ids = n.src[2].i32();
+  std::memset(l.start, 0, sizeof(int32_t) * static_cast<size_t>(E + 1));
+  for (int64_t p = 0; p < P; p++) l.start[ids[p] + 1]++;
+  int64_t nu = 0;
+  for (int64_t e = 0; e < E; e++) {
+    if (l.start[e + 1] > 0) l.used[nu++] = static_cast<int32_t>(e);
+    l.start[e + 1] += l.start[e];
+  }
+  // fill using `used` slots as cursors would clobber it; walk the pairs once per used expert instead
+  for (int64_t j = 0; j < nu; j++) {
+    const int32_t e = l.used[j];
+    int32_t c = l.start[e];
+    for (int64_t p = 0; p < P; p++) {
+      if (ids[p] == e) l.pairs[c++] = static_cast<int32_t>(p);
+    }
+  }
+  *l.n_used = nu;
+}
+
+void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const ExpertLayout l = expert_layout(n, b);
+  const TensorView& W = n.src[0];
+  const int64_t K = W.ne[0], M = W.ne[1];
+  const int64_t U = n.src[2].ne[0], T = n.src[2].ne[1];
+  const bool per_slot = n.src[1].rows() != T || U == 1;
+  const bool sparse = n.op == OP_MUL_MAT_ID_SPARSE;
+  const float thr = sparse ? static_cast<float>(n.p[0]) : 0.0f;
+  const float* logits = sparse && n.has[3] ? n.src[3].f32() : nullptr;
+  float* y = n.dst.f32();
+  if (ith == 0) group_by_expert(n, l);
+  const uint8_t* xq = convert_x(n, l.xq, ith, nth);
+  if (sparse) {
+    const int64_t ny = n.dst.nel;
+    std::memset(y + lo(ny, ith, nth), 0, sizeof(float) * static_cast<size_t>(hi(ny, ith, nth) - lo(ny, ith, nth)));
+  }
+  sync(n);
+  const size_t wrb = row_bytes(W.dtype, K);
+  const size_t xrb = x_row_bytes(x_format(W.dtype), K);
+  const DotFn dot = n.k->dot[W.dtype];
+  const DotTileFn tile = n.k->dot_tile[W.dtype];
+  const int64_t nu = *l.n_used;
+  // items: (used expert, chunk of rows)
+  const int64_t rows_chunk = 16;
+  const int64_t per_expert = (M + rows_chunk - 1) / rows_chunk;
+  const int64_t items = nu * per_expert;
+  int64_t read = 0;
+  int64_t i0, i1;
+  const int64_t chunk = chunk_size(items, nth, 1);
+  while (next_chunk(n, items, chunk, &i0, &i1)) {
+    for (int64_t it = i0; it < i1; it++) {
+      const int32_t e = l.used[it / per_expert];
+      const int64_t r0 = (it % per_expert) * rows_chunk;
+      const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
+      const uint8_t* we = W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
+      if (!logits && l.start[e + 1] - l.start[e] == 1) {
+        // one (slot, token) on this expert (decode): four rows at a time as concurrent streams, as the
+        // dense matrix × vector does; a tile computes each output exactly as dot does
+        const int64_t p = l.pairs[l.start[e]];
+        const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+        for (int64_t r = r0; r < r1; r += 4) {
+          const int nr = r + 4 <= r1 ? 4 : static_cast<int>(r1 - r);
+          const uint8_t* w[4];
+          for (int i = 0; i < nr; i++) w[i] = we + (r + i) * wrb;
+          tile(K, nr, 1, w, &xp, y + p * M + r);
+        }
+        read += r1 - r0;
+        continue;
+      }
+      for (int64_t r = r0; r < r1; r++) {
+        const uint8_t* w = we + r * wrb;
+        if (r + 1 < r1) prefetch_row(w + wrb, wrb);
+        for (int32_t q = l.start[e]; q < l.start[e + 1]; q++) {
+          const int64_t p = l.pairs[q];  // t·U + u
+          const int64_t o = p * M + r;
+          if (logits && !(logits[o] >= thr)) continue;
+          const int64_t c = per_slot ? p : p / U;
+          y[o] = dot(K, w, xq + c * xrb);
+          read++;
+        }
+      }
+    }
+  }
+  if (sparse) n.rows_read[ith] += read;
+}
+
+void op_axpy_id_sparse(const NodeExec& n, int ith, int nth) {
+  const TensorView& W = n.src[0];
+  const int64_t D = W.ne[0], M = W.ne[1];
+  const int64_t P = n.src[2].nel;  // columns (slot, token)
+  const int32_t* ids = n.src[2].i32();
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[3] ? n.src[3].f32() : nullptr;
+  const float* a = n.src[1].f32();
+  float* y = n.dst.f32();
+  const size_t wrb = row_bytes(W.dtype, D);
+  const int64_t blk = dtype_layout(W.dtype).block;
+  // pieces of a column: whole blocks, about 512 values (a single piece when the columns keep every thread busy)
+  int64_t piece = P >= 4 * nth ? D : (512 + blk - 1) / blk * blk;
+  if (piece > D) piece = D;
+  const int64_t npieces = (D + piece - 1) / piece;
+  const size_t piece_bytes = row_bytes(W.dtype, piece);
+  const AxpyFn axpy = n.k->axpy[W.dtype];
+  const AxpyRowsFn axpy_rows = n.k->axpy_rows[W.dtype];
+  const int64_t items = P * npieces;
+  int64_t read = 0;
+  int64_t i0, i1;
+  const int64_t chunk = chunk_size(items, nth, 1);
+  while (next_chunk(n, items, chunk, &i0, &i1)) {
+    for (int64_t it = i0; it < i1; it++) {
+      const int64_t p = it / npieces, pc = it % npieces;
+      const int64_t off = pc * piece;
+      const int64_t len = off + piece <= D ? piece : D - off;
+      const uint8_t* we = W.data + static_cast<size_t>(ids[p]) * static_cast<size_t>(M) * wrb + static_cast<size_t>(pc) * piece_bytes;
+      float* yc = y + p * D + off;
+      std::memset(yc, 0, sizeof(float) * static_cast<size_t>(len));
+      const float* ac = a + p * M;
+      const float* lc = logits ? logits + p * M : nullptr;
+      // four active rows per pass over the piece (same per-element operations as four axpy calls)
+      float av[4];
+      const uint8_t* wr[4];
+      int nr = 0;
+      for (int64_t i = 0; i < M; i++) {
+        if (lc && !(lc[i] >= thr)) continue;
+        if (pc == 0) read++;
+        av[nr] = ac[i];
+        wr[nr] = we + i * wrb;
+        if (++nr == 4) {
+          axpy_rows(len, 4, av, wr, yc);
+          nr = 0;
+        }
+      }
+      if (nr == 1) {
+        axpy(len, av[0], wr[0], yc);
+      } else if (nr > 1) {
+        axpy_rows(len, nr, av, wr, yc);
+      }
+    }
+  }
+  n.rows_read[ith] += read;
+}
+
+void op_moe_sum(const NodeExec& n, int ith, int nth) {
+  const int64_t D = n.src[0].ne[0], U = n.src[2].ne[0], T = n.src[2].ne[1];
+  const int64_t NE = n.src[1].ne[0];
+  const bool norm = n.p[0] != 0;
+  const float scale = static_cast<float>(n.p[1]);
+  const float* yin = n.src[0].f32();
+  const float* probs = n.src[1].f32();
+  const int32_t* ids = n.src[2].i32();
+  float* out = n.dst.f32();
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) {
+    // the weights in llama.cpp's arithmetic: the sum in double rounded once (ggml_vec_sum_f32), clamped
+    // at the smallest normal F16, each weight divided in float, then scaled
+    float w[64];
+    float wsum_f = 0.0f;
+    if (norm) {
+      double s = 0.0;
+      for (int64_t u = 0; u < U; u++) s += static_cast<double>(probs[t * NE + ids[t * U + u]]);
+      wsum_f = static_cast<float>(s);
+      if (!(wsum_f >= 6.103515625e-5f)) wsum_f = 6.103515625e-5f;
+    }
+    float* o = out + t * D;
+    for (int64_t u0 = 0; u0 < U; u0 += 64) {
+      const int64_t ub = u0 + 64 < U ? u0 + 64 : U;
+      for (int64_t u = u0; u < ub; u++) {
+        float wu = probs[t * NE + ids[t * U + u]];
+        if (norm) wu = wu / wsum_f;
+        if (scale != 1.0f) wu = wu * scale;
+        w[u - u0] = wu;
+      }
+      for (int64_t u = u0; u < ub; u++) {
+        const float* yu = yin + (t * U + u) * D;
+        const float wu = w[u - u0];
+        if (u == 0) {
+          for (int64_t i = 0; i < D; i++) o[i] = yu[i] * wu;
+        } else {
+          for (int64_t i = 0; i < D; i++) o[i] = o[i] + yu[i] * wu;
+        }
+      }
+    }
+  }
+}
+
+void op_top_k(const NodeExec& n, int ith, int nth) {
+  const int64_t N = n.src[0].ne[0], T = n.src[0].rows();
+  const int64_t k = static_cast<int64_t>(n.p[0]);
+  int32_t* out = reinterpret_cast<int32_t*>(n.dst.data);
+  for (int64_t t = lo(T, ith, nth); t < hi(T, ith, nth); t++) {
+    const float* x = n.src[0].f32() + t * N;
+    int32_t* o = out + t * k;
+    // selection by insertion into the sorted top list: larger first, equal values keep the lower index first
+    int64_t len = 0;
+    for (int64_t i = 0; i < N; i++) {
+      const float v = x[i];
+      if (len == k && !(v > x[o[k - 1]])) continue;
+      int64_t j = len < k ? len++ : k - 1;
+      while (j > 0 && v > x[o[j - 1]]) {
+        o[j] = o[j - 1];
+        j--;
+      }
+      o[j] = static_cast<int32_t>(i);
+    }
+  }
+}
+
 // ---- normalisation, rope, softmax, attention ------------------------------------------------
 
 void op_rms_norm(const NodeExec& n, int ith, int nth) {
@@ -471,16 +711,20 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   void* acc = static_cast<float*>(l.acc) + static_cast<size_t>(ith) * static_cast<size_t>(hd);
   const int64_t units = T * H;
   const int64_t chunk = chunk_size(units, nth, 1);
+  // attention_swa: keys at positions p with (n_past + t) − p < window only
+  const int64_t window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
   int64_t u0, u1;
   while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
-    const int64_t ctx = n_past + t + 1;
+    const int64_t end = n_past + t + 1;
+    const int64_t first = window > 0 && end > window ? end - window : 0;
+    const int64_t ctx = end - first;
     const float* q = Q.f32() + t * hd * H + h * hd;
     if (ki) n.k->convert[XF_F16](q, q16, hd);
     float* out = n.dst.f32() + t * hd * H + h * hd;
-    n.k->attn_row[ki][vi](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(kvh * hd) * kes, static_cast<size_t>(kvrow) * kes,
-                          Vc.data + static_cast<size_t>(kvh * hd) * ves, static_cast<size_t>(kvrow) * ves, ctx, scale,
-                          out, acc);
+    n.k->attn_row[ki][vi](hd, ki ? q16 : q, Kc.data + static_cast<size_t>(first * kvrow + kvh * hd) * kes,
+                          static_cast<size_t>(kvrow) * kes, Vc.data + static_cast<size_t>(first * kvrow + kvh * hd) * ves,
+                          static_cast<size_t>(kvrow) * ves, ctx, scale, out, acc);
   }
 }
 
@@ -564,6 +808,9 @@ void op_unary(const NodeExec& n, int ith, int nth) {
     case OP_RELU:
       for (int64_t e = e0; e < e1; e++) y[e] = x[e] > 0.0f ? x[e] : 0.0f;
       break;
+    case OP_SIGMOID:
+      for (int64_t e = e0; e < e1; e++) y[e] = 1.0f / (1.0f + std::exp(-x[e]));
+      break;
     case OP_GELU: {
       // ggml's CPU GELU (GGML_GELU_FP16): the tanh approximation (Hendrycks & Gimpel 2016) of the
       // input rounded to F16, itself rounded to F16 (ggml looks it up in a 65536-entry F16 table);
@@ -602,6 +849,12 @@ void op_cpy(const NodeExec& n, int ith, int nth) {
   }
 }
 
+void op_reshape(const NodeExec& n, int ith, int nth) {
+  const int64_t N = n.dst.nel;
+  const int64_t e0 = lo(N, ith, nth), e1 = hi(N, ith, nth);
+  std::memcpy(n.dst.f32() + e0, n.src[0].f32() + e0, sizeof(float) * static_cast<size_t>(e1 - e0));
+}
+
 void op_slice(const NodeExec& n, int ith, int nth) {
   const int64_t N = n.src[0].ne[0], T = n.src[0].rows();
   const int64_t off = static_cast<int64_t>(n.p[0]), len = static_cast<int64_t>(n.p[1]);
@@ -618,7 +871,10 @@ size_t node_scratch_bytes(const NodeExec& n, int nth) {
     case OP_MUL_MAT: mat_layout(n, b); break;
     case OP_MUL_MAT_SPARSE:
     case OP_AXPY_SPARSE: sparse_layout(n, nth, b); break;
-    case OP_ATTENTION: attn_layout(n, nth, b); break;
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: attn_layout(n, nth, b); break;
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE: expert_layout(n, b); break;
     default: break;
   }
   return align_up(b.off);
@@ -632,15 +888,23 @@ void exec_node(const NodeExec& n, int ith, int nth) {
     case OP_NORM: op_norm(n, ith, nth); break;
     case OP_ROPE: op_rope(n, ith, nth); break;
     case OP_SOFTMAX: op_softmax(n, ith, nth); break;
-    case OP_ATTENTION: op_attention(n, ith, nth); break;
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: op_attention(n, ith, nth); break;
     case OP_ADD:
     case OP_MUL: op_binary(n, ith, nth); break;
     case OP_SCALE:
     case OP_SILU:
     case OP_RELU:
-    case OP_GELU: op_unary(n, ith, nth); break;
+    case OP_GELU:
+    case OP_SIGMOID: op_unary(n, ith, nth); break;
+    case OP_TOP_K: op_top_k(n, ith, nth); break;
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE: op_mul_mat_id(n, ith, nth); break;
+    case OP_AXPY_ID_SPARSE: op_axpy_id_sparse(n, ith, nth); break;
+    case OP_MOE_SUM: op_moe_sum(n, ith, nth); break;
     case OP_CPY: op_cpy(n, ith, nth); break;
     case OP_SLICE: op_slice(n, ith, nth); break;
+    case OP_RESHAPE: op_reshape(n, ith, nth); break;
     case OP_MUL_MAT_SPARSE: op_mul_mat_sparse(n, ith, nth); break;
     case OP_AXPY_SPARSE: op_axpy_sparse(n, ith, nth); break;
     default: break;

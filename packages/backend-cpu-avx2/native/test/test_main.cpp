@@ -565,6 +565,112 @@ void test_executor() {
   CHECK(runs[2] == runs[3], "axpy_sparse deterministic at 2 threads");
 }
 
+/// Routed experts: top_k → mul_mat_id (each slot equals mul_mat on its expert's slice, bit for bit),
+/// mul_mat_id_sparse (equals the dense slot where the gate is > 0, exactly 0 elsewhere, rows counted),
+/// axpy_id_sparse and moe_sum; identical for every thread count and serial threshold.
+void test_experts() {
+  constexpr int K = 64, M = 40, E = 5, U = 2, T = 3;
+  TensorStore store{SIZE_MAX};
+  const int64_t wne[4] = {K, M, E, 1};
+  TensorPtr w = store.create(DT_Q4_0, wne);
+  const std::vector<uint8_t> wb = random_row(DT_Q4_0, int64_t{K} * M * E);
+  std::memcpy(w->data, wb.data(), wb.size());
+  TensorPtr wt = store.create(DT_F16, wne);
+  const std::vector<uint8_t> tb = random_row(DT_F16, int64_t{K} * M * E);
+  std::memcpy(wt->data, tb.data(), tb.size());
+  std::vector<float> x(K * T), router(E * T);
+  for (auto& v : x) v = uni(-1, 1);
+  for (auto& v : router) v = uni(-2, 2);
+  router[E + 3] = router[E + 1];  // a tie in token 1: the lower index ranks first
+  std::vector<int32_t> want_ids(U * T);
+  for (int t = 0; t < T; t++) {
+    std::vector<int> order(E);
+    for (int e = 0; e < E; e++) order[static_cast<size_t>(e)] = e;
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return router[static_cast<size_t>(t * E + a)] > router[static_cast<size_t>(t * E + b)]; });
+    for (int u = 0; u < U; u++) want_ids[static_cast<size_t>(t * U + u)] = order[static_cast<size_t>(u)];
+  }
+  // expected dense slots: mul_mat on a copy of the expert's slice
+  std::vector<float> want_dense(M * U * T);
+  {
+    Executor ex(store, 1, false);
+    const size_t slice = row_bytes(DT_Q4_0, K) * M;
+    for (int p = 0; p < U * T; p++) {
+      const int64_t sne[4] = {K, M, 1, 1};
+      TensorPtr ws = store.create(DT_Q4_0, sne);
+      std::memcpy(ws->data, wb.data() + static_cast<size_t>(want_ids[static_cast<size_t>(p)]) * slice, slice);
+      GraphBuilder b;
+      const int h = b.tensor(2, DT_Q4_0, {K, M}, ws->id);
+      const int xi = b.input(DT_F32, {K, 1}, x.data() + (p / U) * K, K * 4);
+      const int y = b.node(OP_MUL_MAT, {M, 1}, {h, xi}, {});
+      b.output(y, want_dense.data() + p * M, M * 4);
+      std::vector<double> rows;
+      ex.compute(b.view(), rows);
+      store.release(ws->id);
+    }
+  }
+  int64_t active = 0;
+  for (float v : want_dense) active += v > 0 ? 1 : 0;
+  std::vector<std::vector<float>> runs;
+  for (double serial_bytes : {0.0, 24000.0})
+  for (int threads : {1, 2, 3}) {
+    Executor ex(store, threads, false);
+    ex.set_serial_work_bytes(serial_bytes);
+    std::vector<float> dense(M * U * T), sparse(M * U * T, NAN), down(K * U * T), sum(K * T), ids_out(U * T);
+    GraphBuilder b;
+    const int hw = b.tensor(2, DT_Q4_0, {K, M, E}, w->id);
+    const int ht = b.tensor(2, DT_F16, {K, M, E}, wt->id);
+    const int xi = b.input(DT_F32, {K, T}, x.data(), x.size() * 4);
+    const int ri = b.input(DT_F32, {E, T}, router.data(), router.size() * 4);
+    const int probs = b.node(OP_SOFTMAX, {E, T}, {ri}, {1.0});
+    const int ids = b.tensor(0, DT_I32, {U, T});
+    b.node_to(OP_TOP_K, ids, {ri}, {U});
+    const int g = b.node(OP_MUL_MAT_ID, {M, U, T}, {hw, xi, ids}, {});
+    const int sp = b.node(OP_MUL_MAT_ID_SPARSE, {M, U, T}, {hw, xi, ids, g}, {1.401298464324817e-45});
+    const int a = b.node(OP_RELU, {M, U, T}, {g}, {});
+    const int d = b.node(OP_AXPY_ID_SPARSE, {K, U, T}, {ht, a, ids, g}, {1.401298464324817e-45});
+    const int o = b.node(OP_MOE_SUM, {K, T}, {d, probs, ids}, {1, 1});
+    // the ids read back through mul_mat_id on experts W_e = [[e]]
+    std::vector<float> idw(E);
+    for (int e = 0; e < E; e++) idw[static_cast<size_t>(e)] = static_cast<float>(e);
+    const int64_t ine[4] = {1, 1, E, 1};
+    TensorPtr hid = store.create(DT_F32, ine);
+    std::memcpy(hid->data, idw.data(), idw.size() * 4);
+    std::vector<float> ones(T, 1.0f);
+    const int hi_ = b.tensor(2, DT_F32, {1, 1, E}, hid->id);
+    const int oi = b.input(DT_F32, {1, T}, ones.data(), ones.size() * 4);
+    const int ir = b.node(OP_MUL_MAT_ID, {1, U, T}, {hi_, oi, ids}, {});
+    b.output(g, dense.data(), dense.size() * 4);
+    b.output(sp, sparse.data(), sparse.size() * 4);
+    b.output(d, down.data(), down.size() * 4);
+    b.output(o, sum.data(), sum.size() * 4);
+    b.output(ir, ids_out.data(), ids_out.size() * 4);
+    std::vector<double> rows;
+    bool ok = true;
+    try {
+      ex.compute(b.view(), rows);
+    } catch (const BackendErr& e) {
+      ok = false;
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+    store.release(hid->id);
+    CHECK(ok, "expert graph computes");
+    if (!ok) continue;
+    for (int p = 0; p < U * T; p++) CHECK(ids_out[static_cast<size_t>(p)] == static_cast<float>(want_ids[static_cast<size_t>(p)]), "top_k id %d", p);
+    CHECK(std::memcmp(dense.data(), want_dense.data(), dense.size() * 4) == 0, "mul_mat_id slots equal mul_mat on the expert (threads %d)", threads);
+    bool sparse_ok = true;
+    for (size_t i = 0; i < sparse.size(); i++) sparse_ok &= sparse[i] == (want_dense[i] > 0 ? want_dense[i] : 0.0f);
+    CHECK(sparse_ok, "mul_mat_id_sparse = dense where the gate fires, 0 elsewhere (threads %d)", threads);
+    CHECK(rows[3] == static_cast<double>(active), "mul_mat_id_sparse rows %g vs %ld", rows[3], static_cast<long>(active));
+    CHECK(rows[5] == static_cast<double>(active), "axpy_id_sparse rows %g vs %ld", rows[5], static_cast<long>(active));
+    std::vector<float> all(dense);
+    all.insert(all.end(), sparse.begin(), sparse.end());
+    all.insert(all.end(), down.begin(), down.end());
+    all.insert(all.end(), sum.begin(), sum.end());
+    runs.push_back(all);
+  }
+  for (size_t r = 1; r < runs.size(); r++) CHECK(runs[r] == runs[0], "expert run %zu differs", r);
+}
+
 bool throws_bad_graph(Executor& ex, const GraphBuilder& b) {
   std::vector<double> rows;
   try {
@@ -694,6 +800,7 @@ int main() {
   test_thread_pool();
   test_tensor_store();
   test_executor();
+  test_experts();
   test_bad_graphs();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -19,11 +19,15 @@
  * - `attention(q[d·H,T], k_cache[d·H_kv, C], v_cache[d·H_kv, C]; n_past, n_head_kv, scale)` → [d·H, T]:
  *   query t (absolute position n_past+t) attends cache positions 0..n_past+t (causal), head h reads KV head
  *   h / (H / H_kv) (GQA). Caches are F32 or F16 handles.
+ * - `attention_swa(…; n_past, n_head_kv, scale, window)`: as attention, but query t sees only the cache
+ *   positions p with (n_past + t) − p < window (a sliding window, llama.cpp's LLAMA_SWA_TYPE_STANDARD).
  * - `add(a[n,T], b[n,T|1])`, `mul(a, b)`: elementwise, b broadcast over columns when b.ne[1] == 1.
  * - `scale(a; s)`, `silu(a)`, `relu(a)`, `gelu(a)` (tanh approximation, as ggml).
  * - `cpy(src[n,T], dst handle [n,R]; row_offset)`: writes src into rows row_offset..row_offset+T−1 of dst,
  *   converting to dst's dtype (F32/F16/BF16). The node's output is dst itself.
  * - `slice(src[N,T]; offset, length)` → [length,T]: rows offset..offset+length−1 of each column.
+ * - `reshape(src)` → the same values in the same order under another shape of the same element count
+ *   (e.g. [head_dim·n_head, T] → [head_dim, n_head·T] so that a per-head norm is a per-column one).
  * - `mul_mat_sparse(W[K,M] any, x[K,T], logits[n_out,T]?, rows i32[M']?; threshold, n_out)` → [n_out,T]:
  *   output neuron i is computed (= W-row·x) when i is in `rows` (all neurons when absent) and
  *   logits[i,t] ≥ threshold (always when absent); every other output element is exactly 0. When
@@ -34,6 +38,28 @@
  *   compact-W rule as mul_mat_sparse.
  * Sparse ops report, per node, how many weight rows they actually read ({@link ComputeResult.rowsRead}),
  * counting a row once per token column it was read for.
+ *
+ * Routed experts (mixture of experts; the role of ggml's `mul_mat_id`). Stacked expert tensors have one
+ * matrix per expert in ne[2]: `ffn_gate_exps`/`ffn_up_exps` ne = [n_embd, n_ff_exp, n_expert],
+ * `ffn_down_exps` ne = [n_ff_exp, n_embd, n_expert], the neuron-major down `ffn_down_exps_t` ne =
+ * [n_embd, n_ff_exp, n_expert]. `U` is n_expert_used (slots per token). `top_k` is the one op whose output
+ * is I32. These ops are an optional capability (`EXPERT_OPS` in types.ts).
+ * - `sigmoid(a)` → 1 / (1 + exp(−a)).
+ * - `top_k(x[n,T]; k)` → i32 [k,T]: per column the indices of its k largest values, largest first (equal
+ *   values: lower index first), as ggml's `argsort_top_k`.
+ * - `mul_mat_id(W[K,N,E] any, x[K,T] or [K,U,T], ids i32[U,T])` → [N,U,T]: y[:,u,t] = W_e·x_c with
+ *   e = ids[u,t] and x_c column t of x (x has T columns: the slots of a token share its input) or column
+ *   t·U+u (x [K,U,T]: one input per slot). Every id must be in 0..E−1. Same activation rounding as mul_mat.
+ * - `moe_sum(y[D,U,T], probs[n_expert,T], ids i32[U,T]; norm, scale)` → [D,T]: Σ_u w[u,t]·y[:,u,t], summed in
+ *   slot order, with w[u,t] = probs[ids[u,t], t]; when norm = 1 each w is divided by max(Σ_u w[u,t], 2^-14)
+ *   (llama.cpp's clamp to the smallest normal F16); then multiplied by scale (1 = none).
+ * - `mul_mat_id_sparse(W[K,M,E] any, x[K,T] or [K,U,T], ids i32[U,T], logits[M,U,T]?; threshold)` → [M,U,T]:
+ *   element (i,u,t) = row i of W_{ids[u,t]} · x_c when logits[i,u,t] ≥ threshold (always when absent),
+ *   otherwise exactly 0 — only the active neurons of the selected experts are read.
+ * - `axpy_id_sparse(Wt[D,M,E] any, a[M,U,T], ids i32[U,T], logits[M,U,T]?; threshold)` → [D,U,T]:
+ *   y[:,u,t] = Σ over active i of a[i,u,t]·row i of Wt_{ids[u,t]} (the expert's down projection stored
+ *   neuron-major). Same activity rule as mul_mat_id_sparse.
+ * The two sparse expert ops count, in rowsRead, one row per (active neuron, slot, token).
  */
 import type { DType, OpName, TensorHandle } from "./types.js";
 
@@ -55,6 +81,14 @@ export const OP_CODES: Readonly<Record<OpName, number>> = {
   slice: 15,
   mul_mat_sparse: 16,
   axpy_sparse: 17,
+  sigmoid: 18,
+  top_k: 19,
+  mul_mat_id: 20,
+  moe_sum: 21,
+  mul_mat_id_sparse: 22,
+  axpy_id_sparse: 23,
+  reshape: 24,
+  attention_swa: 25,
 };
 
 export const DTYPE_CODES: Readonly<Record<DType, number>> = {
@@ -210,25 +244,24 @@ export class Graph {
     return this.node("softmax", this.shape(x), [x], [scale]);
   }
 
-  /** q is [head_dim·n_head, T]. */
+  /** q is [head_dim·n_head, T]; `window` > 0 emits attention_swa. */
   attention(
     q: TensorId,
     kCache: TensorId,
     vCache: TensorId,
-    p: { headDim: number; nHead: number; nHeadKv: number; nPast: number; scale: number },
+    p: { headDim: number; nHead: number; nHeadKv: number; nPast: number; scale: number; window?: number },
   ): TensorId {
     const [qd, t] = this.shape(q);
+    const w = p.window ?? 0;
+    this.check(Number.isInteger(w) && w >= 0, `attention: window ${w} must be a non-negative integer`);
     this.check(qd === p.headDim * p.nHead, `attention: q row ${qd} != head_dim·n_head`);
     const [kd, ctx] = this.shape(kCache);
     this.check(kd === p.headDim * p.nHeadKv, `attention: k cache row ${kd} != head_dim·n_head_kv`);
     this.check(p.nHead % p.nHeadKv === 0, "attention: n_head must be a multiple of n_head_kv");
     this.check(p.nPast + t <= ctx, `attention: ${p.nPast + t} positions exceed the cache size ${ctx}`);
-    return this.node(
-      "attention",
-      [p.headDim * p.nHead, t],
-      [q, kCache, vCache],
-      [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead],
-    );
+    const params = [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead];
+    if (w > 0) return this.node("attention_swa", [p.headDim * p.nHead, t], [q, kCache, vCache], [...params, w]);
+    return this.node("attention", [p.headDim * p.nHead, t], [q, kCache, vCache], params);
   }
 
   add(a: TensorId, b: TensorId): TensorId {
@@ -263,6 +296,92 @@ export class Graph {
 
   gelu(a: TensorId): TensorId {
     return this.node("gelu", this.shape(a), [a]);
+  }
+
+  /** The same F32 values under shape `ne` (same element count). */
+  reshape(src: TensorId, ne: readonly number[]): TensorId {
+    const n = nel(this.shape(src));
+    this.check(nel(ne) === n, `reshape: [${ne}] has ${nel(ne)} elements, source has ${n}`);
+    return this.node("reshape", ne, [src]);
+  }
+
+  sigmoid(a: TensorId): TensorId {
+    return this.node("sigmoid", this.shape(a), [a]);
+  }
+
+  /** Indices of the k largest values of each column of x [n, T] → i32 [k, T], largest first. */
+  topK(x: TensorId, k: number): TensorId {
+    const [n, t, t2, t3] = this.shape(x);
+    this.check(t2 === 1 && t3 === 1, "top_k: x must be 2-D");
+    this.check(Number.isInteger(k) && k >= 1 && k <= n, `top_k: k ${k} must be an integer in 1..${n}`);
+    return this.node("top_k", [k, t], [x], [k], "i32");
+  }
+
+  /** Slots U and tokens T of an ids tensor [U, T] (i32). */
+  private idsShape(op: string, ids: TensorId): [number, number] {
+    const [u, t, a, b] = this.shape(ids);
+    this.check(this.tensors[ids]!.dtype === "i32", `${op}: ids must be i32`);
+    this.check(a === 1 && b === 1, `${op}: ids must be 2-D [n_expert_used, T]`);
+    return [u, t];
+  }
+
+  /** Checks an expert input x [K, T] or [K, U, T] against ids [U, T]. */
+  private checkExpertInput(op: string, x: TensorId, k: number, u: number, t: number): void {
+    const [kx, c1, c2, c3] = this.shape(x);
+    this.check(kx === k, `${op}: row length ${k} != x length ${kx}`);
+    const cols = c1 * c2 * c3;
+    this.check(
+      cols === t || cols === u * t,
+      `${op}: x has ${cols} columns; expected ${t} (one per token) or ${u * t} (one per slot and token)`,
+    );
+  }
+
+  /** Routed experts' matrix product: W [K, N, E] stacked experts, x [K, T] or [K, U, T], ids i32 [U, T] → [N, U, T]. */
+  mulMatId(w: TensorId, x: TensorId, ids: TensorId): TensorId {
+    const [k, n, , e3] = this.shape(w);
+    this.check(e3 === 1, "mul_mat_id: W must be 3-D [K, N, n_expert]");
+    const [u, t] = this.idsShape("mul_mat_id", ids);
+    this.checkExpertInput("mul_mat_id", x, k, u, t);
+    return this.node("mul_mat_id", [n, u, t], [w, x, ids]);
+  }
+
+  /** Weighted sum of the experts' outputs y [D, U, T] with router probabilities probs [n_expert, T] → [D, T]. */
+  moeSum(y: TensorId, probs: TensorId, ids: TensorId, opts: { norm: boolean; scale?: number }): TensorId {
+    const [d, uy, ty, y3] = this.shape(y);
+    const [u, t] = this.idsShape("moe_sum", ids);
+    this.check(uy === u && ty === t && y3 === 1, `moe_sum: y [${this.shape(y)}] must be [D, ${u}, ${t}]`);
+    const [, tp, p2, p3] = this.shape(probs);
+    this.check(tp === t && p2 === 1 && p3 === 1, `moe_sum: probs must be [n_expert, ${t}]`);
+    return this.node("moe_sum", [d, t], [y, probs, ids], [opts.norm ? 1 : 0, opts.scale ?? 1]);
+  }
+
+  /** Sparse routed experts: only active neurons of each selected expert (see the contract above). */
+  mulMatIdSparse(w: TensorId, x: TensorId, ids: TensorId, opts: { logits?: TensorId; threshold?: number }): TensorId {
+    const [k, m, , e3] = this.shape(w);
+    this.check(e3 === 1, "mul_mat_id_sparse: W must be 3-D [K, M, n_expert]");
+    const [u, t] = this.idsShape("mul_mat_id_sparse", ids);
+    this.checkExpertInput("mul_mat_id_sparse", x, k, u, t);
+    if (opts.logits !== undefined) this.checkExpertLogits("mul_mat_id_sparse", opts.logits, m, u, t);
+    return this.node("mul_mat_id_sparse", [m, u, t], [w, x, ids, opts.logits ?? -1], [opts.threshold ?? 0]);
+  }
+
+  /** Sparse routed experts' down projection, stored neuron-major: Wt [D, M, E], a [M, U, T] → [D, U, T]. */
+  axpyIdSparse(wt: TensorId, a: TensorId, ids: TensorId, opts: { logits?: TensorId; threshold?: number }): TensorId {
+    const [d, m, , e3] = this.shape(wt);
+    this.check(e3 === 1, "axpy_id_sparse: Wt must be 3-D [D, M, n_expert]");
+    const [u, t] = this.idsShape("axpy_id_sparse", ids);
+    const [ma, ua, ta, a3] = this.shape(a);
+    this.check(
+      ma === m && ua === u && ta === t && a3 === 1,
+      `axpy_id_sparse: a [${this.shape(a)}] must be [${m}, ${u}, ${t}]`,
+    );
+    if (opts.logits !== undefined) this.checkExpertLogits("axpy_id_sparse", opts.logits, m, u, t);
+    return this.node("axpy_id_sparse", [d, u, t], [wt, a, ids, opts.logits ?? -1], [opts.threshold ?? 0]);
+  }
+
+  private checkExpertLogits(op: string, l: TensorId, m: number, u: number, t: number): void {
+    const [a, b, c, d] = this.shape(l);
+    this.check(a === m && b * c * d === u * t, `${op}: logits [${this.shape(l)}] must be [${m}, ${u}, ${t}]`);
   }
 
   /** Writes src into rows rowOffset.. of the handle tensor dst; returns dst. */

@@ -153,7 +153,23 @@ export type OpName =
   | "cpy"
   | "slice"
   | "mul_mat_sparse"
-  | "axpy_sparse";
+  | "axpy_sparse"
+  | "sigmoid"
+  | "top_k"
+  | "mul_mat_id"
+  | "moe_sum"
+  | "mul_mat_id_sparse"
+  | "axpy_id_sparse"
+  | "reshape"
+  | "attention_swa";
+
+/**
+ * The ops of routed experts (mixture-of-experts FFNs): an optional capability. A backend that does not
+ * implement them answers `supportsOp` with false, and loading a model with experts on it fails with
+ * EngineError 'UNSUPPORTED_OP' naming the backend and the op (there is no host fallback: the experts a
+ * token uses are computed inside the graph).
+ */
+export const EXPERT_OPS: readonly OpName[] = ["top_k", "mul_mat_id", "moe_sum", "mul_mat_id_sparse", "axpy_id_sparse"];
 
 /** Result of computing a graph. */
 export interface ComputeResult {

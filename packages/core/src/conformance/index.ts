@@ -29,6 +29,8 @@ export {
 } from "./quant.js";
 export {
   type RefAttentionParams,
+  type RefExpertShape,
+  type RefExpertSparseArgs,
   type ReferenceComputeOptions,
   type ReferenceHandleBytes,
   type ReferenceOpContext,
@@ -39,18 +41,24 @@ export {
   type RefSparseArgs,
   refAttention,
   refAttentionWeights,
+  refAxpyIdSparse,
   refAxpySparse,
   refBinary,
   referenceCompute,
   refGelu,
   refGetRows,
   refMulMat,
+  refMoeSum,
+  refMulMatId,
+  refMulMatIdSparse,
   refMulMatSparse,
   refNorm,
   refRmsNorm,
   refRope,
+  refSigmoid,
   refSilu,
   refSoftmax,
+  refTopK,
   writeGraphOutputs,
 } from "./reference.js";
 export {

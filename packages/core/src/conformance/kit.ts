@@ -10,10 +10,15 @@
  * - sparse ops write exactly 0 outside the active set and report, in `rowsRead`, exactly the number of
  *   (active neuron, token) pairs;
  * - `cpy` converts into the requested rows of its destination and leaves the other rows byte-identical;
- * - the first case of every (op, dtype) pair is computed with `computeAsync`, the rest with `compute`.
+ * - the first case of every (op, dtype) pair is computed with `computeAsync`, the rest with `compute`;
+ * - routed-expert ops (optional, see `EXPERT_OPS`): every slot reads its own expert's matrix, the sparse
+ *   forms only the active neurons of the selected experts (exact zeros elsewhere, exact row counts);
+ *   `top_k`, whose output is I32, is checked through `mul_mat_id` with F32 weights that return each
+ *   selected index (so a backend claiming `top_k` must claim `mul_mat_id` for f32).
  *
  * Which dtype list the kit passes to `supportsOp` (the weight/source dtype first, per the interface):
- * - `get_rows`, `mul_mat`, `mul_mat_sparse`, `axpy_sparse`: `[weightDtype]` for every dtype but i32;
+ * - `get_rows`, `mul_mat`, `mul_mat_sparse`, `axpy_sparse`, `mul_mat_id`, `mul_mat_id_sparse`,
+ *   `axpy_id_sparse`: `[weightDtype]` for every dtype but i32;
  * - `attention`: `[cacheDtype]`, f32 or f16 (K and V caches share it);
  * - `cpy`: `[destinationDtype]`, f32, f16 or bf16 (the source is always an F32 tensor);
  * - every other op: `["f32"]`.
@@ -40,8 +45,12 @@ export function conformanceDtypes(op: OpName): readonly DType[] {
     case "mul_mat":
     case "mul_mat_sparse":
     case "axpy_sparse":
+    case "mul_mat_id":
+    case "mul_mat_id_sparse":
+    case "axpy_id_sparse":
       return WEIGHT_DTYPES;
     case "attention":
+    case "attention_swa":
       return ["f32", "f16"];
     case "cpy":
       return ["f32", "f16", "bf16"];
@@ -649,7 +658,17 @@ interface AttnCase {
   ctx: number;
   nPast: number;
   t: number;
+  /** attention_swa's window. */
+  window?: number;
 }
+
+/** attention_swa: windows shorter than, equal to and longer than the visible context. */
+const ATTN_SWA_CASES: AttnCase[] = [
+  { d: 8, h: 1, hkv: 1, ctx: 6, nPast: 2, t: 1, window: 1 },
+  { d: 64, h: 4, hkv: 2, ctx: 20, nPast: 7, t: 3, window: 4 },
+  { d: 16, h: 6, hkv: 1, ctx: 12, nPast: 3, t: 4, window: 5 },
+  { d: 32, h: 8, hkv: 8, ctx: 14, nPast: 0, t: 5, window: 30 },
+];
 
 const ATTN_CASES: AttnCase[] = [
   { d: 8, h: 1, hkv: 1, ctx: 6, nPast: 0, t: 1 },
@@ -672,7 +691,7 @@ function attentionTolerance(
   k: Float64Array,
   v: Float64Array,
 ): Float64Array {
-  const p = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d) };
+  const p = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d), window: c.window };
   const tol = new Float64Array(c.d * c.h * c.t);
   const kRow = c.d * c.hkv;
   const epsQ = cache === "f16" ? U_F16 : 0;
@@ -710,12 +729,12 @@ function attentionTolerance(
   return tol;
 }
 
-function attentionCases(dtype: DType, rng: ConformanceRng, withCpy: boolean): CaseDef[] {
-  const cases: CaseDef[] = ATTN_CASES.map((c) => ({
-    shape: `q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}`,
+function attentionCases(dtype: DType, rng: ConformanceRng, withCpy: boolean, swa = false): CaseDef[] {
+  const cases: CaseDef[] = (swa ? ATTN_SWA_CASES : ATTN_CASES).map((c) => ({
+    shape: `q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}${c.window ? ` window ${c.window}` : ""}`,
     run: (env) => runAttention(env, c, dtype, rng, false),
   }));
-  if (withCpy) {
+  if (withCpy && !swa) {
     const c = ATTN_CASES[1]!;
     cases.push({
       shape: `cpy K,V then attention: q[${c.d}·${c.h},${c.t}] cache[${c.d}·${c.hkv},${c.ctx}] n_past ${c.nPast}`,
@@ -748,7 +767,14 @@ async function runAttention(
     kt = g.cpy(g.input("f32", [kRow, c.t], rng.f32(kRow * c.t)), kt, c.nPast);
     vt = g.cpy(g.input("f32", [kRow, c.t], rng.f32(kRow * c.t)), vt, c.nPast);
   }
-  const params = { headDim: c.d, nHead: c.h, nHeadKv: c.hkv, nPast: c.nPast, scale: 1 / Math.sqrt(c.d) };
+  const params = {
+    headDim: c.d,
+    nHead: c.h,
+    nHeadKv: c.hkv,
+    nPast: c.nPast,
+    scale: 1 / Math.sqrt(c.d),
+    window: c.window,
+  };
   const y = g.attention(g.input("f32", [c.d * c.h, c.t], q), kt, vt, params);
   const out = env.poisoned(g, y);
   await env.compute(g);
@@ -913,6 +939,8 @@ function casesFor(op: OpName, dtype: DType, rng: ConformanceRng, backend: Backen
       }
       return attentionCases(dtype, rng, withCpy);
     }
+    case "attention_swa":
+      return attentionCases(dtype, rng, false, true);
     case "add":
     case "mul":
       return binaryCases(op, rng);
@@ -929,7 +957,270 @@ function casesFor(op: OpName, dtype: DType, rng: ConformanceRng, backend: Backen
       return mulMatSparseCases(dtype, rng);
     case "axpy_sparse":
       return axpySparseCases(dtype, rng);
+    case "sigmoid":
+      return sigmoidCases(rng);
+    case "top_k":
+      return topKCases(rng);
+    case "mul_mat_id":
+    case "mul_mat_id_sparse":
+      return mulMatIdCases(op, dtype, rng);
+    case "axpy_id_sparse":
+      return axpyIdSparseCases(dtype, rng);
+    case "moe_sum":
+      return moeSumCases(rng);
+    case "reshape":
+      return reshapeCases(rng);
   }
+}
+
+function reshapeCases(rng: ConformanceRng): CaseDef[] {
+  const shapes: [number, number, number[]][] = [
+    [12, 1, [4, 3]],
+    [64, 3, [16, 12]],
+    [30, 4, [5, 6, 4]],
+    [7, 5, [35]],
+  ];
+  return shapes.map(([n, t, ne]) => ({
+    shape: `x[${n},${t}] → [${ne}]`,
+    async run(env) {
+      const x = rng.f32(n * t, -3, 3);
+      const g = new Graph();
+      const y = g.reshape(g.input("f32", [n, t], x), ne);
+      const out = env.poisoned(g, y);
+      await env.compute(g);
+      env.compare("y", out, env.reference(g).values[y]!, () => 0, ne[0]!);
+    },
+  }));
+}
+
+// ---- routed experts -----------------------------------------------------------------------------
+
+function sigmoidCases(rng: ConformanceRng): CaseDef[] {
+  return ELEMENTWISE_SHAPES.map((shape) =>
+    unaryCase(
+      shape,
+      (n) => rng.f32(n, -12, 12),
+      (g, x) => g.sigmoid(x),
+      (_x, ref) => (j: number) => SLACK * 16 * U * Math.abs(ref[j]!) + TINY,
+    ),
+  );
+}
+
+/** Expert ids [U, T]: per token U distinct experts of 0..E−1 (as routing picks them), in random order. */
+function expertIds(rng: ConformanceRng, nExpert: number, nUsed: number, t: number): Int32Array {
+  const ids = new Int32Array(nUsed * t);
+  for (let c = 0; c < t; c++) {
+    const pool = Array.from({ length: nExpert }, (_, i) => i);
+    for (let u = 0; u < nUsed; u++) {
+      const j = rng.int(0, pool.length - 1);
+      ids[c * nUsed + u] = pool[j]!;
+      pool.splice(j, 1);
+    }
+  }
+  return ids;
+}
+
+function topKCases(rng: ConformanceRng): CaseDef[] {
+  const shapes: [number, number, number][] = [
+    [4, 1, 1],
+    [8, 2, 3],
+    [64, 6, 5],
+    [128, 8, 2],
+    [5, 5, 4],
+  ];
+  return shapes.map(([n, k, t]) => ({
+    shape: `x[${n},${t}] k ${k} (read through mul_mat_id f32)`,
+    async run(env) {
+      if (!env.backend.supportsOp("mul_mat_id", ["f32"])) {
+        env.fail("top_k is checked through mul_mat_id with f32 weights, which the backend does not claim");
+        return;
+      }
+      // distinct values, with some near-ties one float32 ulp apart
+      const x = rng.f32(n * t, -4, 4);
+      for (let i = 1; i < x.length; i += 7) x[i] = Math.fround(x[i - 1]! * (1 + 2 ** -23));
+      // W_e = [[e + 1]] (K = 1, N = 1): slot u of token t returns ids[u, t] + 1 exactly
+      const h = env.tensor(
+        "f32",
+        [1, 1, n],
+        encodeFloatTensor(
+          "f32",
+          Float32Array.from({ length: n }, (_, e) => e + 1),
+        ),
+      );
+      const g = new Graph();
+      const ids = g.topK(g.input("f32", [n, t], x), k);
+      const y = g.mulMatId(g.handle(h), g.input("f32", [1, t], new Float32Array(t).fill(1)), ids);
+      const out = env.poisoned(g, y);
+      await env.compute(g);
+      const ref = env.reference(g).values[y]!;
+      env.compare("ids+1", out, ref, () => 0, k);
+    },
+  }));
+}
+
+/** [K, M, E, U, T, x per slot, exact x] per block size. */
+function expertShapes(dtype: DType): [number, number, number, number, number, boolean, boolean][] {
+  const ks = rowLengths(dtype);
+  return [
+    [ks[0]!, 3, 4, 2, 1, false, true],
+    [ks[1]!, 7, 8, 2, 3, false, false],
+    [ks[2 % ks.length]!, 5, 6, 3, 2, true, true],
+    [ks[1]!, 9, 3, 1, 4, false, false],
+    [ks[0]!, 4, 5, 4, 17, true, false],
+  ];
+}
+
+function mulMatIdCases(op: "mul_mat_id" | "mul_mat_id_sparse", dtype: DType, rng: ConformanceRng): CaseDef[] {
+  const sparse = op === "mul_mat_id_sparse";
+  return expertShapes(dtype).map(([k, m, nExpert, nUsed, t, perSlot, exact], ci) => {
+    const withLogits = sparse && ci !== 3;
+    return {
+      shape: `W[${k},${m},${nExpert}] x[${k},${perSlot ? `${nUsed},` : ""}${t}] ids[${nUsed},${t}]${exact ? " exact x" : ""}${withLogits ? " logits" : ""}`,
+      async run(env) {
+        const wb = randomWeightBytes(dtype, k * m * nExpert, rng);
+        const h = env.tensor(dtype, [k, m, nExpert], wb);
+        const xCols = perSlot ? nUsed * t : t;
+        const x = activations(rng, k, xCols, exact);
+        const ids = expertIds(rng, nExpert, nUsed, t);
+        const n = m * nUsed * t;
+        let logits: Float32Array | undefined;
+        const threshold = 0.25;
+        if (withLogits) {
+          logits = rng.f32(n);
+          for (let i = 0; i < n; i += 9) logits[i] = threshold; // ≥ is inclusive
+          if (ci === 4) logits.fill(-1, 0, m * nUsed); // token 0: nothing active
+        }
+        const g = new Graph();
+        const xi = g.input("f32", perSlot ? [k, nUsed, t] : [k, t], x);
+        const ii = g.input("i32", [nUsed, t], ids);
+        const y = sparse
+          ? g.mulMatIdSparse(g.handle(h), xi, ii, {
+              logits: logits ? g.input("f32", [m, nUsed, t], logits) : undefined,
+              threshold,
+            })
+          : g.mulMatId(g.handle(h), xi, ii);
+        const out = env.poisoned(g, y);
+        const res = await env.compute(g);
+        const ref = env.reference(g);
+        const { magnitude } = dequantizeReference(dtype, wb, k * m * nExpert);
+        const tol = new Float64Array(n);
+        const zero = new Uint8Array(n);
+        let expected = 0;
+        for (let c = 0; c < t; c++) {
+          for (let u = 0; u < nUsed; u++) {
+            const xc = perSlot ? c * nUsed + u : c;
+            const e = activationErrors(dtype, x, xc * k, k);
+            for (let i = 0; i < m; i++) {
+              const o = (c * nUsed + u) * m + i;
+              if (logits && !(logits[o]! >= threshold)) {
+                zero[o] = 1;
+                continue;
+              }
+              expected++;
+              tol[o] = dotTolerance(magnitude, (ids[c * nUsed + u]! * m + i) * k, 1, x, xc * k, e, 0, k);
+            }
+          }
+        }
+        env.compare("y", out, ref.values[y]!, tol, m, zero);
+        if (sparse) checkRowsRead(env, res, g.nodes.length - 1, expected, ref.rowsRead[g.nodes.length - 1]!);
+      },
+    };
+  });
+}
+
+function axpyIdSparseCases(dtype: DType, rng: ConformanceRng): CaseDef[] {
+  return expertShapes(dtype).map(([d, m, nExpert, nUsed, t, , exact], ci) => {
+    const withLogits = ci !== 3;
+    return {
+      shape: `Wt[${d},${m},${nExpert}] a[${m},${nUsed},${t}] ids[${nUsed},${t}]${exact ? " exact a" : ""}${withLogits ? " logits" : ""}`,
+      async run(env) {
+        const wb = randomWeightBytes(dtype, d * m * nExpert, rng);
+        const h = env.tensor(dtype, [d, m, nExpert], wb);
+        const n = m * nUsed * t;
+        const a = activations(rng, m, nUsed * t, exact, true);
+        const ids = expertIds(rng, nExpert, nUsed, t);
+        let logits: Float32Array | undefined;
+        const threshold = -0.25;
+        if (withLogits) {
+          logits = rng.f32(n);
+          for (let i = 0; i < n; i += 7) logits[i] = threshold;
+          if (ci === 4) logits.fill(-1, 0, m * nUsed);
+        }
+        const g = new Graph();
+        const y = g.axpyIdSparse(g.handle(h), g.input("f32", [m, nUsed, t], a), g.input("i32", [nUsed, t], ids), {
+          logits: logits ? g.input("f32", [m, nUsed, t], logits) : undefined,
+          threshold,
+        });
+        const out = env.poisoned(g, y);
+        const res = await env.compute(g);
+        const ref = env.reference(g);
+        const { magnitude } = dequantizeReference(dtype, wb, d * m * nExpert);
+        const tol = new Float64Array(d * nUsed * t);
+        let expected = 0;
+        for (let col = 0; col < nUsed * t; col++) {
+          const e = ids[col]!;
+          const err = activationErrors(dtype, a, col * m, m);
+          const act: number[] = [];
+          for (let i = 0; i < m; i++) if (!logits || logits[col * m + i]! >= threshold) act.push(i);
+          expected += act.length;
+          const av = act.map((i) => a[col * m + i]!);
+          const ev = act.map((i) => err[i]!);
+          const mv = new Float64Array(act.length);
+          for (let j = 0; j < d; j++) {
+            act.forEach((i, q) => {
+              mv[q] = magnitude[(e * m + i) * d + j]!;
+            });
+            tol[col * d + j] = dotTolerance(mv, 0, 1, av, 0, ev, 0, act.length);
+          }
+        }
+        env.compare("y", out, ref.values[y]!, tol, d);
+        checkRowsRead(env, res, g.nodes.length - 1, expected, ref.rowsRead[g.nodes.length - 1]!);
+      },
+    };
+  });
+}
+
+function moeSumCases(rng: ConformanceRng): CaseDef[] {
+  const shapes: [number, number, number, number, boolean, number][] = [
+    [7, 4, 2, 1, true, 1],
+    [64, 8, 2, 3, true, 1],
+    [33, 16, 4, 5, false, 1],
+    [130, 6, 1, 2, true, 2.5],
+    [16, 64, 8, 4, false, 0.75],
+  ];
+  return shapes.map(([d, nExpert, nUsed, t, norm, scale]) => ({
+    shape: `y[${d},${nUsed},${t}] probs[${nExpert},${t}] ${norm ? "normalised" : "raw"} weights scale ${scale}`,
+    async run(env) {
+      const y = rng.f32(d * nUsed * t, -2, 2);
+      const probs = rng.f32(nExpert * t, 0, 1);
+      const ids = expertIds(rng, nExpert, nUsed, t);
+      const g = new Graph();
+      const o = g.moeSum(
+        g.input("f32", [d, nUsed, t], y),
+        g.input("f32", [nExpert, t], probs),
+        g.input("i32", [nUsed, t], ids),
+        { norm, scale },
+      );
+      const out = env.poisoned(g, o);
+      await env.compute(g);
+      const ref = env.reference(g).values[o]!;
+      // every weight is off by a few roundings (sum, division, scale), every product and sum by one each
+      const tol = new Float64Array(d * t);
+      for (let c = 0; c < t; c++) {
+        let ws = 0;
+        for (let u = 0; u < nUsed; u++) ws += probs[c * nExpert + ids[c * nUsed + u]!]!;
+        const div = norm ? Math.max(ws, 2 ** -14) : 1;
+        for (let i = 0; i < d; i++) {
+          let mag = 0;
+          for (let u = 0; u < nUsed; u++) {
+            mag += Math.abs((probs[c * nExpert + ids[c * nUsed + u]!]! / div) * scale * y[(c * nUsed + u) * d + i]!);
+          }
+          tol[c * d + i] = SLACK * (nUsed + 2 * nUsed + 8) * U * mag + TINY;
+        }
+      }
+      env.compare("y", out, ref, tol, d);
+    },
+  }));
 }
 
 /** A 32-bit hash of the seed and the pair, so each pair's inputs do not depend on the filters. */

@@ -16,6 +16,9 @@
  * - softmax: exp(s·x − max) / Σ exp(s·x − max).
  * - attention: softmax(scale·qᵀK) V per head with a causal mask and grouped-query heads
  *   (Vaswani et al. 2017; GQA: Ainslie et al. 2023).
+ * - routed experts (mul_mat_id, moe_sum and their sparse forms): the mixture-of-experts layer of Shazeer
+ *   et al. 2017 as Mixtral (Jiang et al. 2024) and llama.cpp's `build_moe_ffn` run it: top-k experts per
+ *   token, each expert's output weighted by its router probability (optionally renormalised over the k).
  * - silu(x) = x·σ(x) (Elfwing et al. 2017); gelu: the tanh approximation
  *   0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) of Hendrycks & Gimpel 2016, the form ggml computes.
  */
@@ -138,6 +141,8 @@ export interface RefAttentionParams {
   nHeadKv: number;
   nPast: number;
   scale: number;
+  /** Sliding window (attention_swa): positions p with (nPast + t) − p ≥ window get weight 0. 0 or absent: none. */
+  window?: number;
 }
 
 /**
@@ -157,15 +162,16 @@ export function refAttentionWeights(
   const n = p.nPast + t + 1;
   const s = new Float64Array(n);
   const qo = t * d * p.nHead + h * d;
+  const first = p.window ? Math.max(0, n - p.window) : 0;
   let m = Number.NEGATIVE_INFINITY;
-  for (let c = 0; c < n; c++) {
+  for (let c = first; c < n; c++) {
     let acc = 0;
     for (let j = 0; j < d; j++) acc += q[qo + j]! * k[c * kRow + g * d + j]!;
     s[c] = p.scale * acc;
     m = Math.max(m, s[c]!);
   }
   let z = 0;
-  for (let c = 0; c < n; c++) z += s[c] = Math.exp(s[c]! - m);
+  for (let c = first; c < n; c++) z += s[c] = Math.exp(s[c]! - m);
   for (let c = 0; c < n; c++) s[c]! /= z;
   return s;
 }
@@ -303,6 +309,170 @@ export function refAxpySparse(
   return { y, rowsRead: read };
 }
 
+/** σ(x) = 1 / (1 + e^(−x)). */
+export function refSigmoid(x: number): number {
+  return 1 / (1 + Math.exp(-x));
+}
+
+/**
+ * `top_k`: per column of x [n, T] the indices of its k largest values, largest first; equal values
+ * keep the lower index first. Returns [k, T].
+ */
+export function refTopK(x: ArrayLike<number>, n: number, k: number): Float64Array {
+  const t = x.length / n;
+  const out = new Float64Array(k * t);
+  const idx = Array.from({ length: n }, (_, i) => i);
+  for (let c = 0; c < t; c++) {
+    const order = idx.slice().sort((a, b) => x[c * n + b]! - x[c * n + a]! || a - b);
+    for (let j = 0; j < k; j++) out[c * k + j] = order[j]!;
+  }
+  return out;
+}
+
+/** Shapes of a routed-experts op: K (row length), M (rows per expert), E (experts), U (slots), T (tokens). */
+export interface RefExpertShape {
+  k: number;
+  m: number;
+  nExpert: number;
+  nUsed: number;
+  tokens: number;
+  /** Columns of x: T (the slots of a token share its input) or U·T. */
+  xCols: number;
+}
+
+function checkExpertIds(ids: ArrayLike<number>, s: RefExpertShape): void {
+  for (let i = 0; i < s.nUsed * s.tokens; i++) {
+    const e = ids[i]!;
+    if (!Number.isInteger(e) || e < 0 || e >= s.nExpert) {
+      throw new RangeError(
+        `expert id ${e} at slot ${i % s.nUsed}, token ${Math.floor(i / s.nUsed)} not in 0..${s.nExpert - 1}`,
+      );
+    }
+  }
+}
+
+/**
+ * `mul_mat_id`: W [K, M, E] (E stacked experts), x [K, xCols], ids [U, T] → [M, U, T],
+ * y[:, u, t] = W_{ids[u,t]} · x_c (c = t when xCols = T, else t·U + u).
+ * @throws RangeError for an expert id outside 0..E−1.
+ */
+export function refMulMatId(
+  w: Float64Array,
+  x: ArrayLike<number>,
+  ids: ArrayLike<number>,
+  s: RefExpertShape,
+): Float64Array {
+  checkExpertIds(ids, s);
+  const { k, m, nUsed: U, tokens: T } = s;
+  const y = new Float64Array(m * U * T);
+  for (let t = 0; t < T; t++) {
+    for (let u = 0; u < U; u++) {
+      const e = ids[t * U + u]!;
+      const c = s.xCols === T ? t : t * U + u;
+      for (let r = 0; r < m; r++) y[(t * U + u) * m + r] = dot(w, (e * m + r) * k, x, c * k, k);
+    }
+  }
+  return y;
+}
+
+/**
+ * `moe_sum`: y [D, U, T], probs [n_expert, T], ids [U, T] → [D, T]: Σ_u w[u,t]·y[:,u,t] with
+ * w[u,t] = probs[ids[u,t], t], divided by max(Σ_u w[u,t], 2^-14) when `norm`, times `scale`.
+ */
+export function refMoeSum(
+  y: ArrayLike<number>,
+  d: number,
+  probs: ArrayLike<number>,
+  nExpert: number,
+  ids: ArrayLike<number>,
+  nUsed: number,
+  norm: boolean,
+  scale: number,
+): Float64Array {
+  const T = ids.length / nUsed;
+  const out = new Float64Array(d * T);
+  for (let t = 0; t < T; t++) {
+    const w = Array.from({ length: nUsed }, (_, u) => probs[t * nExpert + ids[t * nUsed + u]!]!);
+    const sum = w.reduce((a, b) => a + b, 0);
+    const div = norm ? Math.max(sum, 2 ** -14) : 1;
+    for (let u = 0; u < nUsed; u++) {
+      const wu = (w[u]! / div) * scale;
+      for (let i = 0; i < d; i++) out[t * d + i]! += wu * y[(t * nUsed + u) * d + i]!;
+    }
+  }
+  return out;
+}
+
+/** Activity of the sparse expert ops: neuron i of slot u, token t runs when logits[i,u,t] ≥ threshold (always without logits). */
+export interface RefExpertSparseArgs {
+  logits: ArrayLike<number> | null;
+  threshold: number;
+}
+
+/**
+ * `mul_mat_id_sparse`: as {@link refMulMatId}, but element (i, u, t) is computed only when active and is
+ * exactly 0 otherwise. Returns the output and the (neuron, slot, token) triples read.
+ */
+export function refMulMatIdSparse(
+  w: Float64Array,
+  x: ArrayLike<number>,
+  ids: ArrayLike<number>,
+  s: RefExpertShape,
+  a: RefExpertSparseArgs,
+): { y: Float64Array; rowsRead: number } {
+  checkExpertIds(ids, s);
+  const { k, m, nUsed: U, tokens: T } = s;
+  const y = new Float64Array(m * U * T);
+  let read = 0;
+  for (let t = 0; t < T; t++) {
+    for (let u = 0; u < U; u++) {
+      const e = ids[t * U + u]!;
+      const c = s.xCols === T ? t : t * U + u;
+      for (let r = 0; r < m; r++) {
+        const o = (t * U + u) * m + r;
+        if (a.logits && !(a.logits[o]! >= a.threshold)) continue;
+        y[o] = dot(w, (e * m + r) * k, x, c * k, k);
+        read++;
+      }
+    }
+  }
+  return { y, rowsRead: read };
+}
+
+/**
+ * `axpy_id_sparse`: Wt [D, M, E] (expert e's neuron i is row e·M + i of D values), act [M, U, T],
+ * ids [U, T] → [D, U, T], y[:, u, t] = Σ over active i of act[i,u,t]·Wt_{ids[u,t]}-row(i).
+ * Returns the output and the (neuron, slot, token) triples read.
+ */
+export function refAxpyIdSparse(
+  wt: Float64Array,
+  d: number,
+  act: ArrayLike<number>,
+  ids: ArrayLike<number>,
+  s: Omit<RefExpertShape, "k" | "xCols">,
+  a: RefExpertSparseArgs,
+): { y: Float64Array; rowsRead: number } {
+  checkExpertIds(ids, { ...s, k: d, xCols: 0 });
+  const { m, nUsed: U, tokens: T } = s;
+  const y = new Float64Array(d * U * T);
+  let read = 0;
+  for (let t = 0; t < T; t++) {
+    for (let u = 0; u < U; u++) {
+      const e = ids[t * U + u]!;
+      const col = t * U + u;
+      for (let i = 0; i < m; i++) {
+        const o = col * m + i;
+        if (a.logits && !(a.logits[o]! >= a.threshold)) continue;
+        const sc = act[o]!;
+        const r = (e * m + i) * d;
+        for (let j = 0; j < d; j++) y[col * d + j]! += sc * wt[r + j]!;
+        read++;
+      }
+    }
+  }
+  return { y, rowsRead: read };
+}
+
 /** Where the interpreter finds the bytes of handle tensors: a map by handle id, or a function. */
 export type ReferenceHandleBytes = ReadonlyMap<number, Uint8Array> | ((h: TensorHandle) => Uint8Array);
 
@@ -426,6 +596,7 @@ export function referenceCompute(
       case "softmax":
         return { value: refSoftmax(value(s0!), ne0(s0!)[0], p[0]!) };
       case "attention":
+      case "attention_swa":
         return {
           value: refAttention(value(s0!), value(s1!), value(s2!), columns(ne0(s0!)), {
             nPast: p[0]!,
@@ -433,6 +604,7 @@ export function referenceCompute(
             scale: p[2]!,
             headDim: p[3]!,
             nHead: p[4]!,
+            window: node.op === "attention_swa" ? p[5]! : 0,
           }),
         };
       case "add":
@@ -446,6 +618,44 @@ export function referenceCompute(
         return { value: value(s0!).map((x) => Math.max(x, 0)) };
       case "gelu":
         return { value: value(s0!).map(refGelu) };
+      case "sigmoid":
+        return { value: value(s0!).map(refSigmoid) };
+      case "reshape":
+        return { value: Float64Array.from(value(s0!)) };
+      case "top_k":
+        return { value: refTopK(value(s0!), ne0(s0!)[0], p[0]!) };
+      case "mul_mat_id":
+      case "mul_mat_id_sparse": {
+        const [k, m, nExpert] = ne0(s0!);
+        const [nUsed, tokens] = ne0(s2!);
+        const shape = { k, m, nExpert, nUsed, tokens, xCols: columns(ne0(s1!)) };
+        if (node.op === "mul_mat_id") return { value: refMulMatId(value(s0!), value(s1!), value(s2!), shape) };
+        const r = refMulMatIdSparse(value(s0!), value(s1!), value(s2!), shape, { logits: opt(s3), threshold: p[0]! });
+        return { value: r.y, rowsRead: r.rowsRead };
+      }
+      case "axpy_id_sparse": {
+        const [d, m, nExpert] = ne0(s0!);
+        const [nUsed, tokens] = ne0(s2!);
+        const r = refAxpyIdSparse(
+          value(s0!),
+          d,
+          value(s1!),
+          value(s2!),
+          { m, nExpert, nUsed, tokens },
+          {
+            logits: opt(s3),
+            threshold: p[0]!,
+          },
+        );
+        return { value: r.y, rowsRead: r.rowsRead };
+      }
+      case "moe_sum": {
+        const [d] = ne0(s0!);
+        const [nUsed] = ne0(s2!);
+        return {
+          value: refMoeSum(value(s0!), d, value(s1!), ne0(s1!)[0], value(s2!), nUsed, p[0] === 1, p[1]!),
+        };
+      }
       case "slice": {
         const [n] = ne0(s0!);
         const x = value(s0!);

@@ -4,7 +4,7 @@
  */
 import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { Graph } from "../backend/graph.js";
-import type { Backend, ComputeResult, TensorHandle } from "../backend/types.js";
+import type { Backend, ComputeResult, DType, OpName, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
 import {
   buildLlamaBatchGraph,
@@ -15,13 +15,41 @@ import {
   mapLlamaWeights,
   type SparseMode,
 } from "../model/llama.js";
-import { transposeDown, WeightMapper } from "../model/weights.js";
+import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
 import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
 
-const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt"]);
+const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]);
+
+/**
+ * Routed experts need the backend's expert ops (an optional capability) for the dtypes of the file's
+ * expert tensors.
+ * @throws EngineError 'UNSUPPORTED_OP' naming the backend, the op and the dtype.
+ */
+function checkExpertOps(backend: Backend, file: GgufFile, nLayer: number): void {
+  const need: [OpName, DType][] = [
+    ["softmax", "f32"],
+    ["sigmoid", "f32"],
+    ["top_k", "f32"],
+    ["moe_sum", "f32"],
+  ];
+  for (let l = 0; l < nLayer; l++) {
+    for (const name of ["gate", "up", "down"]) {
+      const t = file.tensorMap.get(`blk.${l}.ffn_${name}_exps.weight`);
+      if (t) need.push(["mul_mat_id", dtypeOfTensor(t)]);
+    }
+  }
+  for (const [op, dtype] of need) {
+    if (!backend.supportsOp(op, [dtype])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${backend.name} does not implement ${op} for ${dtype}, which a model with routed experts needs (mixture-of-experts ops are an optional capability; the cpu backend has them)`,
+      );
+    }
+  }
+}
 
 /** Options of {@link Model.load}. */
 export interface ModelLoadOptions {
@@ -86,6 +114,19 @@ export class Model {
         `architecture ${config.arch} is not supported yet (supported: ${[...SUPPORTED_ARCHS].join(", ")})`,
       );
     }
+    if (config.moe) checkExpertOps(opts.backend, file, config.n_layer);
+    if (config.layer_attention?.some((a) => a.window > 0) && !opts.backend.supportsOp("attention_swa", ["f16"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement attention_swa, which the sliding-window layers of ${config.arch} need`,
+      );
+    }
+    if (config.qk_norm && !opts.backend.supportsOp("reshape", ["f32"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement reshape, which the per-head q/k norms of ${config.arch} need`,
+      );
+    }
     const tokenizer = Tokenizer.fromGguf(file);
     const mapper = new WeightMapper(file, opts.backend);
     const weights = mapLlamaWeights(config, mapper, (l) => {
@@ -95,7 +136,17 @@ export class Model {
     const threshold = opts.threshold ?? config.sparse_threshold;
     if (!Number.isFinite(threshold))
       throw new EngineError("BAD_INPUT", `sparse threshold ${threshold} is not a number`);
-    if (sparse !== "off" && config.ffn.activation === "relu") {
+    if (sparse !== "off" && config.ffn.activation === "relu" && config.moe) {
+      // sparse experts read each expert's down projection neuron-major
+      weights.layers.forEach((L, l) => {
+        const x = L.experts!;
+        if (x.downExps) {
+          x.downExpsT = transposeDownExperts(file, opts.backend, `blk.${l}.ffn_down_exps.weight`);
+          opts.backend.freeTensor(x.downExps);
+          x.downExps = undefined;
+        }
+      });
+    } else if (sparse !== "off" && config.ffn.activation === "relu") {
       // a plain GGUF stores ffn_down row-per-output; sparse mode reads it neuron-major
       weights.layers.forEach((L, l) => {
         if (!L.ffnDownT && L.ffnDown) {
@@ -244,7 +295,11 @@ export class Model {
     free(w.tokEmbd);
     free(w.output);
     free(w.outputNorm);
-    for (const L of w.layers) for (const t of Object.values(L)) free(t);
+    for (const L of w.layers) {
+      const { experts, ...rest } = L;
+      for (const t of Object.values(rest)) free(t);
+      if (experts) for (const t of Object.values(experts)) free(t);
+    }
   }
 }
 

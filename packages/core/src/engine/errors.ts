@@ -3,6 +3,7 @@ export type EngineErrorCode =
   | "PROMPT_TOO_LONG"
   | "UNSUPPORTED_ARCH"
   | "UNSUPPORTED_TYPE"
+  | "UNSUPPORTED_OP"
   | "MISSING_TENSOR"
   | "BAD_SHAPE"
   | "BAD_INPUT"

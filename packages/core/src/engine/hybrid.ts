@@ -75,10 +75,10 @@ export class HybridSession {
     const cfg = model.config;
     const main = model.backend;
     this.device = opts.device;
-    if (cfg.arch === "falcon" || cfg.arch === "opt") {
+    if ((cfg.arch !== "llama" && cfg.arch !== "bamboo") || cfg.moe) {
       throw new EngineError(
         "UNSUPPORTED_ARCH",
-        `hybrid GPU/CPU execution supports llama-family models (llama, bamboo); ${cfg.arch} runs on one backend`,
+        `hybrid GPU/CPU execution supports dense llama-family models (llama, bamboo); ${cfg.moe ? `${cfg.arch} with routed experts` : cfg.arch} runs on one backend`,
       );
     }
     if (opts.plan.layers.length !== cfg.n_layer) {
@@ -113,12 +113,12 @@ export class HybridSession {
           device: onDevice
             ? {
                 gate: L.ffnGate && keep(gatherRows(main, L.ffnGate, hot, this.device)),
-                up: keep(gatherRows(main, L.ffnUp, hot, this.device)),
+                up: keep(gatherRows(main, L.ffnUp!, hot, this.device)),
                 downT: keep(gatherRows(main, downT, hot, this.device)),
               }
             : undefined,
           deviceRows: onDevice ? keep(ids(this.device, hot)) : undefined,
-          cpu: { gate: L.ffnGate, up: L.ffnUp, downT },
+          cpu: { gate: L.ffnGate, up: L.ffnUp!, downT },
           cpuRows: keep(ids(main, cold), main),
           nHot: hot.length,
           nCold: cold.length,

@@ -21,7 +21,8 @@ export interface ProfileResult {
  * @param tokens the corpus tokenized once, without BOS
  * @param opts.maxTokens stop after this many positions (BOS included): the last chunk is shortened to
  *   fit, so a limit below n_ctx evaluates that many positions, not a whole context
- * @throws EngineError 'BAD_INPUT' for a model whose FFN is not ReLU (nothing fires "exactly 0"), or an empty corpus.
+ * @throws EngineError 'BAD_INPUT' for a model whose FFN is not ReLU (nothing fires "exactly 0"), a model with
+ *   routed experts (not supported yet), or an empty corpus.
  */
 export function profileActivations(
   session: Session,
@@ -29,6 +30,12 @@ export function profileActivations(
   opts: { bosId: number | undefined; maxTokens?: number; onChunk?: (done: number, total: number) => void },
 ): ProfileResult {
   const cfg = session.model.config;
+  if (cfg.moe) {
+    throw new EngineError(
+      "BAD_INPUT",
+      "profiling routed experts (firings per layer, expert and neuron) is not supported yet; --sparse oracle runs such a model sparse without statistics",
+    );
+  }
   if (cfg.ffn.activation !== "relu") {
     throw new EngineError(
       "BAD_INPUT",

@@ -93,3 +93,65 @@ export function sparseFfn(
   }
   return g.axpySparse(g.handle(W.downT), a, opts);
 }
+
+/** Stacked expert tensors of one layer (GGUF names `blk.N.ffn_gate_inp.weight`, `blk.N.ffn_{gate,up,down}_exps.weight`). */
+export interface ExpertWeights {
+  /** Router {n_embd, n_expert}. */
+  gateInp: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}. */
+  gateExps: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}. */
+  upExps: TensorHandle;
+  /** {n_ff_exp, n_embd, n_expert}, as llama.cpp stores it (dense path). */
+  downExps?: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}: each expert's down projection neuron-major (sparse path). */
+  downExpsT?: TensorHandle;
+}
+
+/**
+ * Routed experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024; llama.cpp's `build_moe_ffn`):
+ * p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid), the
+ * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) then
+ * W_down_e, summed with weights p_e (divided by their sum over the chosen when `norm_weights`).
+ * `routerInput` r is h (the FFN input after ffn_norm) for llama and qwen3moe, the layer input before
+ * attn_norm for SmallThinker.
+ *
+ * Sparse ("oracle", ReLU experts only): the gate W_gate_e·h is computed densely for the chosen experts,
+ * and up and down read only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output
+ * is 0); the down projection must be stored neuron-major (`downExpsT`).
+ * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
+ *   pre-activations [n_ff_exp, n_expert_used, T] and the graph node indices of the sparse expert ops
+ *   (empty when dense).
+ */
+export function moeFfn(
+  g: Graph,
+  cfg: ModelConfig,
+  W: ExpertWeights,
+  h: TensorId,
+  routerInput: TensorId,
+  sparse: boolean,
+): { out: TensorId; probs: TensorId; gate: TensorId; sparseNodes: number[] } {
+  const moe = cfg.moe!;
+  const logits = g.mulMat(g.handle(W.gateInp), routerInput);
+  const probs = moe.gating === "softmax" ? g.softmax(logits) : g.sigmoid(logits);
+  const ids = g.topK(probs, moe.n_expert_used);
+  const act = (t: TensorId) =>
+    cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
+  const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
+  let down: TensorId;
+  const sparseNodes: number[] = [];
+  if (!sparse) {
+    const up = g.mulMatId(g.handle(W.upExps), h, ids);
+    const a = g.mul(act(gate), up);
+    down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});
+  } else {
+    const sel = { logits: gate, threshold: F32_MIN_POSITIVE };
+    const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+    const a = g.mul(g.relu(gate), up);
+    down = g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+  }
+  const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
+  return { out, probs, gate, sparseNodes };
+}

@@ -6,6 +6,11 @@
  *
  *   llama:  h = rms_norm(x)·attn_norm;  q,k,v = Wq·h, Wk·h, Wv·h;  q,k = rope(q,k);  cache ← k,v
  *           x = x + Wo·attention(q, cache);  h = rms_norm(x)·ffn_norm;  x = x + W_down·(act(W_gate·h) ⊙ W_up·h)
+ *           (with experts: x = x + Σ_chosen p_e·FFN_e(h), see blocks.ts moeFfn)
+ *   qwen2/3: llama with NeoX RoPE; qwen2 adds q/k/v biases, qwen3 an RMS norm of every q and k head
+ *           (weights attn_q_norm/attn_k_norm [head_dim]) before RoPE; qwen3moe is qwen3 with experts
+ *   smallthinker: llama with NeoX RoPE, ReGLU experts routed from the layer input (before attn_norm),
+ *           softmax or sigmoid gating, NoPE and sliding-window layers (config.layer_attention), tied output
  *   falcon: h = layer_norm(x)·attn_norm + b;  q,k,v = rows of W_qkv·h₂ with h₂ = attn_norm_2(x) (40B) or h
  *           (7B);  q,k = rope_neox(q,k);  x = (W_down·act(W_up·h) + Wo·attention(…)) + x
  *   opt:    x = tok_embd[t] + pos_embd[p];  h = layer_norm(x)·attn_norm + b;  q,k,v = W·h + b (no RoPE)
@@ -16,7 +21,7 @@ import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "../backend/graph.j
 import type { TensorHandle } from "../backend/types.js";
 import { EngineError } from "../engine/errors.js";
 import type { KvCache } from "../engine/kv-cache.js";
-import { F32_MIN_POSITIVE, sparseFfn } from "./blocks.js";
+import { type ExpertWeights, F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
 import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
@@ -32,7 +37,10 @@ export interface LlamaLayerWeights {
   wv?: TensorHandle;
   /** … or one fused {n_embd, n_embd + 2·n_embd_kv} (falcon `attn_qkv`): q rows, then k, then v. */
   wqkv?: TensorHandle;
-  /** Projection biases (opt). */
+  /** Per-head RMS-norm weights of queries and keys [head_dim] (qwen3, qwen3moe). */
+  attnQNorm?: TensorHandle;
+  attnKNorm?: TensorHandle;
+  /** Projection biases (opt, qwen2). */
   bq?: TensorHandle;
   bk?: TensorHandle;
   bv?: TensorHandle;
@@ -42,7 +50,8 @@ export interface LlamaLayerWeights {
   ffnNorm?: TensorHandle;
   ffnNormB?: TensorHandle;
   ffnGate?: TensorHandle;
-  ffnUp: TensorHandle;
+  /** Absent when the layer has routed experts. */
+  ffnUp?: TensorHandle;
   /** FFN biases (opt: fc1/fc2 biases). */
   bUp?: TensorHandle;
   bDown?: TensorHandle;
@@ -53,6 +62,8 @@ export interface LlamaLayerWeights {
   /** Predictor fc1 {n_embd, r} and fc2 {r, n_ff} (PowerInfer GGUF or trained here). */
   fc1?: TensorHandle;
   fc2?: TensorHandle;
+  /** Routed experts in place of the dense FFN (ffnGate/ffnUp/ffnDown absent). */
+  experts?: ExpertWeights;
 }
 
 /**
@@ -78,8 +89,8 @@ export interface LlamaWeights {
 }
 
 /**
- * Maps the weights of a model (llama, bamboo, falcon or opt; GGUF tensor names as llama.cpp and PowerInfer
- * write them).
+ * Maps the weights of a model (llama with or without routed experts, bamboo, falcon, opt, qwen2, qwen3,
+ * qwen3moe; GGUF tensor names as llama.cpp and PowerInfer write them).
  * @throws EngineError 'MISSING_TENSOR' / 'BAD_SHAPE' / 'UNSUPPORTED_TYPE'.
  */
 export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l: number) => void): LlamaWeights {
@@ -100,10 +111,38 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
     posEmbd = m.map("position_embd.weight", [e, rows]);
   }
   const opt1 = (name: string, ne: number[]) => m.mapOptional(name, ne);
+  /** q/k/v biases (qwen2) and per-head q/k norms (qwen3, qwen3moe). */
+  const qkExtras = (p: string): Partial<LlamaLayerWeights> => ({
+    bq: cfg.qkv_bias && !opt ? m.map(`${p}attn_q.bias`, [dH]) : undefined,
+    bk: cfg.qkv_bias && !opt ? m.map(`${p}attn_k.bias`, [ekv]) : undefined,
+    bv: cfg.qkv_bias && !opt ? m.map(`${p}attn_v.bias`, [ekv]) : undefined,
+    attnQNorm: cfg.qk_norm ? m.map(`${p}attn_q_norm.weight`, [cfg.head_dim]) : undefined,
+    attnKNorm: cfg.qk_norm ? m.map(`${p}attn_k_norm.weight`, [cfg.head_dim]) : undefined,
+  });
   const layers: LlamaLayerWeights[] = [];
   for (let l = 0; l < n_layer; l++) {
     const p = `blk.${l}.`;
     const hasDownT = m.has(`${p}ffn_down_t.weight`);
+    if (cfg.moe) {
+      const { n_expert: nx, n_ff_exp: fx } = cfg.moe;
+      layers.push({
+        attnNorm: m.map(`${p}attn_norm.weight`, [e]),
+        wq: m.map(`${p}attn_q.weight`, [e, dH]),
+        wk: m.map(`${p}attn_k.weight`, [e, ekv]),
+        wv: m.map(`${p}attn_v.weight`, [e, ekv]),
+        ...qkExtras(p),
+        wo: m.map(`${p}attn_output.weight`, [dH, e]),
+        ffnNorm: m.map(`${p}ffn_norm.weight`, [e]),
+        experts: {
+          gateInp: m.map(`${p}ffn_gate_inp.weight`, [e, nx]),
+          gateExps: m.map(`${p}ffn_gate_exps.weight`, [e, fx, nx]),
+          upExps: m.map(`${p}ffn_up_exps.weight`, [e, fx, nx]),
+          downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]),
+        },
+      });
+      onLayer?.(l);
+      continue;
+    }
     const L: LlamaLayerWeights = {
       attnNorm: m.map(`${p}attn_norm.weight`, [e]),
       attnNormB: falcon || opt ? m.map(`${p}attn_norm.bias`, [e]) : undefined,
@@ -132,6 +171,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
         L.bq = m.map(`${p}attn_q.bias`, [dH]);
         L.bk = m.map(`${p}attn_k.bias`, [ekv]);
         L.bv = m.map(`${p}attn_v.bias`, [ekv]);
+      } else {
+        Object.assign(L, qkExtras(p));
       }
     }
     layers.push(L);
@@ -161,7 +202,12 @@ export interface ForwardOptions {
 /** What {@link ForwardOptions.capture} returns, per layer, token-major. */
 export interface LayerCapture {
   ffnInput: Float32Array;
+  /** Empty for a layer with routed experts. */
   gate: Float32Array;
+  /** Layers with routed experts: the router probabilities [n_expert × T]. */
+  routerProbs?: Float32Array;
+  /** Layers with routed experts: the chosen experts' gate pre-activations [n_ff_exp × n_expert_used × T]. */
+  expertGate?: Float32Array;
 }
 
 /** Per-layer graph nodes of the sparse FFN, so callers can read their row counters. */
@@ -176,6 +222,18 @@ export interface SparseNodes {
  */
 export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
   if (mode === "off") return;
+  if (cfg.moe && mode === "predictor") {
+    throw new EngineError(
+      "BAD_INPUT",
+      'sparse mode "predictor" is not available for routed experts yet; use --sparse oracle',
+    );
+  }
+  if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs the experts' down projections stored neuron-major (transposeDownExperts)`,
+    );
+  }
   if (cfg.ffn.activation !== "relu") {
     throw new EngineError(
       "BAD_INPUT",
@@ -188,7 +246,7 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
       'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
     );
   }
-  if (!w.layers.every((L) => L.ffnDownT)) {
+  if (!cfg.moe && !w.layers.every((L) => L.ffnDownT)) {
     throw new EngineError(
       "BAD_INPUT",
       `sparse mode "${mode}" needs the down projection stored neuron-major (ffn_down_t); load the model with transposeDown`,
@@ -350,7 +408,8 @@ export function buildLlamaBatchGraph(
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
-  const attnParams = (nPast: number) => ({
+  const attnParams = (nPast: number, window = 0) => ({
+    window,
     headDim: cfg.head_dim,
     nHead: cfg.n_head,
     nHeadKv: cfg.n_head_kv,
@@ -359,6 +418,7 @@ export function buildLlamaBatchGraph(
   });
   for (let l = 0; l < w.layers.length; l++) {
     const L = w.layers[l]!;
+    const layerIn = x;
     let h = normed(x, L.attnNorm, L.attnNormB);
     // Falcon-40B: attention reads attn_norm_2's output, the FFN attn_norm's (llama.cpp's llm_build_falcon)
     const attnIn = L.attnNorm2 ? normed(x, L.attnNorm2, L.attnNorm2B) : h;
@@ -375,7 +435,19 @@ export function buildLlamaBatchGraph(
       k = linear(L.wk!, h, L.bk);
       v = linear(L.wv!, h, L.bv);
     }
-    if (useRope) {
+    if (L.attnQNorm && L.attnKNorm) {
+      // Qwen3: each head of q and k RMS-normed, then scaled by its [head_dim] weight, before RoPE
+      const headNorm = (t: TensorId, wt: TensorHandle, heads: number) => {
+        const [, cols] = g.shape(t);
+        const perHead = g.reshape(t, [cfg.head_dim, heads * cols]);
+        return g.reshape(g.mul(g.rmsNorm(perHead, eps), g.handle(wt)), [cfg.head_dim * heads, cols]);
+      };
+      q = headNorm(q, L.attnQNorm, cfg.n_head);
+      k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
+    }
+    // SmallThinker: NoPE layers and sliding-window layers as llama.cpp reads them (config.layer_attention)
+    const la = cfg.layer_attention?.[l];
+    if (useRope && (la?.rope ?? true)) {
       q = g.rope(q, pos, rope);
       k = g.rope(k, pos, rope);
     }
@@ -384,14 +456,14 @@ export function buildLlamaBatchGraph(
       const s = seqs[0]!;
       const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
       const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
-      att = g.attention(q, kc, vc, attnParams(s.nPast));
+      att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
     } else {
       const scratch = g.handle(opts.scratch!);
       seqs.forEach((s, i) => {
         const c = cols[i]!;
         const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
         const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
-        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast));
+        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast, la?.window));
         g.cpy(a, scratch, offsets[i]!);
       });
       // the nodes run in order: every copy above is done before this read
@@ -404,8 +476,22 @@ export function buildLlamaBatchGraph(
     if (!cfg.parallel_attn) h = normed(ffnInp, L.ffnNorm!, L.ffnNormB);
     const mode = opts.sparse ?? "off";
     let down: TensorId;
-    if (mode === "off") {
-      let up = linear(L.ffnUp, h, L.bUp);
+    if (L.experts) {
+      // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
+      const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
+      const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
+      down = r.out;
+      if (opts.capture) {
+        captures.push({
+          ffnInput: g.output(ffnInp),
+          gate: new Float32Array(0),
+          routerProbs: g.output(r.probs),
+          expertGate: g.output(r.gate),
+        });
+      }
+      if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
+    } else if (mode === "off") {
+      let up = linear(L.ffnUp!, h, L.bUp);
       const upRaw = up;
       if (cfg.ffn.up_activation === "relu") up = g.relu(up);
       let a: TensorId;
@@ -437,10 +523,10 @@ export function buildLlamaBatchGraph(
         threshold = F32_MIN_POSITIVE;
       } else {
         // no gate: a neuron fires when its up pre-activation (with bias) is > 0
-        logits = linear(L.ffnUp, h, L.bUp);
+        logits = linear(L.ffnUp!, h, L.bUp);
         threshold = F32_MIN_POSITIVE;
       }
-      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp, upBias: L.bUp, downT: L.ffnDownT! }, h, {
+      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT: L.ffnDownT! }, h, {
         logits,
         threshold,
         gate,

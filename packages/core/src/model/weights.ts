@@ -103,3 +103,26 @@ export function transposeDown(file: GgufFile, backend: Backend, name: string): T
   }
   return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
 }
+
+/**
+ * The neuron-major copy of stacked expert down projections ({n_ff_exp, n_embd, n_expert} →
+ * {n_embd, n_ff_exp, n_expert}) on `backend`: F16 stays F16, every other dtype becomes F32.
+ */
+export function transposeDownExperts(file: GgufFile, backend: Backend, name: string): TensorHandle {
+  const t = file.tensorMap.get(name);
+  if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+  const [nFf, nEmbd, nExp] = [t.shape[0]!, t.shape[1]!, t.shape[2] ?? 1];
+  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements);
+  const f16 = t.type === GGMLType.F16;
+  const n = nFf * nEmbd;
+  const out = f16 ? new Uint16Array(n * nExp) : new Float32Array(n * nExp);
+  for (let x = 0; x < nExp; x++) {
+    for (let e = 0; e < nEmbd; e++) {
+      for (let i = 0; i < nFf; i++) {
+        const v = w[x * n + e * nFf + i]!;
+        out[x * n + i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+      }
+    }
+  }
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf, nExp], out);
+}

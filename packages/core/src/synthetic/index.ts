@@ -25,3 +25,14 @@ export {
   powerLawFrequencies,
 } from "./stats-math.js";
 export { MIN_SYNTHETIC_VOCAB, syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
+export {
+  activeParametersPerToken,
+  generateSyntheticMoeModel,
+  MOE_SHAPE_PRESETS,
+  type MoeShapePreset,
+  SYNTHETIC_MOE_ARCHS,
+  type SyntheticMoeArch,
+  type SyntheticMoeOptions,
+  type SyntheticMoeReport,
+  type SyntheticMoeShape,
+} from "./moe.js";
