@@ -13,6 +13,7 @@ import {
 } from "@powerinfer/core";
 import type { FastifyReply } from "fastify";
 import { ApiError } from "./errors.js";
+import { requestGrammar, type StructuredBody } from "./structured.js";
 
 export interface ServerContext {
   model: Model;
@@ -26,7 +27,7 @@ export interface ServerContext {
 }
 
 /** Sampling fields as both APIs name them. */
-export interface SamplingFields {
+export interface SamplingFields extends StructuredBody {
   temperature?: number | null;
   top_k?: number | null;
   top_p?: number | null;
@@ -69,6 +70,7 @@ export function samplingOptions(
     cachePrompt: b.cache_prompt ?? true,
     logitBias: logitBias(b.logit_bias),
     slot: b.id_slot ?? -1,
+    grammar: requestGrammar(b),
   };
 }
 

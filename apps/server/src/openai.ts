@@ -19,6 +19,7 @@ import {
 } from "./context.js";
 import { ApiError } from "./errors.js";
 import { type ChatBody, type CompletionsBody, chatBody, completionsBody, parseBody } from "./schemas.js";
+import { addToolSystem, assistantToolText, toolAnswer, toolDelta, toolPlan } from "./structured.js";
 
 const FINGERPRINT = "powerinfer-ts-0.1.0";
 
@@ -209,7 +210,14 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
     checkSlot(ctx, b.id_slot);
-    const messages: ChatMessage[] = b.messages.map((m, i) => ({ role: m.role, content: messageText(m.content, i) }));
+    const plan = toolPlan(b);
+    const messages: ChatMessage[] = b.messages.map((m, i) => ({
+      role: m.role,
+      content: m.tool_calls?.length
+        ? assistantToolText(m.tool_calls, messageText(m.content, i))
+        : messageText(m.content, i),
+    }));
+    if (plan) addToolSystem(messages, plan.system);
     const prompt = ctx.template.apply(messages, true);
     const ids = ctx.model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: true });
     checkPrompt(ctx, ids);
@@ -222,6 +230,9 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     );
     // ChatML through text (the model has no <|im_end|> token): stop at the end-of-turn marker
     if (ctx.template.isFallback) options.stop = [...(options.stop ?? []), "<|im_end|>"];
+    // tools: the answer is a JSON object in llama.cpp's generic format, streamed as one delta at the end
+    if (plan) options.grammar = plan.grammar;
+    const toolTexts: string[] = [];
     const topN = b.top_logprobs ?? 0;
     const logprobsOf = (ts: BatchToken[]) =>
       wantLogprobs
@@ -244,16 +255,25 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
           ...base,
           choices: [{ index: i, delta: { role: "assistant", content: "" }, logprobs: null, finish_reason: null }],
         }),
-        token: (i, t) =>
-          t.text || (wantLogprobs && t.logprob !== undefined)
+        token: (i, t) => {
+          if (plan) {
+            toolTexts[i] = (toolTexts[i] ?? "") + t.text;
+            return undefined;
+          }
+          return t.text || (wantLogprobs && t.logprob !== undefined)
             ? {
                 ...base,
                 choices: [{ index: i, delta: { content: t.text }, logprobs: logprobsOf([t]), finish_reason: null }],
               }
-            : undefined,
+            : undefined;
+        },
         finish: (i, r, usage) => ({
           ...base,
-          choices: [{ index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) }],
+          choices: [
+            plan
+              ? { index: i, ...toolDelta(toolTexts[i] ?? "", finishReason(r.stopReason)), logprobs: null }
+              : { index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) },
+          ],
           ...(usage ? { usage, timings: timingsJson(r.timings) } : {}),
         }),
         usageChunk: b.stream_options?.include_usage ? (usage) => ({ ...base, choices: [], usage }) : undefined,
@@ -267,12 +287,16 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       created,
       model: ctx.alias,
       system_fingerprint: FINGERPRINT,
-      choices: res.outputs.map((o, i) => ({
-        index: i,
-        message: { role: "assistant", content: o.text },
-        logprobs: logprobsOf(o.tokens),
-        finish_reason: finishReason(res.reqs[i]!.stopReason),
-      })),
+      choices: res.outputs.map((o, i) => {
+        const finish = finishReason(res.reqs[i]!.stopReason);
+        const a = plan ? toolAnswer(o.text, finish) : { message: { content: o.text }, finish_reason: finish };
+        return {
+          index: i,
+          message: { role: "assistant", ...a.message },
+          logprobs: logprobsOf(o.tokens),
+          finish_reason: a.finish_reason,
+        };
+      }),
       usage: usageJson(res.reqs, ids.length),
       timings: timingsJson(res.reqs[0]!.timings),
     };

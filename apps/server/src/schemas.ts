@@ -5,6 +5,7 @@
  */
 import { z } from "zod";
 import { ApiError } from "./errors.js";
+import { structuredFields, toolFields } from "./structured.js";
 
 /*
  * Every schema carries what it expects in words ("an integer ≥ -1") as its error, so that a 400 names the
@@ -90,6 +91,7 @@ const sampling = {
       { error: 'an object {"token id": bias in [-100, 100]} or an array of [token id, bias or false] pairs' },
     )
     .nullish(),
+  ...structuredFields,
 };
 
 const streamOptions = z.object({ include_usage: boolean().nullish() }, { error: "an object" }).nullish();
@@ -132,6 +134,13 @@ export const chatBody = z.object({
             })
             .optional(),
           name: string().nullish(),
+          /** an assistant turn that called tools (OpenAI's shape), and a tool result's call id */
+          tool_calls: z
+            .array(z.object({ function: z.object({ name: string(), arguments: string() }).partial() }).partial(), {
+              error: "an array of tool calls",
+            })
+            .nullish(),
+          tool_call_id: string().nullish(),
         },
         { error: "a message object" },
       )
@@ -149,6 +158,7 @@ export const chatBody = z.object({
   logprobs: boolean().nullish(),
   top_logprobs: integer(0, 20).nullish(),
   stream_options: streamOptions,
+  ...toolFields,
 });
 export type ChatBody = z.infer<typeof chatBody>;
 

@@ -97,6 +97,45 @@ export class Mt19937 {
 
 const f32 = Math.fround;
 
+/**
+ * What a grammar (or any constraint) allows next; see `GrammarConstraint` in ../grammar. The sampler masks
+ * the candidates with it after the logit bias and penalties, before top-k (llama.cpp applies its grammar
+ * sampler first; a −∞ logit is unchanged by bias and penalties, so the two orders give the same tokens).
+ */
+export interface TokenConstraint {
+  /** May token `id` come next? */
+  allows(id: number): boolean;
+  /** Sets out[id] = 1 for every allowed token, 0 for the others; returns how many are allowed. */
+  mask(out: Uint8Array): number;
+}
+
+/**
+ * The `n` best tokens by (logit descending, id ascending) — the order the sampler sorts candidates in —
+ * best first. O(n_vocab) with a small sorted window.
+ */
+export function topCandidates(l: Float32Array, n: number): number[] {
+  const ids: number[] = [];
+  const vals: number[] = [];
+  for (let i = 0; i < l.length; i++) {
+    const v = l[i]!;
+    if (ids.length === n && !(v > vals[n - 1]!)) continue;
+    let j = ids.length < n ? ids.length : n - 1;
+    if (ids.length < n) {
+      ids.push(i);
+      vals.push(v);
+    }
+    // equal values keep id order: an earlier (lower) id stays in front
+    while (j > 0 && (vals[j - 1]! < v || (Number.isNaN(vals[j - 1]!) && !Number.isNaN(v)))) {
+      ids[j] = ids[j - 1]!;
+      vals[j] = vals[j - 1]!;
+      j--;
+    }
+    ids[j] = i;
+    vals[j] = v;
+  }
+  return ids;
+}
+
 export class Sampler {
   readonly options: Required<SamplerOptions>;
   private readonly rng: Mt19937;
@@ -145,9 +184,12 @@ export class Sampler {
 
   /**
    * Picks the next token. `logits` (length n_vocab) is not modified.
-   * @returns a token id in [0, n_vocab).
+   * @param constraint when given, only tokens it allows are candidates: the result is the token the chain
+   *   picks from the logits with every other token at −∞ (checked lazily: the best candidates one by one,
+   *   the whole vocabulary only when they are not enough).
+   * @returns a token id in [0, n_vocab); −1 when the constraint allows no token.
    */
-  sample(logits: Float32Array): number {
+  sample(logits: Float32Array, constraint?: TokenConstraint): number {
     const o = this.options;
     const penalised = o.repeatPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0;
     let l = logits;
@@ -168,26 +210,75 @@ export class Sampler {
         l[t] = v;
       }
     }
+    if (constraint) return this.constrained(l, constraint);
     if (o.temperature <= 0) return argmax(l);
 
     return this.draw(l);
   }
 
+  private maskBuf?: Uint8Array;
+
+  /** Sampling under a constraint, equal to sampling from the logits with the disallowed tokens at −∞. */
+  private constrained(l: Float32Array, c: TokenConstraint): number {
+    const o = this.options;
+    const allowedMask = (): { m: Uint8Array; n: number } => {
+      if (!this.maskBuf || this.maskBuf.length !== l.length) this.maskBuf = new Uint8Array(l.length);
+      const n = c.mask(this.maskBuf);
+      return { m: this.maskBuf, n };
+    };
+    if (o.temperature <= 0) {
+      // the argmax is allowed: it is also the argmax of the masked logits (same tie rule)
+      const a = argmax(l);
+      if (c.allows(a)) return a;
+      const { m, n } = allowedMask();
+      if (n === 0) return -1;
+      let best = -1;
+      for (let i = 0; i < l.length; i++) if (m[i] && (best < 0 || l[i]! > l[best]!)) best = i;
+      return best;
+    }
+    if (o.topK > 0) {
+      // top-k of the masked logits = the first k allowed tokens in the sampler's order; with fewer than k
+      // allowed, the −∞ tokens top-k would keep get probability 0 and change nothing
+      const k = Math.min(o.topK, l.length);
+      const window = Math.min(l.length, Math.max(4 * k, 64));
+      let picked: number[] = [];
+      for (const id of topCandidates(l, window)) {
+        if (c.allows(id)) picked.push(id);
+        if (picked.length === k) break;
+      }
+      if (picked.length < k && window < l.length) {
+        const { m } = allowedMask();
+        picked = [];
+        for (let i = 0; i < l.length; i++) if (m[i]) picked.push(i);
+        picked.sort((a, b) => l[b]! - l[a]! || a - b);
+        picked = picked.slice(0, k);
+      }
+      if (picked.length === 0) return -1;
+      return this.draw(l, picked);
+    }
+    const { m, n } = allowedMask();
+    if (n === 0) return -1;
+    const masked = Float32Array.from(l);
+    for (let i = 0; i < masked.length; i++) if (!m[i]) masked[i] = Number.NEGATIVE_INFINITY;
+    return this.draw(masked);
+  }
+
   /**
-   * top-k → top-p → min-p → temperature → dist, each as llama.cpp's sampler of that name (float
+   * top-k (unless `topKIds`, the top-k candidates already sorted, is given) → top-p → min-p → temperature → dist, each as llama.cpp's sampler of that name (float
    * arithmetic, the candidates' order, min_keep 1), the draw from {@link Mt19937.canonical}: the first
    * candidate whose running sum of exp(logit − max) reaches that fraction of the total.
    */
-  private draw(l: Float32Array): number {
+  private draw(l: Float32Array, topKIds?: number[]): number {
     const o = this.options;
-    let ids = Array.from({ length: l.length }, (_, i) => i);
-    let sorted = false;
+    let ids = topKIds ?? Array.from({ length: l.length }, (_, i) => i);
+    let sorted = topKIds !== undefined;
     const sortDesc = () => {
       ids.sort((a, b) => l[b]! - l[a]! || a - b);
       sorted = true;
     };
     const maxLogit = () => (sorted ? l[ids[0]!]! : ids.reduce((m, i) => Math.max(m, l[i]!), Number.NEGATIVE_INFINITY));
-    if (o.topK > 0) {
+    // (topKIds: top-k done by the caller, sorted)
+    if (o.topK > 0 && !topKIds) {
       sortDesc();
       ids = ids.slice(0, Math.min(o.topK, ids.length));
     }
