@@ -133,6 +133,11 @@ describe("JSON schema → GBNF", () => {
     );
   });
 
+  it("any JSON value and any object (the recursive primitives)", () => {
+    accepts({ type: "object" }, ['{"a": [1, {"b": null}], "c": "d"}', "{}"], ["[]", '{"a"}']);
+    accepts({}, ['[1, "x", {"y": true}]', "null", "-2.5"], ["nul", "[1,]"]);
+  });
+
   it("types, enum, const, type lists, nesting", () => {
     accepts({ type: "number" }, ["0", "-1.5", "3e10", "12.0E-2"], ["01", "1.", "+1", ".5"]);
     accepts({ type: "integer" }, ["0", "-17"], ["1.0", "00"]);

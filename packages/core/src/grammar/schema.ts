@@ -136,8 +136,9 @@ class Converter {
 
   private primitive(name: string): string {
     const [body, deps] = PRIMITIVES[name]!;
-    for (const d of deps) if (!this.rules.has(d)) this.primitive(d);
+    // set first: the primitives refer to each other (value → object → value)
     this.rules.set(name, body);
+    for (const d of deps) if (!this.rules.has(d)) this.primitive(d);
     return name;
   }
 
