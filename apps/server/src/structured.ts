@@ -96,6 +96,11 @@ const CACHE_SIZE = 32;
 /** Compiles GBNF (cached). @throws ApiError 400 naming the grammar error. */
 export function compileGrammar(gbnf: string, field: string): Grammar {
   let g = cache.get(gbnf);
+  // a grammar whose transition cache grew large (deeply nested outputs) starts afresh
+  if (g && g.cachedStates > 100_000) {
+    cache.delete(gbnf);
+    g = undefined;
+  }
   if (g) {
     cache.delete(gbnf);
     cache.set(gbnf, g);

@@ -491,7 +491,9 @@ export class Generation {
     this.constraint?.accept(id);
     this.sampler.accept(id);
     this.generated++;
-    if (!this.options.ignoreEos && this.tokenizer.isEog(id)) return { id, text: "", stop: "eos" };
+    // under a grammar an end-of-generation token is chosen only when the text is complete: it ends even
+    // with ignoreEos (nothing else could follow)
+    if ((!this.options.ignoreEos || this.constraint) && this.tokenizer.isEog(id)) return { id, text: "", stop: "eos" };
     this.text += this.decoder.push(id);
     const stops = this.stops;
     if (stops.length === 0) {

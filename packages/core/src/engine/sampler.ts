@@ -125,7 +125,7 @@ export function topCandidates(l: Float32Array, n: number): number[] {
       vals.push(v);
     }
     // equal values keep id order: an earlier (lower) id stays in front
-    while (j > 0 && (vals[j - 1]! < v || (Number.isNaN(vals[j - 1]!) && !Number.isNaN(v)))) {
+    while (j > 0 && vals[j - 1]! < v) {
       ids[j] = ids[j - 1]!;
       vals[j] = vals[j - 1]!;
       j--;

@@ -8,7 +8,7 @@
  * can also be checked on its own, which is what the sampler does first for its best candidates.
  */
 import type { Tokenizer } from "../tokenizer/index.js";
-import { type ByteState, DEAD, type Grammar, stepByte } from "./matcher.js";
+import { type ByteState, GRAMMAR_DEAD, GRAMMAR_UNKNOWN, type Grammar, stepByte } from "./matcher.js";
 
 /** A byte trie of a vocabulary's token texts (end-of-generation and empty tokens left out). */
 export class TokenTrie {
@@ -125,7 +125,7 @@ export class GrammarConstraint {
 
   /** No token can follow (not even end-of-generation). */
   get dead(): boolean {
-    return this.st.state === DEAD;
+    return this.st.state === GRAMMAR_DEAD;
   }
 
   /** May token `id` come next? */
@@ -144,7 +144,8 @@ export class GrammarConstraint {
   }
 
   /**
-   * Every allowed token: `out[id]` = 1 when allowed, else 0.
+   * Every allowed token: `out[id]` = 1 when allowed, else 0. One depth-first walk of the token trie from
+   * the current state; a subtree is left at the first byte no stack accepts.
    * @returns the number of allowed tokens.
    */
   mask(out: Uint8Array): number {
@@ -158,64 +159,62 @@ export class GrammarConstraint {
           n++;
         }
     }
-    if (this.st.state === DEAD) return n;
+    if (this.st.state === GRAMMAR_DEAD) return n;
     const g = this.grammar;
-    let sp = 0;
+    const { edgeStart, edgeCount, edgeByte, edgeChild, tokStart, tokCount, tokens } = t;
+    let nodeS = this.walkNode;
+    let stateS = this.walkState;
+    let valueS = this.walkValue;
+    let remainS = this.walkRemain;
+    let minS = this.walkMin;
     const s = this.tmp;
-    const pushState = (node: number, st: ByteState) => {
-      if (sp === this.walkNode.length) {
+    nodeS[0] = 0;
+    stateS[0] = this.st.state;
+    valueS[0] = this.st.value;
+    remainS[0] = this.st.remain;
+    minS[0] = this.st.min;
+    let sp = 1;
+    while (sp > 0) {
+      sp--;
+      const node = nodeS[sp]!;
+      const state = stateS[sp]!;
+      const value = valueS[sp]!;
+      const remain = remainS[sp]!;
+      const min = minS[sp]!;
+      const tc = tokCount[node]!;
+      if (tc > 0 && node !== 0) {
+        const ts = tokStart[node]!;
+        for (let k = 0; k < tc; k++) out[tokens[ts + k]!] = 1;
+        n += tc;
+      }
+      const es = edgeStart[node]!;
+      const ee = es + edgeCount[node]!;
+      if (ee === es) continue;
+      if (sp + (ee - es) > nodeS.length) {
+        const size = Math.max(2 * nodeS.length, sp + (ee - es));
         const grow = (a: Int32Array) => {
-          const b = new Int32Array(a.length * 2);
+          const b = new Int32Array(size);
           b.set(a);
           return b;
         };
-        this.walkNode = grow(this.walkNode);
-        this.walkState = grow(this.walkState);
-        this.walkValue = grow(this.walkValue);
-        this.walkRemain = grow(this.walkRemain);
-        this.walkMin = grow(this.walkMin);
+        this.walkNode = nodeS = grow(nodeS);
+        this.walkState = stateS = grow(stateS);
+        this.walkValue = valueS = grow(valueS);
+        this.walkRemain = remainS = grow(remainS);
+        this.walkMin = minS = grow(minS);
       }
-      this.walkNode[sp] = node;
-      this.walkState[sp] = st.state;
-      this.walkValue[sp] = st.value;
-      this.walkRemain[sp] = st.remain;
-      this.walkMin[sp] = st.min;
-      sp++;
-    };
-    pushState(0, this.st);
-    while (sp > 0) {
-      sp--;
-      const node = this.walkNode[sp]!;
-      const state = this.walkState[sp]!;
-      const value = this.walkValue[sp]!;
-      const remain = this.walkRemain[sp]!;
-      const min = this.walkMin[sp]!;
-      const tc = t.tokCount[node]!;
-      if (tc > 0 && node !== 0) {
-        const ts = t.tokStart[node]!;
-        for (let k = 0; k < tc; k++) out[t.tokens[ts + k]!] = 1;
-        n += tc;
-      }
-      const es = t.edgeStart[node]!;
-      const ee = es + t.edgeCount[node]!;
+      const row = remain === 0 ? g.asciiRow(state) : undefined;
       for (let e = es; e < ee; e++) {
-        const b = t.edgeByte[e]!;
-        if (remain === 0 && b < 0x80) {
-          // the common case inline: an ASCII byte from a whole-character state
-          const next = g.step(state, b);
+        const b = edgeByte[e]!;
+        if (row !== undefined && b < 0x80) {
+          // the common case: an ASCII byte from a whole-character state, a cached transition
+          let next = row[b]!;
+          if (next === GRAMMAR_UNKNOWN) next = g.step(state, b);
           if (next >= 0) {
-            if (sp === this.walkNode.length) {
-              s.state = next;
-              s.value = 0;
-              s.remain = 0;
-              pushState(t.edgeChild[e]!, s);
-            } else {
-              this.walkNode[sp] = t.edgeChild[e]!;
-              this.walkState[sp] = next;
-              this.walkValue[sp] = 0;
-              this.walkRemain[sp] = 0;
-              sp++;
-            }
+            nodeS[sp] = edgeChild[e]!;
+            stateS[sp] = next;
+            remainS[sp] = 0;
+            sp++;
           }
           continue;
         }
@@ -223,7 +222,14 @@ export class GrammarConstraint {
         s.value = value;
         s.remain = remain;
         s.min = min;
-        if (stepByte(g, s, b)) pushState(t.edgeChild[e]!, s);
+        if (stepByte(g, s, b)) {
+          nodeS[sp] = edgeChild[e]!;
+          stateS[sp] = s.state;
+          valueS[sp] = s.value;
+          remainS[sp] = s.remain;
+          minS[sp] = s.min;
+          sp++;
+        }
       }
     }
     return n;

@@ -15,10 +15,11 @@ import { type CharRanges, classHas, classMeets, type GrammarRules, parseGbnf } f
 const END = 0;
 const CHAR = 1;
 const REF = 2;
-/** A transition not computed yet. */
-const UNKNOWN = -2;
+/** A transition not computed yet (in {@link Grammar.asciiRow}). */
+export const GRAMMAR_UNKNOWN = -2;
+const UNKNOWN = GRAMMAR_UNKNOWN;
 /** The dead state: no stack can go on. */
-export const DEAD = -1;
+export const GRAMMAR_DEAD = -1;
 
 interface StackSet {
   /** Stack ids, ascending; 0 is the empty stack. */
@@ -142,7 +143,7 @@ export class Grammar {
   }
 
   private internSet(stacks: number[]): number {
-    if (stacks.length === 0) return DEAD;
+    if (stacks.length === 0) return GRAMMAR_DEAD;
     stacks.sort((a, b) => a - b);
     const key = stacks.join(",");
     let id = this.setIds.get(key);
@@ -164,9 +165,17 @@ export class Grammar {
     return state >= 0 && this.sets[state]!.complete;
   }
 
-  /** The state after code point `cp` (DEAD when no stack accepts it). */
+  /**
+   * The cached transitions of a (live) state on ASCII code points: next state, GRAMMAR_DEAD, or
+   * GRAMMAR_UNKNOWN where {@link step} has not been asked yet.
+   */
+  asciiRow(state: number): Int32Array {
+    return this.sets[state]!.ascii;
+  }
+
+  /** The state after code point `cp` (GRAMMAR_DEAD when no stack accepts it). */
   step(state: number, cp: number): number {
-    if (state < 0) return DEAD;
+    if (state < 0) return GRAMMAR_DEAD;
     const set = this.sets[state]!;
     if (cp < 128) {
       const t = set.ascii[cp]!;
