@@ -20,7 +20,11 @@ const str = (maxLength: number, minLength = 0) => ({ type: "string", minLength, 
 /** 20 schemas: objects, arrays, enums, nesting; strings ≤ 16 characters, arrays ≤ 4 items. */
 const SCHEMAS: Record<string, unknown>[] = [
   { type: "object", properties: { name: str(12) }, required: ["name"] },
-  { type: "object", properties: { age: { type: "integer" }, ok: { type: "boolean" } }, required: ["age", "ok"] },
+  {
+    type: "object",
+    properties: { age: { type: "integer", minimum: 0, maximum: 120 }, ok: { type: "boolean" } },
+    required: ["age", "ok"],
+  },
   { type: "object", properties: { color: { enum: ["red", "green", "blue"] } }, required: ["color"] },
   { type: "array", items: { type: "integer" }, minItems: 1, maxItems: 4 },
   { type: "array", items: str(8), maxItems: 3 },
@@ -78,7 +82,12 @@ const SCHEMAS: Record<string, unknown>[] = [
     required: ["meta"],
     additionalProperties: false,
   },
-  { type: "object", properties: { x: { type: "null" }, y: { type: "number" }, z: str(3) }, required: ["x", "y", "z"] },
+  {
+    type: "object",
+    properties: { x: { type: "null" }, y: { type: "number" }, z: str(3) },
+    required: ["x", "y", "z"],
+    additionalProperties: { type: "integer", minimum: -9, maximum: 9 },
+  },
 ];
 
 // biome-ignore lint/suspicious/noExplicitAny: response bodies are checked field by field
@@ -110,6 +119,7 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
   });
 
   it("a JSON-schema chat request returns JSON that validates against the schema (20 schemas, ajv)", async () => {
+    expect(SCHEMAS).toHaveLength(20);
     const ajv = new Ajv({ strict: false });
     const results = await Promise.all(
       SCHEMAS.map((schema, i) =>

@@ -125,11 +125,25 @@ describe("JSON schema → GBNF", () => {
   });
 
   it("additionalProperties true or a schema lets other keys in", () => {
-    // (a named key may also come again as an additional one: see the README)
+    // the extra keys are never the named ones (llama.cpp's _not_strings)
     accepts(
-      { type: "object", properties: { a: { type: "null" } }, additionalProperties: { type: "number" } },
-      ['{"a":null}', '{"a":null,"z":1.5e3}', '{"z":-0.25}', "{}"],
-      ['{"z":"s"}', '{"a":null,"z":true}'],
+      {
+        type: "object",
+        properties: { a: { type: "null" }, ab: { type: "null" }, 'q"]': { type: "null" } },
+        additionalProperties: { type: "number" },
+      },
+      [
+        '{"a":null}',
+        '{"a":null,"z":1.5e3}',
+        '{"z":-0.25}',
+        "{}",
+        '{"abc":1}',
+        '{"":1}',
+        '{"b":1}',
+        '{"q\\"":2}',
+        '{"\\n":1}',
+      ],
+      ['{"z":"s"}', '{"a":null,"z":true}', '{"a":1}', '{"ab":2}', '{"q\\"]":2}'],
     );
   });
 
@@ -155,6 +169,34 @@ describe("JSON schema → GBNF", () => {
       ['{"p":{"q":[]}}', '{"p":{"q":[true, false]}}'],
       ['{"p":{}}', '{"p":{"q":[1]}}'],
     );
+  });
+
+  it("integer ranges: every integer in the range and none outside (exhaustive over −1200..1200)", () => {
+    const ranges: [number | undefined, number | undefined, string?][] = [
+      [0, 9],
+      [1, 100],
+      [-5, 5],
+      [-120, -7],
+      [13, 987],
+      [100, undefined],
+      [undefined, -3],
+      [-1000, 1050],
+      [7, 7],
+      [3.5, 9.2, "fractional bounds round inward"],
+    ];
+    for (const [lo, hi] of ranges) {
+      const g = Grammar.fromGbnf(jsonSchemaToGbnf({ type: "integer", minimum: lo, maximum: hi }));
+      for (let x = -1200; x <= 1200; x++) {
+        const want = (lo === undefined || x >= lo) && (hi === undefined || x <= hi);
+        expect({ lo, hi, x, ok: g.match(String(x)) === "sentence" }).toEqual({ lo, hi, x, ok: want });
+      }
+      expect(g.match("007")).not.toBe("sentence");
+      expect(g.match("-0")).not.toBe("sentence");
+    }
+    const ex = Grammar.fromGbnf(jsonSchemaToGbnf({ type: "integer", exclusiveMinimum: 0, exclusiveMaximum: 10 }));
+    expect([0, 1, 9, 10].map((x) => ex.match(String(x)))).toEqual(["no", "sentence", "sentence", "no"]);
+    const big = Grammar.fromGbnf(jsonSchemaToGbnf({ type: "integer", minimum: 1 }));
+    expect(big.match("9999999999999999")).toBe("sentence");
   });
 
   it("strings: escapes, minLength/maxLength in characters", () => {
@@ -215,7 +257,7 @@ describe("JSON schema → GBNF", () => {
   it.each([
     [{ type: "string", pattern: "^a+$" }, /"pattern" is not supported/],
     [{ type: "string", format: "email" }, /format "email" is not supported/],
-    [{ type: "integer", minimum: 0 }, /minimum\/maximum on an integer/],
+    [{ type: "integer", minimum: 5, maximum: 2 }, /no integer lies in \[5, 2\]/],
     [{ type: "wat" }, /unknown type "wat"/],
     [{ $ref: "https://example.com/s.json" }, /only local references/],
     [{ $ref: "#/$defs/missing" }, /points to nothing/],

@@ -9,8 +9,9 @@
  * Supported: `type` (string, number, integer, boolean, null, object, array, or a list of them), `enum`,
  * `const`, `properties`, `required`, `additionalProperties`, `items`, `prefixItems`, `minItems`,
  * `maxItems`, `minLength`, `maxLength`, `anyOf`, `oneOf` (as anyOf), `allOf` of objects, local `$ref`
- * (`#/$defs/…`, `#/definitions/…`, `#`), `format: "uuid"`. Anything that would constrain the value further
- * and is not supported (`pattern`, other `format`s, `minimum`/`maximum` on integers, `not`, …) is refused
+ * (`#/$defs/…`, `#/definitions/…`, `#`), `format: "uuid"`, `minimum`/`maximum`/`exclusiveMinimum`/
+ * `exclusiveMaximum` on integers (bounds on numbers are ignored, as llama.cpp). Anything that would constrain the value further
+ * and is not supported (`pattern`, other `format`s, `not`, …) is refused
  * with a {@link GrammarError} rather than silently ignored.
  */
 import { GrammarError } from "./gbnf.js";
@@ -103,6 +104,100 @@ function repetition(item: string, min: number, max: number, sep = ""): string {
   let r = `${item} ${repetition(`(${sep} ${item})`, min === 0 ? 0 : min - 1, max < 0 ? -1 : max - 1)}`;
   if (min === 0) r = `(${r})?`;
   return r;
+}
+
+/** The largest magnitude an integer range may name: 16 digits, as the integral part of llama.cpp's numbers. */
+const MAX_INT = 10n ** 16n - 1n;
+
+/** Decimal strings of one length, a ≤ x ≤ b digit by digit, as alternatives of char classes. */
+function sameLength(a: string, b: string): string[] {
+  if (a.length === 0) return [""];
+  if (a === b) return [`"${a}"`];
+  const rest = a.length - 1;
+  const any = rest > 0 ? ` [0-9]{${rest}}` : "";
+  if (a[0] === b[0]) return sameLength(a.slice(1), b.slice(1)).map((t) => `"${a[0]}"${t ? ` ${t}` : ""}`);
+  const out: string[] = [];
+  const a0 = Number(a[0]);
+  const b0 = Number(b[0]);
+  const nines = "9".repeat(rest);
+  const zeros = "0".repeat(rest);
+  // first digit a0: the rest from a's rest up; a full span collapses to any digits
+  if (a.slice(1) === zeros) out.push(`"${a[0]}"${any}`);
+  else out.push(...sameLength(a.slice(1), nines).map((t) => `"${a[0]}" ${t}`));
+  if (b0 - a0 > 1) out.push(`[${a0 + 1}-${b0 - 1}]${any}`);
+  if (b.slice(1) === nines) out.push(`"${b[0]}"${any}`);
+  else out.push(...sameLength(zeros, b.slice(1)).map((t) => `"${b[0]}" ${t}`));
+  return out;
+}
+
+/** Non-negative integers lo..hi without leading zeros, as GBNF alternatives. */
+function natRange(lo: bigint, hi: bigint): string[] {
+  const out: string[] = [];
+  for (let len = String(lo).length; len <= String(hi).length; len++) {
+    const floor = len === 1 ? 0n : 10n ** BigInt(len - 1);
+    const from = lo > floor ? lo : floor;
+    const ceil = 10n ** BigInt(len) - 1n;
+    const to = hi < ceil ? hi : ceil;
+    if (from <= to) out.push(...sameLength(String(from), String(to)));
+  }
+  return out;
+}
+
+/** Integers lo..hi (|lo|, |hi| ≤ 10¹⁶ − 1) as JSON numbers, as one GBNF alternation. */
+function intRange(lo: bigint, hi: bigint): string {
+  const alts: string[] = [];
+  if (lo < 0n) {
+    const top = hi < -1n ? hi : -1n;
+    alts.push(...natRange(-top, -lo).map((t) => `"-" ${t}`));
+  }
+  if (hi >= 0n) alts.push(...natRange(lo > 0n ? lo : 0n, hi));
+  return alts.join(" | ");
+}
+
+/** A character for a GBNF character class. */
+function classChar(ch: string): string {
+  const c = ch.codePointAt(0)!;
+  if ('\\]-^["'.includes(ch)) return `\\${ch}`;
+  if (c < 0x20 || c === 0x7f) return `\\x${c.toString(16).padStart(2, "0")}`;
+  return ch;
+}
+
+/**
+ * A JSON string (quotes included) that is none of `keys` (llama.cpp's `_not_strings`): a trie of the
+ * keys; at each node the string may go on along a child, leave the trie with another character (then
+ * anything), or close — unless the text so far is a key. `char` is the rule of one string character.
+ */
+function notStrings(keys: string[], char: string): string {
+  interface TrieNode {
+    end: boolean;
+    kids: Map<string, TrieNode>;
+  }
+  const root: TrieNode = { end: false, kids: new Map() };
+  for (const k of keys) {
+    let n = root;
+    // the key as JSON text writes it (escapes included)
+    for (const ch of JSON.stringify(k).slice(1, -1)) {
+      let next = n.kids.get(ch);
+      if (!next) {
+        next = { end: false, kids: new Map() };
+        n.kids.set(ch, next);
+      }
+      n = next;
+    }
+    n.end = true;
+  }
+  const rest = (n: TrieNode): string => {
+    const alts: string[] = [];
+    for (const [ch, kid] of n.kids) alts.push(`${gbnfLiteral(ch)} ${rest(kid)}`);
+    const others = [...n.kids.keys()].map(classChar).join("");
+    // another plain character, or an escape sequence, leaves the trie (where a key goes on with an escape,
+    // only along the key: other escapes are not offered there)
+    const escapes = n.kids.has("\\") ? "" : ' | [\\\\] (["\\\\bfnrt] | "u" [0-9a-fA-F]{4})';
+    alts.push(`([^"\\\\\\x7F\\x00-\\x1F${others}]${escapes}) ${char}* "\\""`);
+    if (!n.end) alts.push('"\\""');
+    return `(${alts.join(" | ")})`;
+  };
+  return `"\\"" ${rest(root)}`;
 }
 
 const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
@@ -221,16 +316,30 @@ class Converter {
           return this.addRule(ruleName, `"\\"" ${repetition(this.primitive("char"), min, max)} "\\""`);
         return this.addRule(ruleName, this.primitive("string"));
       }
-      case "integer":
-        if (
-          schema.minimum !== undefined ||
-          schema.maximum !== undefined ||
-          schema.exclusiveMinimum !== undefined ||
-          schema.exclusiveMaximum !== undefined
-        ) {
-          this.fail(path, "minimum/maximum on an integer is not supported");
-        }
-        return this.addRule(ruleName, this.primitive("integer"));
+      case "integer": {
+        const bound = (k: string, exclusive: string, dir: 1 | -1): bigint | undefined => {
+          const v = schema[k];
+          const x = schema[exclusive];
+          let b: number | undefined;
+          if (v !== undefined) {
+            if (typeof v !== "number" || !Number.isFinite(v)) this.fail(path, `${k} must be a number`);
+            b = dir > 0 ? Math.ceil(v) : Math.floor(v);
+          }
+          if (x !== undefined) {
+            if (typeof x !== "number" || !Number.isFinite(x)) this.fail(path, `${exclusive} must be a number`);
+            const e = dir > 0 ? Math.floor(x) + 1 : Math.ceil(x) - 1;
+            b = b === undefined ? e : dir > 0 ? Math.max(b, e) : Math.min(b, e);
+          }
+          if (b === undefined) return undefined;
+          if (!Number.isSafeInteger(b)) this.fail(path, `${k} beyond ±${Number.MAX_SAFE_INTEGER} is not supported`);
+          return BigInt(b);
+        };
+        const lo = bound("minimum", "exclusiveMinimum", 1);
+        const hi = bound("maximum", "exclusiveMaximum", -1);
+        if (lo === undefined && hi === undefined) return this.addRule(ruleName, this.primitive("integer"));
+        if (lo !== undefined && hi !== undefined && lo > hi) this.fail(path, `no integer lies in [${lo}, ${hi}]`);
+        return this.addRule(ruleName, `(${intRange(lo ?? -MAX_INT, hi ?? MAX_INT)})`);
+      }
       case "number":
       case "boolean":
       case "null":
@@ -318,8 +427,13 @@ class Converter {
         additional === true || Object.keys(additional).length === 0
           ? this.primitive("value")
           : this.visit(additional, `${pre}additional-value`, `${path}/additionalProperties`);
-      // any other key; (llama.cpp excludes the named keys; here they may repeat, see README)
-      kv.set("*", this.addRule(`${pre}additional-kv`, `${this.primitive("string")} ":" space ${value}`));
+      // any other key: a string that is none of the named keys (as llama.cpp)
+      const names = Object.keys(props);
+      const key =
+        names.length === 0
+          ? this.primitive("string")
+          : this.addRule(`${pre}additional-k`, notStrings(names, this.primitive("char")));
+      kv.set("*", this.addRule(`${pre}additional-kv`, `${key} ":" space ${value}`));
       opt.push("*");
     }
     if (req.length === 0 && opt.length === 0) return '"{" space "}"';
