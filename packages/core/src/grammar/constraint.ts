@@ -68,7 +68,21 @@ export class TokenTrie {
       }
       ends[node]!.push(id);
     }
+    // number the nodes in depth-first preorder (children by byte), so that the mask's walk reads the
+    // arrays front to back
     const nn = children.length;
+    const order: number[] = [];
+    const todo = [0];
+    while (todo.length > 0) {
+      const node = todo.pop()!;
+      order.push(node);
+      const kids = [...children[node]!.entries()].sort((a, b) => b[0] - a[0]);
+      for (const [, c] of kids) todo.push(c);
+    }
+    const newId = new Int32Array(nn);
+    order.forEach((old, i) => {
+      newId[old] = i;
+    });
     this.edgeStart = new Int32Array(nn);
     this.edgeCount = new Int32Array(nn);
     this.tokStart = new Int32Array(nn);
@@ -79,17 +93,18 @@ export class TokenTrie {
     const toks: number[] = [];
     let e = 0;
     for (let i = 0; i < nn; i++) {
-      const m = [...children[i]!.entries()].sort((a, b) => a[0] - b[0]);
+      const old = order[i]!;
+      const m = [...children[old]!.entries()].sort((a, b) => a[0] - b[0]);
       this.edgeStart[i] = e;
       this.edgeCount[i] = m.length;
       for (const [b, c] of m) {
         this.edgeByte[e] = b;
-        this.edgeChild[e] = c;
+        this.edgeChild[e] = newId[c]!;
         e++;
       }
       this.tokStart[i] = toks.length;
-      this.tokCount[i] = ends[i]!.length;
-      toks.push(...ends[i]!);
+      this.tokCount[i] = ends[old]!.length;
+      toks.push(...ends[old]!);
     }
     this.tokens = Int32Array.from(toks);
   }
@@ -204,7 +219,8 @@ export class GrammarConstraint {
         this.walkMin = minS = grow(minS);
       }
       const row = remain === 0 ? g.asciiRow(state) : undefined;
-      for (let e = es; e < ee; e++) {
+      // last edge first: the first child is popped next (preorder, the arrays' order)
+      for (let e = ee - 1; e >= es; e--) {
         const b = edgeByte[e]!;
         if (row !== undefined && b < 0x80) {
           // the common case: an ASCII byte from a whole-character state, a cached transition
