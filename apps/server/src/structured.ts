@@ -134,7 +134,8 @@ function schemaGrammar(schema: unknown, field: string): string {
  */
 export function requestGrammar(b: StructuredBody): Grammar | undefined {
   const given: [string, string][] = [];
-  if (typeof b.grammar === "string") given.push(["grammar", b.grammar]);
+  // an empty grammar is none (llama.cpp's default "")
+  if (typeof b.grammar === "string" && b.grammar.trim() !== "") given.push(["grammar", b.grammar]);
   if (b.json_schema !== undefined && b.json_schema !== null)
     given.push(["json_schema", schemaGrammar(b.json_schema, "json_schema")]);
   const rf = b.response_format;

@@ -179,6 +179,13 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
     expect(c.status).toBe(200);
     expect(c.json.choices[0].text).toMatch(/^(yes|no)!$/);
     expect(c.json.choices[0].finish_reason).toBe("stop");
+
+    // an empty grammar is no grammar (llama.cpp's default), as is response_format text
+    const free = { prompt: "Once upon a time", max_tokens: 8, temperature: 0 };
+    const plain = await post(url, "/v1/completions", free);
+    const empty = await post(url, "/v1/completions", { ...free, grammar: "", response_format: { type: "text" } });
+    expect(empty.status).toBe(200);
+    expect(empty.json.choices[0].text).toBe(plain.json.choices[0].text);
   });
 
   it("a GBNF grammar's output is a sentence of its language, or with finish_reason length a prefix of one (50 grammars × 2 seeds)", async () => {
