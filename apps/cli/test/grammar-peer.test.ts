@@ -1,10 +1,10 @@
 /**
- * Grammar-constrained greedy decoding against llama.cpp's grammar sampler (node-llama-cpp, in process) on
+ * Grammar-constrained greedy and seeded decoding against llama.cpp's grammar sampler (node-llama-cpp, in process) on
  * stories260K: llama.cpp's example grammars that node-llama-cpp ships (json, list, arithmetic, chess, …),
  * random grammars and a JSON-schema grammar; 32 tokens each. Greedy picks the best token the grammar
- * allows, so the two engines agree token for token unless their logits (~1e-3 apart after a few dozen
- * tokens) reorder two close candidates: each run must agree for its first 16 tokens; later differences are
- * printed.
+ * allows, and a seeded run draws as llama.cpp's sampler does (without the grammar first, again under it
+ * when refused), so the two engines agree token for token unless their logits (~1e-3 apart after a few
+ * dozen tokens) move a pick: each run must agree for its first 16 tokens; later differences are printed.
  */
 import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -53,10 +53,11 @@ function grammars(): [string, string][] {
   return out;
 }
 
-describe.skipIf(!lib)(`grammar-constrained greedy decoding equals llama.cpp's (node-llama-cpp) ${why}`, () => {
+describe.skipIf(!lib)(`grammar-constrained decoding equals llama.cpp's (node-llama-cpp) ${why}`, () => {
   let llama: Awaited<ReturnType<Nlc["getLlama"]>>;
   let theirModel: Awaited<ReturnType<typeof llama.loadModel>>;
   let ctx: Awaited<ReturnType<typeof theirModel.createContext>>;
+  let seq: ReturnType<typeof ctx.getSequence> | undefined;
   let ours: Model;
   let backend: Awaited<ReturnType<typeof cpuBackend.load>>;
 
@@ -76,44 +77,53 @@ describe.skipIf(!lib)(`grammar-constrained greedy decoding equals llama.cpp's (n
     await llama?.dispose();
   });
 
-  it("the same tokens for every grammar (first 16 at least)", async () => {
-    const seq = ctx.getSequence();
-    const prompt = "Once upon a time";
-    const tokens = ours.tokenizer.tokenize(prompt);
-    let compared = 0;
-    for (const [name, gbnf] of grammars()) {
-      const theirGrammar = await llama.createGrammar({ grammar: gbnf });
-      const state = new lib!.LlamaGrammarEvaluationState({ model: theirModel, grammar: theirGrammar });
-      await seq.clearHistory();
-      const theirs: number[] = [];
-      for await (const t of seq.evaluate(tokens, { temperature: 0, grammarEvaluationState: state })) {
-        if (ours.tokenizer.isEog(t)) break;
-        theirs.push(t);
-        if (theirs.length >= N) break;
+  it.each([
+    ["greedy", { temperature: 0 }],
+    // llama.cpp's default chain, seed 42: its sampler draws without the grammar first and draws again
+    // under the grammar when the token is refused; ours does the same (grammarFirst false)
+    ["seed 42, llama.cpp's default chain", { temperature: 0.8, topK: 40, topP: 0.95, minP: 0.05, seed: 42 }],
+  ])(
+    "%s: the same tokens for every grammar (first 16 at least)",
+    async (_, settings) => {
+      seq ??= ctx.getSequence();
+      const prompt = "Once upon a time";
+      const tokens = ours.tokenizer.tokenize(prompt);
+      let compared = 0;
+      for (const [name, gbnf] of grammars()) {
+        const theirGrammar = await llama.createGrammar({ grammar: gbnf });
+        const state = new lib!.LlamaGrammarEvaluationState({ model: theirModel, grammar: theirGrammar });
+        await seq.clearHistory();
+        const theirs: number[] = [];
+        for await (const t of seq.evaluate(tokens, { ...settings, grammarEvaluationState: state })) {
+          if (ours.tokenizer.isEog(t)) break;
+          theirs.push(t);
+          if (theirs.length >= N) break;
+        }
+        const session = ours.createSession({ nCtx: 128 });
+        const mine: number[] = [];
+        for await (const t of session.generate(tokens, {
+          ...settings,
+          maxTokens: N,
+          grammar: Grammar.fromGbnf(gbnf),
+        })) {
+          if (t.id >= 0) mine.push(t.id);
+        }
+        session.dispose();
+        const same = mine.findIndex((t, i) => t !== theirs[i]);
+        const agree = same < 0 ? Math.min(mine.length, theirs.length) : same;
+        if (agree < Math.max(mine.length, theirs.length)) {
+          console.log(
+            `${name}: agree for ${agree} tokens; ours ${JSON.stringify(ours.tokenizer.detokenize(mine))}, llama.cpp ${JSON.stringify(ours.tokenizer.detokenize(theirs))}`,
+          );
+        }
+        expect({ name, agree: Math.min(agree, 16) }).toEqual({ name, agree: Math.min(16, theirs.length, mine.length) });
+        expect(mine.length === theirs.length || Math.min(mine.length, theirs.length) >= 16).toBe(true);
+        compared++;
+        if (process.env.GRAMMAR_PEER_VERBOSE)
+          console.log(name, mine.length, theirs.length, JSON.stringify(ours.tokenizer.detokenize(mine)));
       }
-      const session = ours.createSession({ nCtx: 128 });
-      const mine: number[] = [];
-      for await (const t of session.generate(tokens, {
-        temperature: 0,
-        maxTokens: N,
-        grammar: Grammar.fromGbnf(gbnf),
-      })) {
-        if (t.id >= 0) mine.push(t.id);
-      }
-      session.dispose();
-      const same = mine.findIndex((t, i) => t !== theirs[i]);
-      const agree = same < 0 ? Math.min(mine.length, theirs.length) : same;
-      if (agree < Math.max(mine.length, theirs.length)) {
-        console.log(
-          `${name}: agree for ${agree} tokens; ours ${JSON.stringify(ours.tokenizer.detokenize(mine))}, llama.cpp ${JSON.stringify(ours.tokenizer.detokenize(theirs))}`,
-        );
-      }
-      expect({ name, agree: Math.min(agree, 16) }).toEqual({ name, agree: Math.min(16, theirs.length, mine.length) });
-      expect(mine.length === theirs.length || Math.min(mine.length, theirs.length) >= 16).toBe(true);
-      compared++;
-      if (process.env.GRAMMAR_PEER_VERBOSE)
-        console.log(name, mine.length, theirs.length, JSON.stringify(ours.tokenizer.detokenize(mine)));
-    }
-    expect(compared).toBeGreaterThanOrEqual(19);
-  }, 120_000);
+      expect(compared).toBeGreaterThanOrEqual(19);
+    },
+    120_000,
+  );
 });

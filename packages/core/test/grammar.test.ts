@@ -359,11 +359,11 @@ describe("grammar-constrained sampling on llama.cpp's SPM vocabulary (32k tokens
     ["top-k 3, top-p 0.5", { topK: 3, topP: 0.5 }],
     ["top-k 0", { topK: 0 }],
     ["penalties", { repeatPenalty: 1.3, presencePenalty: 0.5, frequencyPenalty: 0.2 }],
-  ])("%s: the lazy check picks what sampling the fully masked logits picks", (_, opts) => {
+  ])("%s, grammar first: the lazy check picks what sampling the fully masked logits picks", (_, opts) => {
     const r = rng(5);
     for (let run = 0; run < 3; run++) {
-      const a = new Sampler({ ...opts, seed: 100 + run });
-      const b = new Sampler({ ...opts, seed: 100 + run });
+      const a = new Sampler({ ...opts, seed: 100 + run, grammarFirst: true });
+      const b = new Sampler({ ...opts, seed: 100 + run, grammarFirst: true });
       const c = new GrammarConstraint(grammar, tok);
       const logits = new Float32Array(nv);
       for (let step = 0; step < 30; step++) {
@@ -377,6 +377,31 @@ describe("grammar-constrained sampling on llama.cpp's SPM vocabulary (32k tokens
         b.accept(got);
       }
     }
+  });
+
+  it("llama.cpp's default: the chain's own draw when allowed, else a second draw from the masked logits", () => {
+    const r = rng(9);
+    let redrawn = 0;
+    let kept = 0;
+    for (let run = 0; run < 3; run++) {
+      const a = new Sampler({ seed: 7 + run });
+      const b = new Sampler({ seed: 7 + run }); // the same draws, by hand
+      const c = new GrammarConstraint(grammar, tok);
+      const logits = new Float32Array(nv);
+      for (let step = 0; step < 30; step++) {
+        for (let i = 0; i < nv; i++) logits[i] = 3 * (r() + r() + r() - 1.5);
+        const first = b.sample(logits);
+        const want = c.allows(first) ? first : b.sample(fullMask(logits, c));
+        if (want === first) kept++;
+        else redrawn++;
+        const got = a.sample(logits, c);
+        expect(got).toBe(want);
+        if (tok.isEog(got)) break;
+        c.accept(got);
+      }
+    }
+    expect(kept).toBeGreaterThan(0);
+    expect(redrawn).toBeGreaterThan(0);
   });
 
   it("no allowed token: the sampler says −1", () => {

@@ -133,6 +133,7 @@ const noise = Number(args.noise);
 
 const samplers: [string, SamplerOptions][] = [
   ["default (top-k 40, temp 0.8)", {}],
+  ["default, grammar first", { grammarFirst: true }],
   ["greedy", { temperature: 0 }],
   ["top-k 0 (full mask)", { topK: 0, topP: 1, minP: 0.05 }],
 ];

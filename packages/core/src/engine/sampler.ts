@@ -30,6 +30,13 @@ export interface SamplerOptions {
   seed?: number;
   /** Added to a token's logit before everything else (OpenAI/llama.cpp `logit_bias`); −Infinity bans it. */
   logitBias?: ReadonlyMap<number, number>;
+  /**
+   * Under a constraint (a grammar): false (default, llama.cpp's `common_sampler_sample`) draws from the
+   * unconstrained chain, keeps the token when the grammar allows it, and otherwise draws again (a second
+   * random number) from the chain over the allowed tokens only; true draws once, from the allowed tokens
+   * only (llama.cpp's `grammar_first`). Greedy picks the same token either way.
+   */
+  grammarFirst?: boolean;
 }
 
 /** Index of the largest value; ties go to the lowest index. */
@@ -153,6 +160,7 @@ export class Sampler {
       penaltyLastN: options.penaltyLastN ?? 64,
       seed: options.seed ?? Math.floor(Math.random() * 2 ** 32),
       logitBias: options.logitBias ?? new Map(),
+      grammarFirst: options.grammarFirst ?? false,
     };
     const o = this.options;
     const bad = (what: string) => {
@@ -184,9 +192,9 @@ export class Sampler {
 
   /**
    * Picks the next token. `logits` (length n_vocab) is not modified.
-   * @param constraint when given, only tokens it allows are candidates: the result is the token the chain
-   *   picks from the logits with every other token at −∞ (checked lazily: the best candidates one by one,
-   *   the whole vocabulary only when they are not enough).
+   * @param constraint when given, only tokens it allows are picked (see `grammarFirst` for how). The masked
+   *   draw picks the token the chain picks from the logits with every other token at −∞ (checked lazily:
+   *   the best candidates one by one, the whole vocabulary only when they are not enough).
    * @returns a token id in [0, n_vocab); −1 when the constraint allows no token.
    */
   sample(logits: Float32Array, constraint?: TokenConstraint): number {
@@ -210,7 +218,14 @@ export class Sampler {
         l[t] = v;
       }
     }
-    if (constraint) return this.constrained(l, constraint);
+    if (constraint) {
+      if (!o.grammarFirst && o.temperature > 0) {
+        // llama.cpp: the chain's token when the grammar allows it, else a second draw under the grammar
+        const first = this.draw(l);
+        if (constraint.allows(first)) return first;
+      }
+      return this.constrained(l, constraint);
+    }
     if (o.temperature <= 0) return argmax(l);
 
     return this.draw(l);
