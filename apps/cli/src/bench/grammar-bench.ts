@@ -135,7 +135,8 @@ const samplers: [string, SamplerOptions][] = [
   ["default (top-k 40, temp 0.8)", {}],
   ["default, grammar first", { grammarFirst: true }],
   ["greedy", { temperature: 0 }],
-  ["top-k 0 (full mask)", { topK: 0, topP: 1, minP: 0.05 }],
+  ["top-k 0", { topK: 0, topP: 1, minP: 0.05 }],
+  ["top-k 0, grammar first (full mask)", { topK: 0, topP: 1, minP: 0.05, grammarFirst: true }],
 ];
 const grammars: [string, string][] = [
   ["json.gbnf", JSON_GBNF],
