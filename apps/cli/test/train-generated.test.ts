@@ -59,7 +59,10 @@ describe.skipIf(!probe.usable)("train-predictor on a generated model", () => {
     // and the start is a useful one: the generated residual carries a massive channel (×100), which broke the
     // gate's subspace (held-out: 56 % predicted for 10 % active, no better than the fixed hot list)
     const rows = [...r.stdout.matchAll(/^\s+(\d+)\s+512\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)%\s+([\d.]+)%/gm)];
-    expect(rows.map((m) => Number(m[1])), r.stdout).toEqual([0, 1]);
+    expect(
+      rows.map((m) => Number(m[1])),
+      r.stdout,
+    ).toEqual([0, 1]);
     for (const m of rows) {
       expect(Number(m[2]), r.stdout).toBeGreaterThan(0.9); // recall
       expect(Number(m[4]), r.stdout).toBeLessThan(1.5 * Number(m[5])); // predicted < 1.5 × truly active

@@ -32,6 +32,7 @@ export interface GenerationDefaults {
   /** Default 1 (off). */
   repeatPenalty?: number;
 }
+import { requestGrammar, type StructuredBody } from "./structured.js";
 
 export interface ServerContext {
   model: Model;
@@ -53,7 +54,7 @@ export interface ServerContext {
 }
 
 /** Sampling fields as both APIs name them. */
-export interface SamplingFields {
+export interface SamplingFields extends StructuredBody {
   temperature?: number | null;
   top_k?: number | null;
   top_p?: number | null;
@@ -108,6 +109,7 @@ export function samplingOptions(
     cachePrompt: b.cache_prompt ?? true,
     logitBias: bias.size > 0 ? bias : undefined,
     slot: b.id_slot ?? -1,
+    grammar: requestGrammar(b),
   };
 }
 

@@ -22,6 +22,7 @@ import { ApiError } from "./errors.js";
 import { completionResult, progressJson, promptIds } from "./llamacpp.js";
 import { modelMeta } from "./model-meta.js";
 import { type ChatBody, type CompletionsBody, chatBody, completionsBody, parseBody } from "./schemas.js";
+import { addToolSystem, assistantToolText, toolAnswer, toolDelta, toolPlan } from "./structured.js";
 
 const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString("hex")}`;
 const now = () => Math.floor(Date.now() / 1000);
@@ -172,8 +173,14 @@ function messageText(content: ChatBody["messages"][number]["content"], i: number
  * @throws ApiError 400 for two assistant messages at the end, or both add_generation_prompt and
  *   continue_final_message set.
  */
-function chatPrompt(ctx: ServerContext, b: ChatBody): string {
-  const messages: ChatMessage[] = b.messages.map((m, i) => ({ role: m.role, content: messageText(m.content, i) }));
+function chatPrompt(ctx: ServerContext, b: ChatBody, plan: ReturnType<typeof toolPlan>): string {
+  const messages: ChatMessage[] = b.messages.map((m, i) => ({
+    role: m.role,
+    content: m.tool_calls?.length
+      ? assistantToolText(m.tool_calls, messageText(m.content, i))
+      : messageText(m.content, i),
+  }));
+  if (plan) addToolSystem(messages, plan.system);
   let addGenerationPrompt = b.add_generation_prompt ?? true;
   let continueFinal = b.continue_final_message ?? false;
   const n = messages.length;
@@ -292,7 +299,8 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
     checkSlot(ctx, b.id_slot);
-    const prompt = chatPrompt(ctx, b);
+    const plan = toolPlan(b);
+    const prompt = chatPrompt(ctx, b, plan);
     const ids = await tokenizePrompt(ctx, prompt, { addSpecial: true, parseSpecial: true });
     checkPrompt(ctx, ids);
     const wantLogprobs = b.logprobs ?? false;
@@ -306,6 +314,9 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     );
     // ChatML through text (the model has no <|im_end|> token): stop at the end-of-turn marker
     if (ctx.template.isFallback) options.stop = [...(options.stop ?? []), "<|im_end|>"];
+    // tools: the answer is a JSON object in llama.cpp's generic format, streamed as one delta at the end
+    if (plan) options.grammar = plan.grammar;
+    const toolTexts: string[] = [];
     const topN = b.top_logprobs ?? 0;
     const logprobsOf = (ts: BatchToken[]) => (wantLogprobs ? { content: probsJson(ctx, ts, topN) } : null);
     const id = newId("chatcmpl");
@@ -333,16 +344,25 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       stream,
       {
         first: opening,
-        token: (i, t) =>
-          t.text || (wantLogprobs && t.logprob !== undefined)
+        token: (i, t) => {
+          if (plan) {
+            toolTexts[i] = (toolTexts[i] ?? "") + t.text;
+            return undefined;
+          }
+          return t.text || (wantLogprobs && t.logprob !== undefined)
             ? {
                 ...base,
                 choices: [{ index: i, delta: { content: t.text }, logprobs: logprobsOf([t]), finish_reason: null }],
               }
-            : undefined,
+            : undefined;
+        },
         finish: (i, r, usage) => ({
           ...base,
-          choices: [{ index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) }],
+          choices: [
+            plan
+              ? { index: i, ...toolDelta(toolTexts[i] ?? "", finishReason(r.stopReason)), logprobs: null }
+              : { index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) },
+          ],
           ...(usage ? { usage, timings: timingsJson(r) } : {}),
           ...verbose(r, "", []),
         }),
@@ -361,12 +381,16 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       model: ctx.alias,
       system_fingerprint: ctx.build,
       ...verbose(res.reqs[0]!, res.outputs[0]!.text, res.outputs[0]!.tokens),
-      choices: res.outputs.map((o, i) => ({
-        index: i,
-        message: { role: "assistant", content: o.text },
-        logprobs: logprobsOf(o.tokens),
-        finish_reason: finishReason(res.reqs[i]!.stopReason),
-      })),
+      choices: res.outputs.map((o, i) => {
+        const finish = finishReason(res.reqs[i]!.stopReason);
+        const a = plan ? toolAnswer(o.text, finish) : { message: { content: o.text }, finish_reason: finish };
+        return {
+          index: i,
+          message: { role: "assistant", ...a.message },
+          logprobs: logprobsOf(o.tokens),
+          finish_reason: a.finish_reason,
+        };
+      }),
       usage: usageJson(res.reqs, ids.length),
       timings: timingsJson(res.reqs[0]!),
     };
@@ -376,7 +400,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
   const inputTokens = async (req: { body: unknown }) => {
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
-    const ids = await ctx.tokens.tokenize(chatPrompt(ctx, b), { addSpecial: true, parseSpecial: true });
+    const ids = await ctx.tokens.tokenize(chatPrompt(ctx, b, toolPlan(b)), { addSpecial: true, parseSpecial: true });
     return { input_tokens: ids.length, object: "response.input_tokens" };
   };
 

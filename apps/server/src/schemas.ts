@@ -5,6 +5,7 @@
  */
 import { z } from "zod";
 import { ApiError } from "./errors.js";
+import { structuredFields, toolFields } from "./structured.js";
 
 /*
  * Every schema carries what it expects in words ("an integer ≥ -1") as its error, so that a 400 names the
@@ -108,6 +109,7 @@ const sampling = {
   return_progress: boolean().nullish(),
   /** llama.cpp: add `__verbose` (the native result) to OpenAI-shaped responses. */
   verbose: boolean().nullish(),
+  ...structuredFields,
 };
 
 /** llama.cpp's object prompt: `{"prompt_string": …}` (`multimodal_data` needs a multimodal model). */
@@ -160,6 +162,13 @@ export const chatBody = z.object({
             })
             .optional(),
           name: string().nullish(),
+          /** an assistant turn that called tools (OpenAI's shape), and a tool result's call id */
+          tool_calls: z
+            .array(z.object({ function: z.object({ name: string(), arguments: string() }).partial() }).partial(), {
+              error: "an array of tool calls",
+            })
+            .nullish(),
+          tool_call_id: string().nullish(),
         },
         { error: "a message object" },
       )
@@ -181,6 +190,7 @@ export const chatBody = z.object({
   continue_final_message: boolean().nullish(),
   top_logprobs: integer(0, 20).nullish(),
   stream_options: streamOptions,
+  ...toolFields,
 });
 export type ChatBody = z.infer<typeof chatBody>;
 

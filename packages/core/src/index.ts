@@ -5,3 +5,4 @@ export * from "./model/index.js";
 export * from "./conformance/index.js";
 export * from "./placement/index.js";
 export * from "./synthetic/index.js";
+export * from "./grammar/index.js";

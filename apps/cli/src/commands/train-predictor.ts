@@ -161,7 +161,7 @@ export function register(program: Command): void {
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option(
       "--device-backend <name>",
-      'backend for the predictors\' matrix products (forward and backward passes): "auto" = a usable GPU backend, else the model\'s backend; or a backend name',
+      "backend for the predictors' matrix products (forward and backward passes): \"auto\" = a usable GPU backend, else the model's backend; or a backend name",
       "auto",
     )
     .option("--json", "print the report as JSON on stdout")

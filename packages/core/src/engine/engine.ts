@@ -17,6 +17,8 @@ import {
 } from "../model/llama.js";
 import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
+import { GrammarConstraint } from "../grammar/constraint.js";
+import type { Grammar } from "../grammar/matcher.js";
 import { generateTokens } from "./generate.js";
 import { KvCache, type KvCacheType } from "./kv-cache.js";
 import { Sampler, type SamplerOptions } from "./sampler.js";
@@ -342,6 +344,12 @@ export interface GenerateOptions extends SamplerOptions {
   stop?: string[];
   /** Keep generating after an end-of-generation token. Default false. */
   ignoreEos?: boolean;
+  /**
+   * Constrain the output to sentences of this grammar (GBNF; see {@link Grammar}): at each step only the
+   * tokens whose text the grammar can consume are candidates, end-of-generation only once the text is a
+   * sentence. Generation stops ("eos") when no token can follow.
+   */
+  grammar?: Grammar;
   /** Add BOS etc. when tokenizing a text prompt. Default true. */
   addSpecial?: boolean;
   /** Parse special-token text (e.g. "<s>") in the prompt. Default false. */
@@ -529,6 +537,8 @@ export class Generation {
   private readonly decoder: TokenDecoder;
   private text = "";
   private emitted = 0;
+  /** The grammar state of this sequence, with `options.grammar`. */
+  readonly constraint?: GrammarConstraint;
 
   constructor(
     readonly tokenizer: Tokenizer,
@@ -540,6 +550,7 @@ export class Generation {
     this.max = options.maxTokens ?? -1;
     this.stops = (options.stop ?? []).filter((s) => s.length > 0);
     this.decoder = new TokenDecoder(tokenizer);
+    if (options.grammar) this.constraint = new GrammarConstraint(options.grammar, tokenizer);
   }
 
   /** True when `maxTokens` tokens have been sampled: the next call to {@link next} must not happen. */
@@ -553,10 +564,17 @@ export class Generation {
    * rest is returned at once.
    */
   next(logits: Float32Array): GenerationStep {
-    const id = this.sampler.sample(logits);
+    const id = this.sampler.sample(logits, this.constraint);
+    if (id < 0) {
+      // the grammar allows no token (not even end-of-generation): the sequence cannot go on
+      return { id: -1, text: "", stop: "eos" };
+    }
+    this.constraint?.accept(id);
     this.sampler.accept(id);
     this.generated++;
-    if (!this.options.ignoreEos && this.tokenizer.isEog(id)) return { id, text: "", stop: "eos" };
+    // under a grammar an end-of-generation token is chosen only when the text is complete: it ends even
+    // with ignoreEos (nothing else could follow)
+    if ((!this.options.ignoreEos || this.constraint) && this.tokenizer.isEog(id)) return { id, text: "", stop: "eos" };
     this.text += this.decoder.push(id);
     const stops = this.stops;
     if (stops.length === 0) {

@@ -30,6 +30,13 @@ export interface SamplerOptions {
   seed?: number;
   /** Added to a token's logit before everything else (OpenAI/llama.cpp `logit_bias`); −Infinity bans it. */
   logitBias?: ReadonlyMap<number, number>;
+  /**
+   * Under a constraint (a grammar): false (default, llama.cpp's `common_sampler_sample`) draws from the
+   * unconstrained chain, keeps the token when the grammar allows it, and otherwise draws again (a second
+   * random number) from the chain over the allowed tokens only; true draws once, from the allowed tokens
+   * only (llama.cpp's `grammar_first`). Greedy picks the same token either way.
+   */
+  grammarFirst?: boolean;
 }
 
 /** Index of the largest value; ties go to the lowest index. */
@@ -97,6 +104,45 @@ export class Mt19937 {
 
 const f32 = Math.fround;
 
+/**
+ * What a grammar (or any constraint) allows next; see `GrammarConstraint` in ../grammar. The sampler masks
+ * the candidates with it after the logit bias and penalties, before top-k (llama.cpp applies its grammar
+ * sampler first; a −∞ logit is unchanged by bias and penalties, so the two orders give the same tokens).
+ */
+export interface TokenConstraint {
+  /** May token `id` come next? */
+  allows(id: number): boolean;
+  /** Sets out[id] = 1 for every allowed token, 0 for the others; returns how many are allowed. */
+  mask(out: Uint8Array): number;
+}
+
+/**
+ * The `n` best tokens by (logit descending, id ascending) — the order the sampler sorts candidates in —
+ * best first. O(n_vocab) with a small sorted window.
+ */
+export function topCandidates(l: Float32Array, n: number): number[] {
+  const ids: number[] = [];
+  const vals: number[] = [];
+  for (let i = 0; i < l.length; i++) {
+    const v = l[i]!;
+    if (ids.length === n && !(v > vals[n - 1]!)) continue;
+    let j = ids.length < n ? ids.length : n - 1;
+    if (ids.length < n) {
+      ids.push(i);
+      vals.push(v);
+    }
+    // equal values keep id order: an earlier (lower) id stays in front
+    while (j > 0 && vals[j - 1]! < v) {
+      ids[j] = ids[j - 1]!;
+      vals[j] = vals[j - 1]!;
+      j--;
+    }
+    ids[j] = i;
+    vals[j] = v;
+  }
+  return ids;
+}
+
 export class Sampler {
   readonly options: Required<SamplerOptions>;
   private readonly rng: Mt19937;
@@ -124,6 +170,7 @@ export class Sampler {
       penaltyLastN: options.penaltyLastN ?? 64,
       seed: options.seed ?? Math.floor(Math.random() * 2 ** 32),
       logitBias: options.logitBias ?? new Map(),
+      grammarFirst: options.grammarFirst ?? false,
     };
     const o = this.options;
     const bad = (what: string) => {
@@ -155,9 +202,12 @@ export class Sampler {
 
   /**
    * Picks the next token. `logits` (length n_vocab) is not modified.
-   * @returns a token id in [0, n_vocab).
+   * @param constraint when given, only tokens it allows are picked (see `grammarFirst` for how). The masked
+   *   draw picks the token the chain picks from the logits with every other token at −∞ (checked lazily:
+   *   the best candidates one by one, the whole vocabulary only when they are not enough).
+   * @returns a token id in [0, n_vocab); −1 when the constraint allows no token.
    */
-  sample(logits: Float32Array): number {
+  sample(logits: Float32Array, constraint?: TokenConstraint): number {
     const o = this.options;
     const penalised = o.repeatPenalty !== 1 || o.presencePenalty !== 0 || o.frequencyPenalty !== 0;
     let l = logits;
@@ -178,6 +228,14 @@ export class Sampler {
         l[t] = v;
       }
     }
+    if (constraint) {
+      if (!o.grammarFirst && o.temperature > 0) {
+        // llama.cpp: the chain's token when the grammar allows it, else a second draw under the grammar
+        const first = this.draw(l);
+        if (constraint.allows(first)) return first;
+      }
+      return this.constrained(l, constraint);
+    }
     if (o.temperature <= 0) {
       const id = argmax(l);
       if (this.keepCandidates) this.lastCandidates = [{ id, p: 1 }];
@@ -187,21 +245,69 @@ export class Sampler {
     return this.draw(l);
   }
 
+  private maskBuf?: Uint8Array;
+
+  /** Sampling under a constraint, equal to sampling from the logits with the disallowed tokens at −∞. */
+  private constrained(l: Float32Array, c: TokenConstraint): number {
+    const o = this.options;
+    const allowedMask = (): { m: Uint8Array; n: number } => {
+      if (!this.maskBuf || this.maskBuf.length !== l.length) this.maskBuf = new Uint8Array(l.length);
+      const n = c.mask(this.maskBuf);
+      return { m: this.maskBuf, n };
+    };
+    if (o.temperature <= 0) {
+      // the argmax is allowed: it is also the argmax of the masked logits (same tie rule)
+      const a = argmax(l);
+      if (c.allows(a)) return a;
+      const { m, n } = allowedMask();
+      if (n === 0) return -1;
+      let best = -1;
+      for (let i = 0; i < l.length; i++) if (m[i] && (best < 0 || l[i]! > l[best]!)) best = i;
+      return best;
+    }
+    if (o.topK > 0) {
+      // top-k of the masked logits = the first k allowed tokens in the sampler's order; with fewer than k
+      // allowed, the −∞ tokens top-k would keep get probability 0 and change nothing
+      const k = Math.min(o.topK, l.length);
+      const window = Math.min(l.length, Math.max(4 * k, 64));
+      let picked: number[] = [];
+      for (const id of topCandidates(l, window)) {
+        if (c.allows(id)) picked.push(id);
+        if (picked.length === k) break;
+      }
+      if (picked.length < k && window < l.length) {
+        const { m } = allowedMask();
+        picked = [];
+        for (let i = 0; i < l.length; i++) if (m[i]) picked.push(i);
+        picked.sort((a, b) => l[b]! - l[a]! || a - b);
+        picked = picked.slice(0, k);
+      }
+      if (picked.length === 0) return -1;
+      return this.draw(l, picked);
+    }
+    const { m, n } = allowedMask();
+    if (n === 0) return -1;
+    const masked = Float32Array.from(l);
+    for (let i = 0; i < masked.length; i++) if (!m[i]) masked[i] = Number.NEGATIVE_INFINITY;
+    return this.draw(masked);
+  }
+
   /**
-   * top-k → top-p → min-p → temperature → dist, each as llama.cpp's sampler of that name (float
+   * top-k (unless `topKIds`, the top-k candidates already sorted, is given) → top-p → min-p → temperature → dist, each as llama.cpp's sampler of that name (float
    * arithmetic, the candidates' order, min_keep 1), the draw from {@link Mt19937.canonical}: the first
    * candidate whose running sum of exp(logit − max) reaches that fraction of the total.
    */
-  private draw(l: Float32Array): number {
+  private draw(l: Float32Array, topKIds?: number[]): number {
     const o = this.options;
-    let ids = Array.from({ length: l.length }, (_, i) => i);
-    let sorted = false;
+    let ids = topKIds ?? Array.from({ length: l.length }, (_, i) => i);
+    let sorted = topKIds !== undefined;
     const sortDesc = () => {
       ids.sort((a, b) => l[b]! - l[a]! || a - b);
       sorted = true;
     };
     const maxLogit = () => (sorted ? l[ids[0]!]! : ids.reduce((m, i) => Math.max(m, l[i]!), Number.NEGATIVE_INFINITY));
-    if (o.topK > 0) {
+    // (topKIds: top-k done by the caller, sorted)
+    if (o.topK > 0 && !topKIds) {
       sortDesc();
       ids = ids.slice(0, Math.min(o.topK, ids.length));
     }
