@@ -214,6 +214,14 @@ function chatPrompt(ctx: ServerContext, b: ChatBody, plan: ReturnType<typeof too
   return at >= 0 ? rendered.slice(0, at) + last.content : rendered + last.content;
 }
 
+/** llama.cpp's `verbose`: the native `/completion` result of a request as `__verbose` beside OpenAI's shape. */
+function verboseOf(ctx: ServerContext, on: boolean | null | undefined, stream: boolean, nProbs: number) {
+  return (r: BatchRequest, text: string, tokens: BatchToken[]) =>
+    on
+      ? { __verbose: completionResult(ctx, 0, r, text, tokens, { stream, nProbs, hasNewLine: text.includes("\n") }) }
+      : {};
+}
+
 export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext): void {
   const completions = async (req: { body: unknown }, reply: FastifyReply) => {
     const ctx = getCtx();
@@ -226,16 +234,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const base = { id, object: "text_completion", created, model: ctx.alias, system_fingerprint: ctx.build };
     const echo = b.echo ?? false;
     const stream = b.stream ?? false;
-    const verbose = (r: BatchRequest, text: string, tokens: BatchToken[]) =>
-      b.verbose
-        ? {
-            __verbose: completionResult(ctx, 0, r, text, tokens, {
-              stream,
-              nProbs: b.logprobs ?? 0,
-              hasNewLine: text.includes("\n"),
-            }),
-          }
-        : {};
+    const verbose = verboseOf(ctx, b.verbose, stream, b.logprobs ?? 0);
     const res = await runJobs(
       ctx,
       reply,
@@ -322,16 +321,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const id = newId("chatcmpl");
     const created = now();
     const base = { id, object: "chat.completion.chunk", created, model: ctx.alias, system_fingerprint: ctx.build };
-    const verbose = (r: BatchRequest, text: string, tokens: BatchToken[]) =>
-      b.verbose
-        ? {
-            __verbose: completionResult(ctx, 0, r, text, tokens, {
-              stream,
-              nProbs: options.nProbs ?? 0,
-              hasNewLine: text.includes("\n"),
-            }),
-          }
-        : {};
+    const verbose = verboseOf(ctx, b.verbose, stream, options.nProbs ?? 0);
     // the opening chunk: the role, and no content yet (null, as OpenAI and llama.cpp)
     const opening = (i: number) => ({
       ...base,
