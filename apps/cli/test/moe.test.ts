@@ -363,7 +363,9 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     const prompt = [1, 17, 250, 300, 42, 9, 480, 3];
     const { d, o, fired, rows, cfg } = await denseVsOracle(path, prompt, 10);
     expect(o.ids).toEqual(d.ids);
-    for (const [i, l] of o.logits.entries()) expect(maxDiff(l, d.logits[i]!), `step ${i}`).toBeLessThan(1e-4);
+    // float rounding only: the dense path sums each down row as ggml's dot product, the sparse one by axpy
+    // over the firing rows (a wrong neuron set moves logits by far more, see the conformance kit's cases)
+    for (const [i, l] of o.logits.entries()) expect(maxDiff(l, d.logits[i]!), `step ${i}`).toBeLessThan(5e-4);
     const perLayer = cfg.moe!.n_ff_exp * cfg.moe!.n_expert_used * prompt.length;
     expect(rows).toEqual(fired);
     for (const r of rows) {

@@ -4,10 +4,12 @@
  * the harness with the native llama-bench on stories260K (skipped, with the reason, when the native build
  * is absent: `pnpm --filter @powerinfer/cli llama-cpp:build` makes it).
  */
+import { spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { Model } from "@powerinfer/core";
 import { afterAll, describe, expect, it } from "vitest";
 import { CMAKE_ARGS, parseBuildInfoCpp } from "../src/bench/build-llama-cpp.js";
 import { formatHeader, formatMarkdown } from "../src/bench/format.js";
@@ -217,3 +219,76 @@ describe("without the native build", () => {
     },
   );
 });
+
+/** `llama-eval-callback` blocks: node name → per ubatch, the printed first/last values of the row and the sum. */
+function parseEvalCallback(out: string): Map<string, { values: string[]; sum: string }[]> {
+  const nodes = new Map<string, { values: string[]; sum: string }[]>();
+  const re =
+    /common_debug_cb_eval:\s+(\S+) = \(f32\)[^\n]*\n\s*\[\n\s*\[\n\s*\[([^\]]*)\],\n\s*\],\n\s*\]\n\s*sum = (\S+)\n/g;
+  for (const m of out.matchAll(re)) {
+    const values = m[2]!
+      .split(",")
+      .map((v) => v.trim())
+      .filter((v) => v !== "" && v !== "...");
+    const list = nodes.get(m[1]!) ?? [];
+    list.push({ values, sum: m[3]! });
+    nodes.set(m[1]!, list);
+  }
+  return nodes;
+}
+
+/** A row as llama-eval-callback prints it: the first and last three values (%.4f) and the float sum (%f). */
+function printed(row: Float32Array): { values: string[]; sum: string } {
+  let sum = 0;
+  for (const v of row) sum = Math.fround(sum + v);
+  const pick = row.length > 6 ? [...row.subarray(0, 3), ...row.subarray(row.length - 3)] : [...row];
+  return { values: pick.map((v) => v.toFixed(4)), sum: sum.toFixed(6) };
+}
+
+describe.skipIf(skip !== "")(
+  `decode arithmetic equals the native llama.cpp's ${skip ? `(skipped: ${skip})` : ""}`,
+  () => {
+    it("stories260K token by token (ubatch 1): every layer's ffn_inp and the logits print as llama-eval-callback's", async () => {
+      if ("unavailable" in native) throw new Error(native.unavailable);
+      const prompt = "One day, a girl named";
+      const r = spawnSync(
+        join(dirname(native.llamaBench), "llama-eval-callback"),
+        ["-m", stories, "-p", prompt, "-n", "1", "-t", "1", "-b", "512", "-ub", "1", "-c", "256"],
+        { encoding: "utf8", timeout: 120_000, maxBuffer: 64 * 2 ** 20 },
+      );
+      expect(r.status, r.stderr).toBe(0);
+      const theirs = parseEvalCallback(r.stdout);
+      const backend = await cpuBackend.load({ threads: 1 });
+      const model = await Model.load(stories, { backend });
+      try {
+        const ids = model.tokenizer.tokenize(prompt);
+        const s = model.createSession({ nCtx: 256 });
+        let compared = 0;
+        let logits = new Float32Array(0);
+        for (const [t, id] of ids.entries()) {
+          logits = s.evaluate([id], {
+            onCapture: (layers) => {
+              for (const [l, c] of layers.entries()) {
+                // the log is written by a thread and its end can be cut when the process exits
+                const last = l === layers.length - 1; // computed by llama.cpp for the final position only
+                if (last && t !== ids.length - 1) continue;
+                const want = theirs.get(`ffn_inp-${l}`)?.[last ? 0 : t];
+                if (!want) continue;
+                expect(printed(c.ffnInput), `token ${t} ffn_inp-${l}`).toEqual(want);
+                compared++;
+              }
+            },
+          });
+        }
+        const out = theirs.get("result_output")?.[0];
+        if (out) expect(printed(logits), "result_output").toEqual(out);
+        s.dispose();
+        // llama.cpp computes the last layer only for the positions whose logits it returns
+        expect(compared).toBeGreaterThanOrEqual((model.config.n_layer - 1) * (ids.length - 1));
+      } finally {
+        model.dispose();
+        backend.dispose();
+      }
+    }, 180_000);
+  },
+);

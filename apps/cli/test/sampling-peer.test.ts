@@ -3,9 +3,9 @@
  * 32 tokens each on stories260K.
  * - Sampler alone: llama.cpp's own logits at every step of its own seeded run, fed to our Sampler, give
  *   llama.cpp's token at every step (the chain and the draw are llama.cpp's, to the bit).
- * - Engine and sampler together: our run equals llama.cpp's, except where our logits (which differ from
- *   llama.cpp's by ~1e-3 after a few dozen tokens) move a draw across a candidate boundary; such a case must
- *   agree for its first 16 tokens, and is printed.
+ * - Engine and sampler together: our run equals llama.cpp's in all 15 runs. Our decode steps are llama.cpp's
+ *   to the bit (native-llama-cpp.test.ts); this prebuilt binary's prompt batches and some of its decode sums
+ *   are ordered otherwise, so logits still differ by up to ~1e-2 late in a run: a case that parts is printed.
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
@@ -117,6 +117,6 @@ describe.skipIf(!lib)(`seeded sampling equals llama.cpp's (node-llama-cpp) ${why
       }
     }
     console.log(`seeded runs equal to llama.cpp's: ${equal}/15`);
-    expect(equal).toBeGreaterThanOrEqual(12);
+    expect(equal).toBe(15);
   });
 });

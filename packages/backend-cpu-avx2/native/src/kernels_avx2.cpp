@@ -90,14 +90,63 @@ inline float welem(const uint8_t* w, int64_t i) {
   return bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[i]);
 }
 
-/// NR × NC dot products of float rows. Per output: two accumulators over 16-element chunks (first
-/// and second 8 lanes), one more 8-chunk into the first, then hsum(s0 + s1), then the scalar tail in
-/// order. Every tile shape performs exactly these operations per output, so a 2×2 tile (matrix ×
-/// matrix) and a 1×1 tile (matrix × vector, sparse rows) give bit-identical results.
+/// ggml's reduction of four 8-lane accumulators (GGML_F32x8_REDUCE): a0 += a2, a1 += a3, a0 += a1, then
+/// the two 128-bit halves added and two horizontal adds: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)).
+inline float ggml_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  a0 = _mm256_add_ps(a0, a2);
+  a1 = _mm256_add_ps(a1, a3);
+  a0 = _mm256_add_ps(a0, a1);
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+/// NR × NC dot products of float rows. Every tile shape performs exactly the same operations per output,
+/// so a 2×2 tile (matrix × matrix) and a 1×1 tile (matrix × vector, sparse rows) give bit-identical results.
+/// F32 and F16 weights follow llama.cpp's matrix × vector (`ggml_vec_dot_f32` / `ggml_vec_dot_f16` on
+/// AVX2: four accumulators over 32-element steps, {@link ggml_reduce4}, then the tail — F32: each product
+/// rounded, then added to the float sum (no FMA: checked bit for bit against llama.cpp's ffn_down with
+/// n_ff = 172); F16: products added in double); its decode steps
+/// then give the same floats as llama.cpp's. BF16: two accumulators over 16-element chunks, one more
+/// 8-chunk into the first, hsum, then the scalar tail.
 template <int KIND, int NR, int NC>
 void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
   const float* x[NC];
   for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+  if (KIND == 0 || KIND == 1) {
+    __m256 a[NR][NC][4];
+    for (int r = 0; r < NR; r++) {
+      for (int c = 0; c < NC; c++) {
+        for (int j = 0; j < 4; j++) a[r][c][j] = _mm256_setzero_ps();
+      }
+    }
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+      for (int j = 0; j < 4; j++) {
+        __m256 wj[NR];
+        for (int r = 0; r < NR; r++) wj[r] = wload<KIND>(w[r], i + 8 * j);
+        for (int c = 0; c < NC; c++) {
+          const __m256 xj = _mm256_loadu_ps(x[c] + i + 8 * j);
+          for (int r = 0; r < NR; r++) a[r][c][j] = _mm256_fmadd_ps(wj[r], xj, a[r][c][j]);
+        }
+      }
+    }
+    for (int r = 0; r < NR; r++) {
+      for (int c = 0; c < NC; c++) {
+        const float red = ggml_reduce4(a[r][c][0], a[r][c][1], a[r][c][2], a[r][c][3]);
+        if (KIND == 0) {
+          float s = red;
+          for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
+          out[r * NC + c] = s;
+        } else {
+          double s = red;
+          for (int64_t j = i; j < k; j++) s += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
+          out[r * NC + c] = static_cast<float>(s);
+        }
+      }
+    }
+    return;
+  }
   __m256 s0[NR][NC], s1[NR][NC];
   for (int r = 0; r < NR; r++) {
     for (int c = 0; c < NC; c++) s0[r][c] = s1[r][c] = _mm256_setzero_ps();

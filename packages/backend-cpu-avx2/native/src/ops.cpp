@@ -589,8 +589,9 @@ void op_rms_norm(const NodeExec& n, int ith, int nth) {
   for (int64_t r = lo(R, ith, nth); r < hi(R, ith, nth); r++) {
     const float* x = n.src[0].f32() + r * ne0;
     float* y = n.dst.f32() + r * ne0;
+    // as ggml's rms_norm: each square rounded to float, summed in double
     double sum = 0.0;
-    for (int64_t i = 0; i < ne0; i++) sum += static_cast<double>(x[i]) * x[i];
+    for (int64_t i = 0; i < ne0; i++) sum += static_cast<double>(x[i] * x[i]);
     const float mean = static_cast<float>(sum / static_cast<double>(ne0));
     const float scale = 1.0f / std::sqrt(mean + eps);
     for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * scale;
