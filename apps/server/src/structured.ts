@@ -109,9 +109,7 @@ export function compileGrammar(gbnf: string, field: string): Grammar {
   try {
     g = Grammar.fromGbnf(gbnf);
   } catch (e) {
-    if (e instanceof GrammarError)
-      throw new ApiError(400, "invalid_request_error", `${field}: ${e.message}`, { param: field });
-    throw e;
+    throw invalid(e, field);
   }
   cache.set(gbnf, g);
   if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
@@ -122,10 +120,22 @@ function schemaGrammar(schema: unknown, field: string): string {
   try {
     return jsonSchemaToGbnf(schema);
   } catch (e) {
-    if (e instanceof GrammarError)
-      throw new ApiError(400, "invalid_request_error", `${field}: ${e.message}`, { param: field });
-    throw e;
+    throw invalid(e, field);
   }
+}
+
+/**
+ * A grammar or schema the engine refuses, as a 400: its GrammarError (without the repeated "grammar: "
+ * prefix), or a RangeError from nesting deeper than the parser's recursion allows.
+ */
+function invalid(e: unknown, field: string): unknown {
+  if (e instanceof GrammarError)
+    return new ApiError(400, "invalid_request_error", `${field}: ${e.message.replace(/^grammar: /, "")}`, {
+      param: field,
+    });
+  if (e instanceof RangeError)
+    return new ApiError(400, "invalid_request_error", `${field}: nested too deeply (${e.message})`, { param: field });
+  return e;
 }
 
 /**

@@ -351,7 +351,12 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
   });
 
   it.each([
-    ["/completion", { prompt: "a", grammar: "root ::= nothing" }, /grammar: grammar: undefined rule "nothing"/],
+    ["/completion", { prompt: "a", grammar: "root ::= nothing" }, /(?<!grammar: )grammar: undefined rule "nothing"/],
+    [
+      "/completion",
+      { prompt: "a", grammar: `root ::= ${"(".repeat(5000)}"a"${")".repeat(5000)}` },
+      /grammar: nested too deeply/,
+    ],
     ["/completion", { prompt: "a", grammar: 'root ::= "a' }, /unterminated string literal at line 1/],
     ["/v1/completions", { prompt: "a", grammar: "root ::= root" }, /left recursion/],
     [
