@@ -222,6 +222,15 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
       oneLineError(cli("train-predictor", "-m", relu, ...t, "--device-backend", "nosuch"), /nosuch: not registered/);
       expect(existsSync(join(dir, "d.gguf"))).toBe(false);
     });
+
+    it("an output in a missing folder, or a folder as the output, is refused before any work", () => {
+      const base = ["-m", relu, "-f", text];
+      oneLineError(
+        cli("train-predictor", ...base, "-o", join(dir, "no-such-folder", "x.gguf")),
+        /output .*x\.gguf: the folder .*no-such-folder does not exist/,
+      );
+      oneLineError(cli("train-predictor", ...base, "-o", dir), /output .* is a folder; give a file name/);
+    });
   });
 
   it("says which backend computes the predictors' products (--device-backend names one)", () => {

@@ -1,6 +1,6 @@
 /** Options and helpers shared by the commands that load a model. */
 import { readFileSync, type Stats, statSync } from "node:fs";
-import { resolve } from "node:path";
+import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import { type Backend, type GenerateOptions, Model, type SparseMode } from "@powerinfer/core";
 import cliProgress from "cli-progress";
@@ -226,6 +226,23 @@ export function checkOutputPath(out: string, ...inputs: (string | undefined)[]):
     if (i && resolve(i) === resolve(out))
       throw new InvalidArgumentError(`output ${out} is also an input; choose another path`);
   }
+  // where it goes, before any work: a missing folder or a folder in place of the file is one line now, not
+  // an ENOENT/EISDIR on a temporary file after the work is done
+  const dir = dirname(resolve(out));
+  let d: Stats;
+  try {
+    d = statSync(dir);
+  } catch {
+    throw new InvalidArgumentError(`output ${out}: the folder ${dir} does not exist`);
+  }
+  if (!d.isDirectory()) throw new InvalidArgumentError(`output ${out}: ${dir} is not a folder`);
+  let o: Stats | undefined;
+  try {
+    o = statSync(out);
+  } catch {
+    o = undefined;
+  }
+  if (o?.isDirectory()) throw new InvalidArgumentError(`output ${out} is a folder; give a file name`);
 }
 
 /** Sampling options as llama.cpp names them (`--temp`, `--top-k`, …) with its defaults. */
