@@ -314,6 +314,8 @@ describe.skipIf(!probe.usable)(`tool dialects over HTTP on stories260K (${probe.
         expect(r.status, JSON.stringify(r.json)).toBe(200);
         const ch = r.json.choices[0];
         const raw = r.json.__verbose.content as string;
+        // the prompt generated from is the template's, with the tools in it
+        expect(r.json.__verbose.prompt).toContain('"name": "get_weather"');
         expect({ seed, raw, finish: ch.finish_reason }).toEqual({ seed, raw, finish: "tool_calls" });
         expect(ch.message.content).toBeNull();
         expect(ch.message.tool_calls).toHaveLength(1);
@@ -347,6 +349,10 @@ describe.skipIf(!probe.usable)(`tool dialects over HTTP on stories260K (${probe.
       else {
         expect(typeof ch.message.content).toBe("string");
         expect(ch.message.tool_calls).toBeUndefined();
+        // plain text under the auto grammar never holds a call marker
+        if (c.dialect === "hermes") expect(ch.message.content).not.toContain("<tool_call>");
+        if (c.dialect === "mistral-nemo") expect(ch.message.content).not.toContain("[TOOL_CALLS]");
+        if (c.dialect === "llama3") expect(ch.message.content.startsWith("{")).toBe(false);
       }
     }
     const history = {
@@ -401,6 +407,26 @@ describe.skipIf(!probe.usable)(`tool dialects over HTTP on stories260K (${probe.
     });
     expect(r.status).toBe(400);
     expect(r.json.error.message).toMatch(/Tool call IDs should be alphanumeric strings with length 9/);
+  });
+
+  it("a template without a tool-call format of its own gets the generic format", async () => {
+    const plain = "{% for m in messages %}{{ m.role + ': ' + m.content + '\\n' }}{% endfor %}assistant: ";
+    expect(detectToolDialect(plain)).toBe("generic");
+    const server = createServer({ model, chatTemplate: plain });
+    const url = await server.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const body = { messages: [{ role: "user", content: "Time?" }], tools: [time], tool_choice: "required" };
+      const shown = await post(url, "/apply-template", body);
+      expect(shown.json.prompt).toMatch(/^system: You can call these tools:\n[\s\S]*"name": "get_time"/);
+      expect(shown.json.prompt).toContain('Respond in JSON format with a tool call: {"tool_call"');
+      const r = await post(url, "/v1/chat/completions", { ...body, max_tokens: 128, seed: 4, verbose: true });
+      expect(r.status).toBe(200);
+      expect(JSON.parse(r.json.__verbose.content).tool_call.name).toBe("get_time");
+      expect(r.json.choices[0].finish_reason).toBe("tool_calls");
+      expect(r.json.choices[0].message.tool_calls[0].function.name).toBe("get_time");
+    } finally {
+      await server.close();
+    }
   });
 
   it("streaming sends the parsed calls with the finish chunk", async () => {
