@@ -20,7 +20,9 @@ export type ToolDialect = "generic" | "hermes" | "llama3" | "mistral-nemo";
 
 /** The dialect of a chat template's source (the checks and their order follow llama.cpp's). */
 export function detectToolDialect(templateSource: string): ToolDialect {
-  if (templateSource.includes("<tool_call>")) return "hermes";
+  // Qwen3-Coder's XML calls (<tool_call><function=…><parameter=…>) are another format: not Hermes'
+  const xml = templateSource.includes("<function=") && templateSource.includes("<parameter=");
+  if (templateSource.includes("<tool_call>")) return xml ? "generic" : "hermes";
   if (templateSource.includes("<|start_header_id|>ipython<|end_header_id|>")) return "llama3";
   if (templateSource.includes("[TOOL_CALLS]")) return "mistral-nemo";
   return "generic";

@@ -112,6 +112,8 @@ describe("tool dialects: detection, parser and grammar", () => {
     expect(detectToolDialect(LLAMA3_TEMPLATE)).toBe("llama3");
     expect(detectToolDialect(MISTRAL_TEMPLATE)).toBe("mistral-nemo");
     expect(detectToolDialect("{% for m in messages %}{{ m.content }}{% endfor %}")).toBe("generic");
+    // Qwen3-Coder's XML calls are not the Hermes format (not implemented: generic)
+    expect(detectToolDialect("{{ '<tool_call>\\n<function=' + name + '>\\n<parameter=' + k + '>' }}")).toBe("generic");
   });
 
   it("hermes: several calls, text around them, malformed → content", () => {
