@@ -23,6 +23,7 @@ import { completionResult, progressJson, promptIds } from "./llamacpp.js";
 import { modelMeta } from "./model-meta.js";
 import { type ChatBody, type CompletionsBody, chatBody, completionsBody, parseBody } from "./schemas.js";
 import { addToolSystem, assistantToolText, toolAnswer, toolDelta, toolPlan } from "./structured.js";
+import { detectToolDialect, type ToolDialect, templateToolCalls } from "./tool-dialects.js";
 
 const newId = (prefix: string) => `${prefix}-${randomBytes(12).toString("hex")}`;
 const now = () => Math.floor(Date.now() / 1000);
@@ -174,13 +175,25 @@ function messageText(content: ChatBody["messages"][number]["content"], i: number
  *   continue_final_message set.
  */
 function chatPrompt(ctx: ServerContext, b: ChatBody, plan: ReturnType<typeof toolPlan>): string {
-  const messages: ChatMessage[] = b.messages.map((m, i) => ({
-    role: m.role,
-    content: m.tool_calls?.length
-      ? assistantToolText(m.tool_calls, messageText(m.content, i))
-      : messageText(m.content, i),
-  }));
-  if (plan) addToolSystem(messages, plan.system);
+  // a template with its own tool-call format gets calls and tool results as fields (as llama.cpp passes
+  // them); the generic format writes calls into the assistant's text
+  const native = toolDialectOf(ctx) !== "generic";
+  const messages: ChatMessage[] = b.messages.map((m, i) => {
+    const text = messageText(m.content, i);
+    if (!m.tool_calls?.length) {
+      return {
+        role: m.role,
+        content: text,
+        ...(native && m.tool_call_id ? { tool_call_id: m.tool_call_id } : {}),
+        ...(native && m.name ? { name: m.name } : {}),
+      };
+    }
+    return native
+      ? { role: m.role, content: text, tool_calls: templateToolCalls(m.tool_calls) }
+      : { role: m.role, content: assistantToolText(m.tool_calls, text) };
+  });
+  if (plan?.system) addToolSystem(messages, plan.system);
+  const extra = plan && plan.dialect !== "generic" ? { tools: plan.tools } : {};
   let addGenerationPrompt = b.add_generation_prompt ?? true;
   let continueFinal = b.continue_final_message ?? false;
   const n = messages.length;
@@ -204,14 +217,24 @@ function chatPrompt(ctx: ServerContext, b: ChatBody, plan: ReturnType<typeof too
       { param: "add_generation_prompt" },
     );
   }
-  if (!continueFinal) return ctx.template.apply(messages, addGenerationPrompt);
+  if (!continueFinal) return ctx.template.apply(messages, addGenerationPrompt, extra);
   // render with a marker in place of the final message's text, cut there (dropping its end of turn), and
   // append the text: whatever the template does around a message, the prompt ends inside it
   const last = messages[n - 1]!;
   const marker = `\u0000powerinfer-continue-${Math.random().toString(36).slice(2)}\u0000`;
-  const rendered = ctx.template.apply([...messages.slice(0, -1), { ...last, content: marker }], false);
+  const rendered = ctx.template.apply([...messages.slice(0, -1), { ...last, content: marker }], false, extra);
   const at = rendered.lastIndexOf(marker);
   return at >= 0 ? rendered.slice(0, at) + last.content : rendered + last.content;
+}
+
+/** The chat template's tool-call format (tool-dialects.ts). */
+function toolDialectOf(ctx: ServerContext): ToolDialect {
+  return ctx.template.isFallback ? "generic" : detectToolDialect(ctx.template.source);
+}
+
+/** The tool plan of a chat request for the server's template. */
+function planOf(ctx: ServerContext, b: ChatBody) {
+  return toolPlan(b, toolDialectOf(ctx), /\btools\b/.test(ctx.template.source));
 }
 
 /** llama.cpp's `verbose`: the native `/completion` result of a request as `__verbose` beside OpenAI's shape. */
@@ -298,7 +321,7 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
     checkSlot(ctx, b.id_slot);
-    const plan = toolPlan(b);
+    const plan = planOf(ctx, b);
     const prompt = chatPrompt(ctx, b, plan);
     const ids = await tokenizePrompt(ctx, prompt, { addSpecial: true, parseSpecial: true });
     checkPrompt(ctx, ids);
@@ -350,7 +373,11 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
           ...base,
           choices: [
             plan
-              ? { index: i, ...toolDelta(toolTexts[i] ?? "", finishReason(r.stopReason)), logprobs: null }
+              ? {
+                  index: i,
+                  ...toolDelta(toolTexts[i] ?? "", finishReason(r.stopReason), plan.dialect),
+                  logprobs: null,
+                }
               : { index: i, delta: {}, logprobs: null, finish_reason: finishReason(r.stopReason) },
           ],
           ...(usage ? { usage, timings: timingsJson(r) } : {}),
@@ -373,7 +400,9 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
       ...verbose(res.reqs[0]!, res.outputs[0]!.text, res.outputs[0]!.tokens),
       choices: res.outputs.map((o, i) => {
         const finish = finishReason(res.reqs[i]!.stopReason);
-        const a = plan ? toolAnswer(o.text, finish) : { message: { content: o.text }, finish_reason: finish };
+        const a = plan
+          ? toolAnswer(o.text, finish, plan.dialect)
+          : { message: { content: o.text }, finish_reason: finish };
         return {
           index: i,
           message: { role: "assistant", ...a.message },
@@ -390,8 +419,15 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
   const inputTokens = async (req: { body: unknown }) => {
     const ctx = getCtx();
     const b = parseBody(chatBody, req.body);
-    const ids = await ctx.tokens.tokenize(chatPrompt(ctx, b, toolPlan(b)), { addSpecial: true, parseSpecial: true });
+    const ids = await ctx.tokens.tokenize(chatPrompt(ctx, b, planOf(ctx, b)), { addSpecial: true, parseSpecial: true });
     return { input_tokens: ids.length, object: "response.input_tokens" };
+  };
+
+  /** llama.cpp's `/apply-template`: the prompt a chat request would have, as text. */
+  const applyTemplate = async (req: { body: unknown }) => {
+    const ctx = getCtx();
+    const b = parseBody(chatBody, req.body);
+    return { prompt: chatPrompt(ctx, b, planOf(ctx, b)) };
   };
 
   const models = async () => {
@@ -416,4 +452,5 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
   for (const p of ["/v1/chat/completions", "/chat/completions"]) app.post(p, chat);
   for (const p of ["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"]) app.post(p, inputTokens);
   for (const p of ["/v1/models", "/models"]) app.get(p, models);
+  app.post("/apply-template", applyTemplate);
 }

@@ -164,9 +164,18 @@ export const chatBody = z.object({
           name: string().nullish(),
           /** an assistant turn that called tools (OpenAI's shape), and a tool result's call id */
           tool_calls: z
-            .array(z.object({ function: z.object({ name: string(), arguments: string() }).partial() }).partial(), {
-              error: "an array of tool calls",
-            })
+            .array(
+              z
+                .object({
+                  id: string().nullish(),
+                  type: string().nullish(),
+                  function: z.object({ name: string(), arguments: string() }).partial(),
+                })
+                .partial(),
+              {
+                error: "an array of tool calls",
+              },
+            )
             .nullish(),
           tool_call_id: string().nullish(),
         },

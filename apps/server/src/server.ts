@@ -46,6 +46,11 @@ export interface ServerOptions {
   slotsEndpoint?: boolean;
   /** Generation defaults for requests that leave a setting out (llama-server's `--seed`, `--temp`, …). */
   defaults?: GenerationDefaults;
+  /**
+   * A jinja chat template used instead of the model's (llama.cpp's `--chat-template` with `--jinja`); its
+   * tool-call format is detected from it. Checked when the server is created.
+   */
+  chatTemplate?: string;
   /** fastify's request log. Default false. */
   logger?: boolean;
 }
@@ -96,6 +101,11 @@ function checkOptions(opts: ServerOptions): void {
   if (opts.kvType !== undefined && opts.kvType !== "f16" && opts.kvType !== "f32")
     throw new EngineError("BAD_INPUT", `kvType must be f16 or f32, got ${String(opts.kvType)}`);
   checkDefaults(opts.defaults ?? {});
+  if (opts.chatTemplate !== undefined) {
+    if (typeof opts.chatTemplate !== "string" || opts.chatTemplate.trim() === "")
+      throw new EngineError("BAD_INPUT", "chatTemplate is empty");
+    new ChatTemplate(opts.chatTemplate, false, "", ""); // throws when it does not parse
+  }
 }
 
 /** @throws EngineError 'BAD_INPUT' naming the first bad default. */
@@ -146,11 +156,12 @@ export function createServer(opts: ServerOptions): PowerinferServer {
         return;
       }
       const tok = model.tokenizer;
-      const template = ChatTemplate.fromGguf(
-        model.file,
-        tok.bosId === undefined ? "" : tok.tokenText(tok.bosId),
-        tok.eosId === undefined ? "" : tok.tokenText(tok.eosId),
-      );
+      const bos = tok.bosId === undefined ? "" : tok.tokenText(tok.bosId);
+      const eos = tok.eosId === undefined ? "" : tok.tokenText(tok.eosId);
+      const template =
+        opts.chatTemplate !== undefined
+          ? new ChatTemplate(opts.chatTemplate, false, bos, eos)
+          : ChatTemplate.fromGguf(model.file, bos, eos);
       ctx = {
         model,
         scheduler,

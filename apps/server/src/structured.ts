@@ -1,14 +1,18 @@
 /**
  * Structured output: `grammar` (GBNF), `json_schema`, `response_format`, and `tools` / `tool_choice` on
- * chat, turned into the grammar the slot's sampler is constrained by. Tool calls use llama.cpp's generic
- * format (common/chat.cpp): the model answers a JSON object, `{"tool_call": {"name", "arguments"}}`
- * (`{"tool_calls": [...]}` with `parallel_tool_calls`) or `{"response": "..."}`, which the server turns
- * into OpenAI's `tool_calls` / `content`.
+ * chat, turned into the grammar the slot's sampler is constrained by. Tool calls use the chat template's
+ * own format where it has one (tool-dialects.ts), else llama.cpp's generic format (common/chat.cpp): the
+ * model answers a JSON object, `{"tool_call": {"name", "arguments"}}` (`{"tool_calls": [...]}` with
+ * `parallel_tool_calls`) or `{"response": "..."}`, which the server turns into OpenAI's `tool_calls` /
+ * `content`.
  */
 import { randomBytes } from "node:crypto";
 import { Grammar, GrammarError, jsonSchemaToGbnf } from "@powerinfer/core";
 import { z } from "zod";
 import { ApiError } from "./errors.js";
+import { dialectGrammar, parseDialectAnswer, type ToolCall, type ToolDialect } from "./tool-dialects.js";
+
+export type { ToolCall } from "./tool-dialects.js";
 
 const jsonObject = z.record(z.string(), z.unknown(), { error: "a JSON object" });
 
@@ -93,25 +97,26 @@ export type ToolBody = {
 const cache = new Map<string, Grammar>();
 const CACHE_SIZE = 32;
 
-/** Compiles GBNF (cached). @throws ApiError 400 naming the grammar error. */
-export function compileGrammar(gbnf: string, field: string): Grammar {
-  let g = cache.get(gbnf);
+/** Compiles GBNF from rule `root` (cached). @throws ApiError 400 naming the grammar error. */
+export function compileGrammar(gbnf: string, field: string, root = "root"): Grammar {
+  const key = root === "root" ? gbnf : `${root}\u0000${gbnf}`;
+  let g = cache.get(key);
   // a grammar whose transition cache grew large (deeply nested outputs) starts afresh
   if (g && g.cachedStates > 100_000) {
-    cache.delete(gbnf);
+    cache.delete(key);
     g = undefined;
   }
   if (g) {
-    cache.delete(gbnf);
-    cache.set(gbnf, g);
+    cache.delete(key);
+    cache.set(key, g);
     return g;
   }
   try {
-    g = Grammar.fromGbnf(gbnf);
+    g = Grammar.fromGbnf(gbnf, root);
   } catch (e) {
     throw invalid(e, field);
   }
-  cache.set(gbnf, g);
+  cache.set(key, g);
   if (cache.size > CACHE_SIZE) cache.delete(cache.keys().next().value!);
   return g;
 }
@@ -172,8 +177,12 @@ export function requestGrammar(b: StructuredBody): Grammar | undefined {
 
 /** What the chat handler needs for tools: the prompt's system text, the grammar, and the output parser. */
 export interface ToolPlan {
-  /** Text added to the system message (the tools and the answer format). */
+  /** The format the answer is constrained to and read in. */
+  dialect: ToolDialect;
+  /** Text added to the system message (the tools and the answer format); empty when the template renders the tools. */
   system: string;
+  /** The tools for a template that takes a `tools` variable (OpenAI's shape). */
+  tools: { type: "function"; function: { name: string; description?: string; parameters?: unknown } }[];
   grammar: Grammar;
   /** Parallel calls allowed (`tool_calls` list) or one (`tool_call`). */
   parallel: boolean;
@@ -181,10 +190,18 @@ export interface ToolPlan {
 
 /**
  * The tool plan of a chat request, or undefined when it has no tools or `tool_choice` is "none".
+ * @param dialect the chat template's tool-call format; the generic format is used for every template
+ *   without one, and with `response_format` (a structured response besides calls).
+ * @param templateTakesTools the template renders a `tools` variable (else the tools go into the system
+ *   message)
  * @throws ApiError 400 for a named tool that is not in `tools`, a bad parameters schema, or tools together
  *   with another constraint.
  */
-export function toolPlan(b: ToolBody & StructuredBody): ToolPlan | undefined {
+export function toolPlan(
+  b: ToolBody & StructuredBody,
+  dialect: ToolDialect = "generic",
+  templateTakesTools = false,
+): ToolPlan | undefined {
   const tools = b.tools ?? [];
   const choice = b.tool_choice ?? "auto";
   if (tools.length === 0) {
@@ -214,6 +231,27 @@ export function toolPlan(b: ToolBody & StructuredBody): ToolPlan | undefined {
   }
   const required = choice === "required" || typeof choice === "object";
   const parallel = b.parallel_tool_calls ?? false;
+  const rf = b.response_format;
+  const templateTools = use.map((t) => ({
+    type: "function" as const,
+    function: {
+      name: t.function.name,
+      ...(t.function.description ? { description: t.function.description } : {}),
+      parameters: t.function.parameters ?? { type: "object", properties: {} },
+    },
+  }));
+  if (dialect !== "generic" && !(rf && rf.type !== "text")) {
+    const { gbnf, root } = dialectGrammar(
+      dialect,
+      use.map((t) => t.function),
+      { required, parallel },
+    );
+    const grammar = compileGrammar(gbnf, "tools", root);
+    const system = templateTakesTools
+      ? ""
+      : `You can call these tools:\n${JSON.stringify(templateTools, null, 2)}\n\n${DIALECT_HINT[dialect]}`;
+    return { dialect, system, tools: templateTools, grammar, parallel };
+  }
   const call = (t: (typeof tools)[number]) => ({
     type: "object",
     properties: {
@@ -230,7 +268,6 @@ export function toolPlan(b: ToolBody & StructuredBody): ToolPlan | undefined {
         required: ["tool_calls"],
       }
     : { type: "object", properties: { tool_call: calls }, required: ["tool_call"] };
-  const rf = b.response_format;
   const responseSchema =
     rf && rf.type !== "text"
       ? ((rf.type === "json_schema" ? (rf.json_schema?.schema ?? rf.schema) : rf.schema) ?? { type: "object" })
@@ -256,15 +293,15 @@ export function toolPlan(b: ToolBody & StructuredBody): ToolPlan | undefined {
     (required
       ? `Respond in JSON format with a tool call: ${format}.`
       : `Respond in JSON format, either with a tool call: ${format}, or with a response to the user's request: {"response": …}.`);
-  return { system, grammar, parallel };
+  return { dialect: "generic", system, tools: templateTools, grammar, parallel };
 }
 
-/** OpenAI's `tool_calls` entry. */
-export interface ToolCall {
-  id: string;
-  type: "function";
-  function: { name: string; arguments: string };
-}
+/** How to call, for a template of a dialect that does not render the tools itself. */
+const DIALECT_HINT: Record<Exclude<ToolDialect, "generic">, string> = {
+  hermes: 'To call a tool, answer <tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>.',
+  llama3: 'To call a tool, answer {"name": …, "parameters": {…}}.',
+  "mistral-nemo": 'To call tools, answer [TOOL_CALLS][{"name": …, "arguments": {…}, "id": "<9 letters or digits>"}].',
+};
 
 /**
  * Reads the model's answer in the generic format.
@@ -331,7 +368,14 @@ export function addToolSystem(messages: { role: string; content: string }[], sys
 export function toolAnswer(
   text: string,
   finish: string | null,
+  dialect: ToolDialect = "generic",
 ): { message: { content: string | null; tool_calls?: ToolCall[] }; finish_reason: string | null } {
+  if (dialect !== "generic") {
+    const d = finish === "stop" ? parseDialectAnswer(dialect, text) : undefined;
+    if (d && d.toolCalls.length > 0)
+      return { message: { content: d.content, tool_calls: d.toolCalls }, finish_reason: "tool_calls" };
+    return { message: { content: text }, finish_reason: finish };
+  }
   const a = finish === "stop" ? parseToolAnswer(text) : undefined;
   if (a && "toolCalls" in a)
     return { message: { content: null, tool_calls: a.toolCalls }, finish_reason: "tool_calls" };
@@ -340,10 +384,13 @@ export function toolAnswer(
 }
 
 /** {@link toolAnswer} as a stream delta (tool calls carry their `index`). */
-export function toolDelta(text: string, finish: string | null) {
-  const a = toolAnswer(text, finish);
+export function toolDelta(text: string, finish: string | null, dialect: ToolDialect = "generic") {
+  const a = toolAnswer(text, finish, dialect);
   const delta = a.message.tool_calls
-    ? { tool_calls: a.message.tool_calls.map((c, index) => ({ index, ...c })) }
+    ? {
+        ...(a.message.content !== null ? { content: a.message.content } : {}),
+        tool_calls: a.message.tool_calls.map((c, index) => ({ index, ...c })),
+      }
     : { content: a.message.content };
   return { delta, finish_reason: a.finish_reason };
 }

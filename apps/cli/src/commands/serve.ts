@@ -2,9 +2,9 @@
  * `powerinfer serve`: the HTTP server (OpenAI's API and llama.cpp's server API, continuous batching over
  * `-np` slots). It listens at once and answers 503 until the model has loaded.
  */
-import { accessSync, constants } from "node:fs";
+import { accessSync, constants, readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import type { KvCacheType } from "@powerinfer/core";
+import { ChatTemplate, EngineError, type KvCacheType } from "@powerinfer/core";
 import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
@@ -47,6 +47,33 @@ interface ServeOptions {
   repeatPenalty?: number;
   /** false with --no-slots. */
   slots?: boolean;
+  /** A jinja chat template used instead of the model's, as text or from a file. */
+  chatTemplate?: string;
+  chatTemplateFile?: string;
+}
+
+/**
+ * The chat template `--chat-template` / `--chat-template-file` give (undefined: the model's), checked.
+ * @throws InvalidArgumentError for both given, an unreadable file, or a template that does not parse.
+ */
+export function chatTemplateOption(o: { chatTemplate?: string; chatTemplateFile?: string }): string | undefined {
+  if (o.chatTemplate !== undefined && o.chatTemplateFile !== undefined)
+    throw new InvalidArgumentError("give --chat-template or --chat-template-file, not both");
+  let src = o.chatTemplate;
+  const flag = o.chatTemplateFile !== undefined ? "--chat-template-file" : "--chat-template";
+  if (o.chatTemplateFile !== undefined) {
+    checkInputFile(o.chatTemplateFile, "chat template file");
+    src = readFileSync(o.chatTemplateFile, "utf8");
+  }
+  if (src === undefined) return undefined;
+  if (src.trim() === "") throw new InvalidArgumentError(`${flag}: the template is empty`);
+  try {
+    new ChatTemplate(src, false, "", "");
+  } catch (e) {
+    if (e instanceof EngineError) throw new InvalidArgumentError(`${flag}: ${e.message}`);
+    throw e;
+  }
+  return src;
 }
 
 /** Lets llama.cpp's `-np N` through (commander's short flags are one character). */
@@ -132,10 +159,16 @@ export function register(program: Command): void {
     )
     .option("--slots", "serve GET /slots (the default)")
     .option("--no-slots", "answer GET /slots with 501, as llama-server --no-slots")
+    .option(
+      "--chat-template <jinja>",
+      "jinja chat template to use instead of the model's (its tool-call format is detected from it)",
+    )
+    .option("--chat-template-file <file>", "the same, read from a file")
     .action(
       action(async (o: ServeOptions) => {
         // every option is checked before listening: a bad value never gets as far as "listening"
         checkServeOptions(o);
+        const chatTemplate = chatTemplateOption(o);
         checkInputFile(o.model); // a missing file is reported before listening
         accessSync(o.model, constants.R_OK);
         // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
@@ -156,6 +189,7 @@ export function register(program: Command): void {
           apiKey,
           metrics: o.metrics ?? false,
           slotsEndpoint: o.slots ?? true,
+          chatTemplate,
           defaults: {
             seed: o.seed,
             temperature: o.temp,

@@ -10,6 +10,11 @@ import { EngineError } from "./errors.js";
 export interface ChatMessage {
   role: "system" | "user" | "assistant" | (string & {});
   content: string;
+  /** An assistant turn's tool calls, as templates that take tools read them (arguments as an object). */
+  tool_calls?: { id?: string; type: "function"; function: { name: string; arguments: unknown } }[];
+  /** A tool result's call id, and the tool's name. */
+  tool_call_id?: string;
+  name?: string;
 }
 
 /** llama.cpp's fallback when a model carries no template. */
@@ -47,11 +52,13 @@ export class ChatTemplate {
 
   /**
    * Renders messages to prompt text (special tokens as text: tokenize it with parseSpecial).
+   * @param extra further template variables, e.g. `tools` (OpenAI's tool list) for templates that take it
    * @throws EngineError 'BAD_INPUT' when rendering fails (e.g. the template raises on a role order).
    */
-  apply(messages: ChatMessage[], addGenerationPrompt = true): string {
+  apply(messages: ChatMessage[], addGenerationPrompt = true, extra: Record<string, unknown> = {}): string {
     try {
       return this.template.render({
+        ...extra,
         messages,
         add_generation_prompt: addGenerationPrompt,
         bos_token: this.bosToken,
