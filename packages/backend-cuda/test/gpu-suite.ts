@@ -4,7 +4,7 @@
  * emulator (warp 32 and 64), which runs the same kernel source on the CPU so that these tests run in
  * CI without a GPU. A backend that is not usable gets one skipped test whose title gives the reason.
  *
- * Covers: core's conformance kit; which op × dtype pairs are claimed (placement keeps the others on
+ * Covers: core's conformance kit (dense, sparse and routed-expert ops); which op × dtype pairs are claimed (placement keeps the others on
  * the CPU); out-of-memory as BackendError 'OUT_OF_MEMORY' (budget and arena); KV-cache attention and
  * the sparse ops over compact hot-row buckets; hybrid execution (hot rows on this backend, cold on the
  * CPU backend) against the CPU-only run: same greedy ids, logits within 1e-4 relative.
@@ -16,6 +16,7 @@ import {
   type Backend,
   type BackendDescriptor,
   BackendError,
+  EXPERT_OPS,
   type BackendLoadOptions,
   formatConformanceReport,
   Graph,
@@ -67,16 +68,24 @@ export async function describeGpuBackend(
       try {
         const report = await runConformance(b, opts.ops ? { ops: opts.ops } : {});
         expect(report.ok, formatConformanceReport(report)).toBe(true);
-        expect(report.claimed.length).toBe(opts.ops ? report.claimed.length : 36);
+        expect(report.claimed.length).toBe(opts.ops ? report.claimed.length : 57);
       } finally {
         b.dispose();
       }
     });
 
-    it("claims the dense and sparse ops for F32, F16, BF16, Q8_0, Q4_0 and no other weight dtype", async () => {
+    it("claims the dense, sparse and routed-expert ops for F32, F16, BF16, Q8_0, Q4_0 and no other weight dtype", async () => {
       const b = await load();
       try {
-        for (const op of ["get_rows", "mul_mat", "mul_mat_sparse", "axpy_sparse"] as const) {
+        for (const op of [
+          "get_rows",
+          "mul_mat",
+          "mul_mat_sparse",
+          "axpy_sparse",
+          "mul_mat_id",
+          "mul_mat_id_sparse",
+          "axpy_id_sparse",
+        ] as const) {
           for (const d of ["f32", "f16", "bf16", "q8_0", "q4_0"] as const)
             expect(b.supportsOp(op, [d]), `${op} ${d}`).toBe(true);
           for (const d of ["q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"] as const) {
@@ -85,7 +94,20 @@ export async function describeGpuBackend(
         }
         expect(b.supportsOp("attention", ["f16"])).toBe(true);
         expect(b.supportsOp("attention", ["bf16"])).toBe(false);
-        for (const op of ["rms_norm", "rope", "softmax", "add", "mul", "silu", "relu", "gelu"] as const) {
+        expect(b.supportsOp("attention_swa", ["f16"])).toBe(true);
+        for (const op of EXPERT_OPS) expect(b.supportsOp(op, ["f32"]), op).toBe(true);
+        for (const op of [
+          "rms_norm",
+          "rope",
+          "softmax",
+          "add",
+          "mul",
+          "silu",
+          "relu",
+          "gelu",
+          "sigmoid",
+          "reshape",
+        ] as const) {
           expect(b.supportsOp(op, ["f32"])).toBe(true);
         }
       } finally {
