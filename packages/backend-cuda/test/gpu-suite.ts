@@ -7,8 +7,12 @@
  * Covers: core's conformance kit (dense, sparse and routed-expert ops); which op × dtype pairs are claimed (placement keeps the others on
  * the CPU); out-of-memory as BackendError 'OUT_OF_MEMORY' (budget and arena); KV-cache attention and
  * the sparse ops over compact hot-row buckets; hybrid execution (hot rows on this backend, cold on the
- * CPU backend) against the CPU-only run: same greedy ids, logits within 1e-4 relative.
+ * CPU backend) against the CPU-only run: same greedy ids, logits within 1e-4 relative; whole models with
+ * routed experts (SmallThinker: router on the layer input, ReGLU experts, sigmoid gating, dense and
+ * oracle-sparse experts; Qwen3-MoE: per-head q/k norms through reshape, SiLU experts) against the CPU.
  */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import {
@@ -19,6 +23,7 @@ import {
   EXPERT_OPS,
   type BackendLoadOptions,
   formatConformanceReport,
+  generateSyntheticMoeModel,
   Graph,
   HybridSession,
   Model,
@@ -251,6 +256,58 @@ export async function describeGpuBackend(
           onGpu.dispose();
           gpu.dispose();
           cpu.dispose();
+        }
+      });
+    }
+    for (const [arch, sparse, gating] of [
+      ["smallthinker", "off", "sigmoid"],
+      ["smallthinker", "oracle", "softmax"],
+      ["qwen3moe", "off", "softmax"],
+    ] as const) {
+      it(`runs a model with routed experts as the main backend (${arch}, ${gating} gating, sparse ${sparse}): the CPU's greedy ids, logits within 1e-4`, async () => {
+        const dir = mkdtempSync(join(tmpdir(), "gpu-moe-"));
+        const path = join(dir, `${arch}.gguf`);
+        generateSyntheticMoeModel(path, {
+          arch,
+          shape: {
+            n_embd: 64,
+            n_ff: 64,
+            n_ff_exp: 48,
+            n_expert: 6,
+            n_expert_used: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            n_layer: 2,
+            n_ctx: 64,
+          },
+          gating,
+          seed: 5,
+        });
+        const cpu = await cpuBackend.load({ threads: 1 });
+        const gpu = await load();
+        const onCpu = await Model.load(path, { backend: cpu, sparse });
+        const onGpu = await Model.load(path, { backend: gpu, sparse });
+        const a = onCpu.createSession({ nCtx: 32, kvType: "f32" });
+        const b = onGpu.createSession({ nCtx: 32, kvType: "f32" });
+        try {
+          let la = a.evaluate([1, 259, 260, 261]);
+          let lb = b.evaluate([1, 259, 260, 261]);
+          for (let step = 0; step < 4; step++) {
+            expect(relErr(lb, la), `step ${step}`).toBeLessThan(1e-4);
+            const id = argmax(la);
+            expect(argmax(lb)).toBe(id);
+            la = a.evaluate([id]);
+            lb = b.evaluate([id]);
+          }
+          if (sparse === "oracle") expect(b.stats.rowsRead).toBe(a.stats.rowsRead);
+        } finally {
+          a.dispose();
+          b.dispose();
+          onCpu.dispose();
+          onGpu.dispose();
+          gpu.dispose();
+          cpu.dispose();
+          rmSync(dir, { recursive: true, force: true });
         }
       });
     }
