@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { generateSyntheticModel } from "@powerinfer/core";
+import { generateSyntheticModel, generateSyntheticMoeModel } from "@powerinfer/core";
 import { openGguf } from "@powerinfer/gguf";
 import { InvalidArgumentError } from "commander";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -41,6 +41,28 @@ describe("bytes of weights per decoded token", () => {
     expect(bytesPerToken(f, 2, "predictor", [100, 50])).toBe(dense - ffn + 150 * 3 * row);
     const gate = 2 * 1024 * row;
     expect(bytesPerToken(f, 2, "oracle", [100, 50])).toBe(dense - ffn + gate + 150 * 2 * row);
+  });
+
+  it("routed experts: the chosen experts' share of each stacked tensor; sparse experts by rows read", () => {
+    const path = join(dir, "st.gguf");
+    const shape = { n_embd: 64, n_ff: 32, n_ff_exp: 32, n_expert: 8, n_expert_used: 2, n_head: 2, n_head_kv: 1 };
+    generateSyntheticMoeModel(path, {
+      arch: "smallthinker",
+      shape: { ...shape, n_layer: 2, n_ctx: 64 },
+      dtype: "Q8_0",
+      untiedOutput: false,
+    });
+    const f = openGguf(path);
+    const all = f.tensors.reduce((s, t) => s + t.byteLength, 0);
+    const exps = f.tensors.filter((t) => /_exps\./.test(t.name));
+    const expBytes = exps.reduce((s, t) => s + t.byteLength, 0);
+    const gateExps = exps.filter((t) => /gate_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    // tied output: all of token_embd is read; a token reads 2 of the 8 experts
+    expect(bytesPerToken(f, 2, "off")).toBe(all - expBytes + expBytes / 4);
+    // oracle: the chosen experts' gates, then per neuron computed an up row (64 Q8_0 values: 2 blocks of 34
+    // bytes) and a down row neuron-major (64 F32: the engine's transposed copy of a Q8_0 down)
+    const row = 2 * 34 + 64 * 4;
+    expect(bytesPerToken(f, 2, "oracle", [20, 30])).toBe(all - expBytes + gateExps / 4 + 50 * row);
   });
 });
 

@@ -89,8 +89,9 @@ export class GpuBackend implements Backend {
   }
 
   /**
-   * `true` for get_rows/mul_mat/mul_mat_sparse/axpy_sparse with f32, f16, bf16, q8_0, q4_0 weights,
-   * attention with f32/f16 caches, cpy into f32/f16/bf16, and every other op on f32. Other weight
+   * `true` for get_rows/mul_mat/mul_mat_sparse/axpy_sparse and the routed-expert products
+   * mul_mat_id/mul_mat_id_sparse/axpy_id_sparse with f32, f16, bf16, q8_0, q4_0 weights,
+   * attention/attention_swa with f32/f16 caches, cpy into f32/f16/bf16, and every other op on f32. Other weight
    * dtypes (K-quants, q4_1, q5_*) answer false, so placement keeps them on the CPU.
    */
   supportsOp(op: OpName, dtypes: readonly DType[]): boolean {

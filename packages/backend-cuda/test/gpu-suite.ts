@@ -4,11 +4,15 @@
  * emulator (warp 32 and 64), which runs the same kernel source on the CPU so that these tests run in
  * CI without a GPU. A backend that is not usable gets one skipped test whose title gives the reason.
  *
- * Covers: core's conformance kit; which op × dtype pairs are claimed (placement keeps the others on
+ * Covers: core's conformance kit (dense, sparse and routed-expert ops); which op × dtype pairs are claimed (placement keeps the others on
  * the CPU); out-of-memory as BackendError 'OUT_OF_MEMORY' (budget and arena); KV-cache attention and
  * the sparse ops over compact hot-row buckets; hybrid execution (hot rows on this backend, cold on the
- * CPU backend) against the CPU-only run: same greedy ids, logits within 1e-4 relative.
+ * CPU backend) against the CPU-only run: same greedy ids, logits within 1e-4 relative; whole models with
+ * routed experts (SmallThinker: router on the layer input, ReGLU experts, sigmoid gating, dense and
+ * oracle-sparse experts; Qwen3-MoE: per-head q/k norms through reshape, SiLU experts) against the CPU.
  */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import {
@@ -16,8 +20,10 @@ import {
   type Backend,
   type BackendDescriptor,
   BackendError,
+  EXPERT_OPS,
   type BackendLoadOptions,
   formatConformanceReport,
+  generateSyntheticMoeModel,
   Graph,
   HybridSession,
   Model,
@@ -67,16 +73,24 @@ export async function describeGpuBackend(
       try {
         const report = await runConformance(b, opts.ops ? { ops: opts.ops } : {});
         expect(report.ok, formatConformanceReport(report)).toBe(true);
-        expect(report.claimed.length).toBe(opts.ops ? report.claimed.length : 36);
+        expect(report.claimed.length).toBe(opts.ops ? report.claimed.length : 57);
       } finally {
         b.dispose();
       }
     });
 
-    it("claims the dense and sparse ops for F32, F16, BF16, Q8_0, Q4_0 and no other weight dtype", async () => {
+    it("claims the dense, sparse and routed-expert ops for F32, F16, BF16, Q8_0, Q4_0 and no other weight dtype", async () => {
       const b = await load();
       try {
-        for (const op of ["get_rows", "mul_mat", "mul_mat_sparse", "axpy_sparse"] as const) {
+        for (const op of [
+          "get_rows",
+          "mul_mat",
+          "mul_mat_sparse",
+          "axpy_sparse",
+          "mul_mat_id",
+          "mul_mat_id_sparse",
+          "axpy_id_sparse",
+        ] as const) {
           for (const d of ["f32", "f16", "bf16", "q8_0", "q4_0"] as const)
             expect(b.supportsOp(op, [d]), `${op} ${d}`).toBe(true);
           for (const d of ["q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"] as const) {
@@ -85,7 +99,20 @@ export async function describeGpuBackend(
         }
         expect(b.supportsOp("attention", ["f16"])).toBe(true);
         expect(b.supportsOp("attention", ["bf16"])).toBe(false);
-        for (const op of ["rms_norm", "rope", "softmax", "add", "mul", "silu", "relu", "gelu"] as const) {
+        expect(b.supportsOp("attention_swa", ["f16"])).toBe(true);
+        for (const op of EXPERT_OPS) expect(b.supportsOp(op, ["f32"]), op).toBe(true);
+        for (const op of [
+          "rms_norm",
+          "rope",
+          "softmax",
+          "add",
+          "mul",
+          "silu",
+          "relu",
+          "gelu",
+          "sigmoid",
+          "reshape",
+        ] as const) {
           expect(b.supportsOp(op, ["f32"])).toBe(true);
         }
       } finally {
@@ -229,6 +256,58 @@ export async function describeGpuBackend(
           onGpu.dispose();
           gpu.dispose();
           cpu.dispose();
+        }
+      });
+    }
+    for (const [arch, sparse, gating] of [
+      ["smallthinker", "off", "sigmoid"],
+      ["smallthinker", "oracle", "softmax"],
+      ["qwen3moe", "off", "softmax"],
+    ] as const) {
+      it(`runs a model with routed experts as the main backend (${arch}, ${gating} gating, sparse ${sparse}): the CPU's greedy ids, logits within 1e-4`, async () => {
+        const dir = mkdtempSync(join(tmpdir(), "gpu-moe-"));
+        const path = join(dir, `${arch}.gguf`);
+        generateSyntheticMoeModel(path, {
+          arch,
+          shape: {
+            n_embd: 64,
+            n_ff: 64,
+            n_ff_exp: 48,
+            n_expert: 6,
+            n_expert_used: 2,
+            n_head: 4,
+            n_head_kv: 2,
+            n_layer: 2,
+            n_ctx: 64,
+          },
+          gating,
+          seed: 5,
+        });
+        const cpu = await cpuBackend.load({ threads: 1 });
+        const gpu = await load();
+        const onCpu = await Model.load(path, { backend: cpu, sparse });
+        const onGpu = await Model.load(path, { backend: gpu, sparse });
+        const a = onCpu.createSession({ nCtx: 32, kvType: "f32" });
+        const b = onGpu.createSession({ nCtx: 32, kvType: "f32" });
+        try {
+          let la = a.evaluate([1, 259, 260, 261]);
+          let lb = b.evaluate([1, 259, 260, 261]);
+          for (let step = 0; step < 4; step++) {
+            expect(relErr(lb, la), `step ${step}`).toBeLessThan(1e-4);
+            const id = argmax(la);
+            expect(argmax(lb)).toBe(id);
+            la = a.evaluate([id]);
+            lb = b.evaluate([id]);
+          }
+          if (sparse === "oracle") expect(b.stats.rowsRead).toBe(a.stats.rowsRead);
+        } finally {
+          a.dispose();
+          b.dispose();
+          onCpu.dispose();
+          onGpu.dispose();
+          gpu.dispose();
+          cpu.dispose();
+          rmSync(dir, { recursive: true, force: true });
         }
       });
     }

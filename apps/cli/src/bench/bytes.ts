@@ -8,11 +8,26 @@
  *   sparse kernels actually read (their row counters: neurons computed × the bytes of one row of each of
  *   the three matrices); the predictors fc1/fc2 are read whole.
  * - Sparse `oracle`: the gate is computed densely (it decides the mask), up and down sparsely.
+ * - Routed experts (`ffn_{gate,up,down}_exps`, {@link expertsPerToken}): a decoded token reads its
+ *   n_expert_used chosen experts, so each stacked tensor counts n_expert_used / n_expert of its bytes
+ *   (dense, and the gate in `oracle`); sparse experts' up and down are counted by the row counters (one
+ *   row per neuron computed in a chosen expert), the down projection's row as the engine stores it
+ *   neuron-major (F16 when the file's is F16, else F32: transposeDownExperts).
  */
 import type { SparseMode } from "@powerinfer/core";
 import { GGMLType, type GgufFile, tensorByteLength } from "@powerinfer/gguf";
 
 const FFN = /^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down|ffn_down_t)\.weight$/;
+const EXPS = /^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps)\.weight$/;
+
+/** The share of a stacked expert tensor one decoded token reads: n_expert_used / n_expert (1 without experts). */
+export function expertsPerToken(file: GgufFile): number {
+  const arch = file.metadata.get("general.architecture");
+  const used = file.metadata.get(`${String(arch)}.expert_used_count`);
+  const count = file.metadata.get(`${String(arch)}.expert_count`);
+  if (typeof used !== "number" || typeof count !== "number" || count <= 0) return 1;
+  return used / count;
+}
 
 /** Weight bytes per decoded token that do not depend on which neurons fire. */
 export function fixedBytesPerToken(file: GgufFile, mode: SparseMode): number {
@@ -21,6 +36,11 @@ export function fixedBytesPerToken(file: GgufFile, mode: SparseMode): number {
   for (const t of file.tensors) {
     if (t.name === "token_embd.weight" && !tied) {
       bytes += tensorByteLength(t.type, [t.shape[0]!]);
+      continue;
+    }
+    const x = EXPS.exec(t.name);
+    if (x) {
+      if (mode === "off" || x[2] === "ffn_gate_exps") bytes += t.byteLength * expertsPerToken(file);
       continue;
     }
     const m = FFN.exec(t.name);
@@ -36,6 +56,13 @@ export function sparseRowBytes(file: GgufFile, nLayer: number, mode: SparseMode)
   const out: number[] = [];
   for (let l = 0; l < nLayer; l++) {
     let b = 0;
+    const up = file.tensorMap.get(`blk.${l}.ffn_up_exps.weight`);
+    const down = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
+    if (up && down) {
+      // a chosen expert's neuron: its up row, and its down row neuron-major (n_embd of F16 or F32)
+      out.push(tensorByteLength(up.type, [up.shape[0]!]) + down.shape[1]! * (down.type === GGMLType.F16 ? 2 : 4));
+      continue;
+    }
     for (const name of ["ffn_gate", "ffn_up", "ffn_down_t", "ffn_down"]) {
       if (name === "ffn_gate" && mode === "oracle") continue;
       const t = file.tensorMap.get(`blk.${l}.${name}.weight`);

@@ -5,19 +5,32 @@
  * 2. generated 7B-shaped slices (`gen-model`: relu-llama, 10 % active neurons, 25 % of neurons giving
  *    80 % of activations), for each weight type a GGUF (llama.cpp and our dense mode run it) and the PWRI
  *    file with the same weights plus predictors (our sparse mode), pp512/tg128. The files are written to
- *    a temporary directory and deleted afterwards.
+ *    a temporary directory and deleted afterwards;
+ * 3. generated slices with routed experts (`--moe`, default smallthinker-4b-a0.6b: 4 layers of the
+ *    published shape, a 1024-token vocabulary, gen-model's designed statistics — expert popularity
+ *    Zipf-like with exponent 1, 40 % of a chosen ReLU expert's neurons firing per token), one GGUF per
+ *    weight type that llama.cpp, our dense experts (`--sparse off`) and our oracle-sparse experts
+ *    (`--sparse oracle`: the gate decides, up and down read only the firing neurons) all run, tg128.
  *
  * The llama.cpp peer is the native llama-bench build when there is one (`llama-cpp:build`), else
  * node-llama-cpp's prebuilt binary (slower; rows say which ran).
  *
  * Usage: node dist/bench/engine-bench.js [--layers 2] [--dtypes F16,Q4_0] [-t 2] [-r 5] [--dir DIR]
- *   [--keep] [--no-stories] [--no-synthetic] [--quick] [--json] [--llama-cpp-peer auto|native|prebuilt]
+ *   [--keep] [--no-stories] [--no-synthetic] [--moe PRESETS | --no-moe] [--quick] [--json]
+ *   [--llama-cpp-peer auto|native|prebuilt]
  *   [--llama-cpp-dir DIR]
  */
 import { mkdtempSync, rmSync } from "node:fs";
 import { availableParallelism, tmpdir } from "node:os";
 import { join, resolve } from "node:path";
-import { generateSyntheticModel, type SyntheticDType, type SyntheticModelReport } from "@powerinfer/core";
+import {
+  generateSyntheticModel,
+  generateSyntheticMoeModel,
+  MOE_SHAPE_PRESETS,
+  type MoeShapePreset,
+  type SyntheticDType,
+  type SyntheticModelReport,
+} from "@powerinfer/core";
 import { Command } from "commander";
 import { intList, peerChoice } from "../commands/bench.js";
 import { formatHeader, formatJson, formatMarkdown } from "./format.js";
@@ -33,6 +46,8 @@ interface SuiteOptions {
   keep?: boolean;
   stories: boolean;
   synthetic: boolean;
+  /** Expert presets to bench ("" or --no-moe: none). */
+  moe: string | false;
   quick?: boolean;
   json?: boolean;
   models: string;
@@ -52,6 +67,8 @@ async function main(): Promise<void> {
     .option("--keep", "keep the generated models")
     .option("--no-stories", "skip stories260K")
     .option("--no-synthetic", "skip the generated slices")
+    .option("--moe <presets>", "expert presets to bench as 4-layer slices", "smallthinker-4b-a0.6b")
+    .option("--no-moe", "skip the expert slices")
     .option("--quick", "1 repetition, pp64/tg16, 1-layer slices (a check, not a measurement)")
     .option("--json", "JSON rows instead of markdown")
     .option("--llama-cpp-peer <which>", "auto, native or prebuilt (see powerinfer bench)", peerChoice, "auto")
@@ -132,6 +149,45 @@ async function main(): Promise<void> {
       if (!o.keep) rmSync(dir, { recursive: true, force: true });
     }
   }
+  const moeNotes: string[] = [];
+  const moePresets = o.moe ? o.moe.split(",").filter((x) => x) : [];
+  for (const name of moePresets) {
+    if (!(name in MOE_SHAPE_PRESETS)) throw new Error(`--moe: unknown preset ${name}`);
+    const p = MOE_SHAPE_PRESETS[name as MoeShapePreset];
+    const dir = mkdtempSync(join(o.dir, "powerinfer-bench-moe-"));
+    try {
+      for (const dtype of o.dtypes.split(",") as SyntheticDType[]) {
+        const layers = 4; // also with --quick: llama-bench crashed here on a 1-layer smallthinker slice
+        const path = join(dir, `${name}-${layers}L-${dtype}.gguf`);
+        log(`generating ${path}`);
+        const t0 = performance.now();
+        const rep = generateSyntheticMoeModel(path, {
+          arch: p.arch,
+          shape: p.shape,
+          layers,
+          dtype,
+          vocabSize: 1024,
+          seed: 1,
+          ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
+          design: {},
+        });
+        const secs = (performance.now() - t0) / 1000;
+        log(`generated ${(rep.bytes / 2 ** 30).toFixed(2)} GiB in ${secs.toFixed(1)} s`);
+        moeNotes.push(
+          `- generated: ${name} (${rep.ggufArch}) ${layers}/${p.shape.n_layer} layers ${dtype}, vocabulary 1024, design: expert popularity Zipf-like (exponent 1, an assumption), ${p.arch === "smallthinker" ? "40 % of a chosen expert's neurons fire per token (SmallThinker's report: over 60 % idle), 50 % of them give 80 % of firings" : "SiLU experts"}; ${(rep.bytes / 2 ** 30).toFixed(2)} GiB written in ${secs.toFixed(1)} s`,
+        );
+        await run({
+          models: [{ path }],
+          nPrompt: [],
+          nGen: [o.quick ? 16 : 128],
+          sparse: p.arch === "smallthinker" ? ["off", "oracle"] : ["off"],
+        });
+        if (!o.keep) rmSync(path, { force: true });
+      }
+    } finally {
+      if (!o.keep) rmSync(dir, { recursive: true, force: true });
+    }
+  }
   const merged: BenchResult = {
     ...results[0]!,
     machine: {
@@ -155,6 +211,7 @@ async function main(): Promise<void> {
       `- generated: ${g.arch} ${g.preset} ${g.layers}/${g.shape.n_layer} layers ${g.dtype}, design ${(100 * g.design.activeFraction).toFixed(0)} % active / ${(100 * g.design.hotShare).toFixed(0)} % hot share, predictor rank ${g.predictorRank} ${g.predictorDType}, threshold ${g.threshold?.toFixed(3)} (sampled recall ${g.stats?.recall?.toFixed(3)}, predicted ${(100 * (g.stats?.predictedFraction ?? 0)).toFixed(1)} %); ${(g.bytes / 2 ** 30).toFixed(2)} GiB written in ${g.seconds?.toFixed(1)} s\n`,
     );
   }
+  for (const n of moeNotes) process.stdout.write(`${n}\n`);
   process.stdout.write(`\n${formatMarkdown(merged)}\n`);
 }
 

@@ -94,7 +94,7 @@ export interface BenchRow {
   n_threads: number;
   /** Our FFN mode; null for llama.cpp. */
   sparse: SparseMode | null;
-  /** Neurons computed / n_ff over the measured tokens (sparse modes), else null. */
+  /** Neurons computed / n_ff (routed experts: / n_expert_used · n_ff_exp) over the measured tokens (sparse modes), else null. */
   active_fraction: number | null;
   test: string;
   n_prompt: number;
@@ -251,7 +251,9 @@ function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
     const n = b.tokens - a.tokens;
     if (n === 0) return {};
     const rowsPerToken = b.rows.map((r, l) => (r - (a.rows[l] ?? 0)) / n);
-    return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (cfg.n_ff * cfg.n_layer), rowsPerToken };
+    // routed experts: the neurons of the chosen experts (n_expert_used · n_ff_exp per layer)
+    const perLayer = cfg.moe ? cfg.moe.n_expert_used * cfg.moe.n_ff_exp : cfg.n_ff;
+    return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer), rowsPerToken };
   };
   return {
     label: `powerinfer-ts ${sparse}`,

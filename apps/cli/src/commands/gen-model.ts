@@ -39,8 +39,12 @@ export interface GenModelCliOptions {
   vocabSize: number;
   vocabFrom?: string;
   seed: number;
-  active: number;
-  hotShare: number;
+  /** Default 0.1 (dense presets) or 0.4 (expert presets). */
+  active?: number;
+  /** Default 0.25 (dense presets) or 0.5 (expert presets). */
+  hotShare?: number;
+  /** Expert presets: Zipf exponent of expert popularity (default 1). */
+  zipf: number;
   predictorRank: number;
   predictorDtype?: string;
   predictorNoise: number;
@@ -76,8 +80,8 @@ export function generatorOptions(o: GenModelCliOptions): SyntheticModelOptions {
     vocabSize: o.vocabSize,
     vocabFrom: o.vocabFrom,
     seed: o.seed,
-    activeFraction: o.active,
-    hotShare: o.hotShare,
+    activeFraction: o.active ?? 0.1,
+    hotShare: o.hotShare ?? 0.25,
     predictorRank: o.predictorRank,
     predictorDType:
       o.predictorDtype === undefined
@@ -259,9 +263,10 @@ export function formatGenReport(r: SyntheticModelReport, verify?: VerifyReport):
 }
 
 /**
- * A preset with routed experts: the published shape (MOE_SHAPE_PRESETS), seeded Gaussian weights
- * (generateSyntheticMoeModel; no designed activation statistics: ReLU experts fire about half their
- * neurons), a slice of `--layers` layers (default 4).
+ * A preset with routed experts: the published shape (MOE_SHAPE_PRESETS), seeded weights with designed
+ * statistics (generateSyntheticMoeModel's `design`: Zipf-like expert popularity with exponent `--zipf`,
+ * default 1; ReLU experts fire `--active` of their neurons per token, default 0.4, with `--hot-share`
+ * of them, default 0.5, covering 80 % of firings), a slice of `--layers` layers (default 4).
  */
 function genMoe(o: GenModelCliOptions): void {
   const p = MOE_SHAPE_PRESETS[o.preset as MoeShapePreset];
@@ -283,9 +288,23 @@ function genMoe(o: GenModelCliOptions): void {
     vocabFrom: o.vocabFrom,
     seed: o.seed,
     ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
+    design: { zipf: o.zipf, active: o.active ?? 0.4, hot: o.hotShare ?? 0.5 },
   });
   const active = activeParametersPerToken(p.arch, { ...p.shape, n_layer: layers }, r.n_vocab);
-  const report = { ...r, preset: o.preset, arch: p.arch, shape: p.shape, dtype, activeParametersPerToken: active };
+  const design = {
+    zipf: o.zipf,
+    expertActive: p.arch === "smallthinker" ? (o.active ?? 0.4) : null,
+    hotShare: o.hotShare ?? 0.5,
+  };
+  const report = {
+    ...r,
+    preset: o.preset,
+    arch: p.arch,
+    shape: p.shape,
+    dtype,
+    activeParametersPerToken: active,
+    design,
+  };
   if (o.json) {
     process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
     return;
@@ -293,7 +312,8 @@ function genMoe(o: GenModelCliOptions): void {
   const s = p.shape;
   process.stdout.write(
     `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
-      `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n`,
+      `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n` +
+      `design: expert popularity Zipf-like, exponent ${o.zipf}; ${design.expertActive === null ? "SiLU experts (no designed firing)" : `${(design.expertActive * 100).toFixed(0)} % of a chosen expert's neurons fire per token (power law, hot share ${design.hotShare})`}\n`,
   );
 }
 
@@ -318,15 +338,19 @@ export function register(program: Command): void {
     .option("--seed <n>", "seed", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
     .option(
       "--active <fraction>",
-      "mean fraction of FFN neurons firing per token",
+      "mean fraction of FFN neurons firing per token (default 0.1; expert presets: of a chosen ReLU expert's, 0.4)",
       float("active", { above: 0, below: 1 }),
-      0.1,
+    )
+    .option(
+      "--zipf <s>",
+      "expert presets: Zipf exponent of expert popularity (router bias −s·ln(rank); an assumption, not measured)",
+      float("zipf", { min: 0 }),
+      1,
     )
     .option(
       "--hot-share <fraction>",
-      "share of neurons that give 80 % of activations",
+      "share of neurons that give 80 % of activations (default 0.25; expert presets: 0.5)",
       float("hot-share", { above: 0, below: 1 }),
-      0.25,
     )
     .option(
       "--predictor-rank <n>",

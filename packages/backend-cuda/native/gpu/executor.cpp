@@ -72,6 +72,12 @@ Weights weights_of(const GTensor& t, const void* data) {
   return Weights{data, t.dtype, t.ne[0], t.ne[1] * t.ne[2] * t.ne[3], row_bytes(t.dtype, t.ne[0])};
 }
 
+/// Stacked experts W [K, M, E]: E matrices of M rows.
+Experts experts_of(const GTensor& t, const void* data) {
+  const uint64_t rb = row_bytes(t.dtype, t.ne[0]);
+  return Experts{Weights{data, t.dtype, t.ne[0], t.ne[1], rb}, t.ne[2], rb * static_cast<uint64_t>(t.ne[1])};
+}
+
 uint64_t tensor_bytes(int dtype, const int64_t ne[4]) {
   const Layout l = dtype_layout(dtype);
   if (l.block == 0) throw BackendErr("BAD_TENSOR", "unknown dtype code " + std::to_string(dtype));
@@ -384,8 +390,10 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           launch_rope(f32(n.src[0]), i32(n.src[1]), y, s0.ne[0], s0.ne[1], static_cast<int>(n.p[4]),
                       static_cast<int>(n.p[0]), static_cast<int>(n.p[1]), n.p[2], n.p[3], stream_);
           break;
-        case OP_ATTENTION: {
+        case OP_ATTENTION:
+        case OP_ATTENTION_SWA: {
           AttentionArgs a{};
+          a.window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
           a.q = f32(n.src[0]);
           a.k = ptr(n.src[1]);
           a.v = ptr(n.src[2]);
@@ -409,6 +417,37 @@ std::vector<double> Executor::compute(const WireGraph& g) {
         case OP_SILU: launch_unary(UNARY_SILU, f32(n.src[0]), y, s0.nel, 0.0f, stream_); break;
         case OP_RELU: launch_unary(UNARY_RELU, f32(n.src[0]), y, s0.nel, 0.0f, stream_); break;
         case OP_GELU: launch_unary(UNARY_GELU, f32(n.src[0]), y, s0.nel, 0.0f, stream_); break;
+        case OP_SIGMOID: launch_unary(UNARY_SIGMOID, f32(n.src[0]), y, s0.nel, 0.0f, stream_); break;
+        case OP_RESHAPE: launch_slice(f32(n.src[0]), y, s0.nel, 1, 0, s0.nel, stream_); break;
+        case OP_TOP_K:
+          launch_top_k(f32(n.src[0]), s0.ne[0], s0.ne[1], static_cast<int>(n.p[0]), reinterpret_cast<int32_t*>(y),
+                       stream_);
+          break;
+        case OP_MUL_MAT_ID:
+        case OP_MUL_MAT_ID_SPARSE: {
+          const GTensor& ids = cg.tensors[static_cast<size_t>(n.src[2])];
+          const GTensor& x = cg.tensors[static_cast<size_t>(n.src[1])];
+          const bool sparse = n.op == OP_MUL_MAT_ID_SPARSE;
+          const float* logits = sparse && n.src[3] >= 0 ? f32(n.src[3]) : nullptr;
+          launch_mul_mat_id(experts_of(s0, ptr(n.src[0])), f32(n.src[1]), x.nel / x.ne[0] != ids.ne[1],
+                            i32(n.src[2]), ids.ne[0], ids.ne[1], logits, sparse ? static_cast<float>(n.p[0]) : 0.0f,
+                            sparse ? counters + ni : nullptr, y, stream_);
+          break;
+        }
+        case OP_AXPY_ID_SPARSE: {
+          const GTensor& ids = cg.tensors[static_cast<size_t>(n.src[2])];
+          launch_axpy_id_sparse(experts_of(s0, ptr(n.src[0])), f32(n.src[1]), i32(n.src[2]), ids.nel,
+                                n.src[3] >= 0 ? f32(n.src[3]) : nullptr, static_cast<float>(n.p[0]), counters + ni, y,
+                                stream_);
+          break;
+        }
+        case OP_MOE_SUM: {
+          const GTensor& ids = cg.tensors[static_cast<size_t>(n.src[2])];
+          launch_moe_sum(f32(n.src[0]), f32(n.src[1]), i32(n.src[2]), s0.ne[0],
+                         cg.tensors[static_cast<size_t>(n.src[1])].ne[0], ids.ne[0], ids.ne[1], n.p[0] != 0,
+                         static_cast<float>(n.p[1]), y, stream_);
+          break;
+        }
         case OP_CPY:
           launch_cpy(f32(n.src[0]), ptr(n.dst), d.dtype, s0.ne[0], s0.ne[1], static_cast<int64_t>(n.p[0]), stream_);
           break;

@@ -2,6 +2,7 @@
 #include "graph.h"
 
 #include <cmath>
+#include <utility>
 
 #include "dtype.h"
 #include "kernels.h"
@@ -35,6 +36,14 @@ OpInfo op_info(int op) {
     case OP_SLICE: return {"slice", 1, 0, 2};
     case OP_MUL_MAT_SPARSE: return {"mul_mat_sparse", 2, 2, 2};
     case OP_AXPY_SPARSE: return {"axpy_sparse", 2, 2, 2};
+    case OP_SIGMOID: return {"sigmoid", 1, 0, 0};
+    case OP_TOP_K: return {"top_k", 1, 0, 1};
+    case OP_MUL_MAT_ID: return {"mul_mat_id", 3, 0, 0};
+    case OP_MOE_SUM: return {"moe_sum", 3, 0, 2};
+    case OP_MUL_MAT_ID_SPARSE: return {"mul_mat_id_sparse", 3, 1, 1};
+    case OP_AXPY_ID_SPARSE: return {"axpy_id_sparse", 3, 1, 1};
+    case OP_RESHAPE: return {"reshape", 1, 0, 0};
+    case OP_ATTENTION_SWA: return {"attention_swa", 3, 0, 6};
     default: return {nullptr, 0, 0, 0};
   }
 }
@@ -149,6 +158,66 @@ void check_sparse(const NodeCheck& c, const GNode& n, bool axpy) {
   (void)n;
 }
 
+/// Checks expert ids (source `s`, i32 [U, T]) against `n_expert`: host values of inputs and backend
+/// tensors are checked one by one; a top_k output is in range when top_k chose among ≤ n_expert values.
+/// @return {U, T}
+std::pair<int64_t, int64_t> check_expert_ids(const NodeCheck& c, int s, int64_t n_expert) {
+  c.i32(s);
+  c.flat(s);
+  const GTensor& ids = c.src(s);
+  if (ids.i32) {
+    for (int64_t j = 0; j < ids.nel; j++) {
+      if (ids.i32[j] < 0 || ids.i32[j] >= n_expert) {
+        c.bad("expert id " + std::to_string(ids.i32[j]) + " at " + std::to_string(j) + " out of range 0.." +
+              std::to_string(n_expert - 1));
+      }
+    }
+  } else if (ids.kind != KIND_INTERMEDIATE || ids.id_bound < 1 || ids.id_bound > n_expert) {
+    c.bad("expert ids must be an input, a backend tensor or a top_k over at most " + std::to_string(n_expert) +
+          " values");
+  }
+  return {ids.ne[0], ids.ne[1]};
+}
+
+/// mul_mat_id (sparse: mul_mat_id_sparse): W [K, M, E], x [K, T] or [K, U, T], ids [U, T], logits? → [M, U, T].
+void check_mul_mat_id(const NodeCheck& c, bool sparse) {
+  c.weight(0);
+  c.f32(1);
+  if (c.src(0).ne[3] != 1) c.bad("W must be 3-D [K, M, n_expert]");
+  const int64_t k = c.src(0).ne[0], m = c.src(0).ne[1];
+  const auto [u, t] = check_expert_ids(c, 2, c.src(0).ne[2]);
+  c.columns(u * t);
+  if (c.src(1).ne[0] != k) c.len("x", c.src(1).ne[0], k);
+  const int64_t cols = c.src(1).nel / k;
+  if (cols != t && cols != u * t) {
+    c.bad("x has " + std::to_string(cols) + " columns; expected " + std::to_string(t) + " or " + std::to_string(u * t));
+  }
+  const int64_t e[4] = {m, u, t, 1};
+  if (!same(c.dst().ne, e)) c.bad("destination shape " + dims(c.dst().ne) + ", expected " + dims(e));
+  if (sparse && c.has(3)) {
+    c.f32(3);
+    if (c.src(3).ne[0] != m || c.src(3).nel != m * u * t) c.bad("logits shape " + dims(c.src(3).ne) + ", expected " + dims(e));
+  }
+}
+
+/// axpy_id_sparse: Wt [D, M, E], a [M, U, T], ids [U, T], logits? [M, U, T] → [D, U, T].
+void check_axpy_id(const NodeCheck& c) {
+  c.weight(0);
+  c.f32(1);
+  if (c.src(0).ne[3] != 1) c.bad("Wt must be 3-D [D, M, n_expert]");
+  const int64_t d = c.src(0).ne[0], m = c.src(0).ne[1];
+  const auto [u, t] = check_expert_ids(c, 2, c.src(0).ne[2]);
+  c.columns(u * t);
+  const int64_t a[4] = {m, u, t, 1};
+  if (!same(c.src(1).ne, a)) c.bad("a shape " + dims(c.src(1).ne) + ", expected " + dims(a));
+  if (c.has(3)) {
+    c.f32(3);
+    if (c.src(3).ne[0] != m || c.src(3).nel != m * u * t) c.bad("logits shape " + dims(c.src(3).ne) + ", expected " + dims(a));
+  }
+  const int64_t e[4] = {d, u, t, 1};
+  if (!same(c.dst().ne, e)) c.bad("destination shape " + dims(c.dst().ne) + ", expected " + dims(e));
+}
+
 }  // namespace
 
 const char* op_name(int op) {
@@ -162,8 +231,12 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
     case OP_GET_ROWS:
     case OP_MUL_MAT:
     case OP_MUL_MAT_SPARSE:
-    case OP_AXPY_SPARSE: return is_gpu_weight_dtype(d);
-    case OP_ATTENTION: return d == DT_F32 || d == DT_F16;
+    case OP_AXPY_SPARSE:
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: return is_gpu_weight_dtype(d);
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: return d == DT_F32 || d == DT_F16;
     case OP_CPY: return d == DT_F32 || d == DT_F16 || d == DT_BF16;
     default: return op_info(op).name != nullptr && d == DT_F32;
   }
@@ -196,7 +269,7 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
     t.out = w[7];
     switch (t.kind) {
       case KIND_INTERMEDIATE:
-        if (t.dtype != DT_F32) bad(name + ": intermediates are f32");
+        if (t.dtype != DT_F32 && t.dtype != DT_I32) bad(name + ": intermediates are f32 (top_k's i32)");
         break;
       case KIND_INPUT: {
         if (t.dtype != DT_F32 && t.dtype != DT_I32) bad(name + ": inputs are f32 or i32");
@@ -279,6 +352,9 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
     } else {
       if (dt.kind != KIND_INTERMEDIATE) c.bad("the destination must be an intermediate tensor");
       if (dt.producer != -1) c.bad("destination tensor " + std::to_string(n.dst) + " is computed twice");
+      if (dt.dtype != (n.op == OP_TOP_K ? DT_I32 : DT_F32)) {
+        c.bad(std::string("the destination must be ") + (n.op == OP_TOP_K ? "i32" : "f32"));
+      }
       dt.producer = node;
     }
     if (dt.last_use < node) dt.last_use = node;
@@ -316,6 +392,7 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
         if (c.src(0).ne[1] * c.src(0).ne[2] * c.src(0).ne[3] > (int64_t{1} << 31) - 1) c.unsupported("too many columns");
         break;
       case OP_SCALE:
+      case OP_SIGMOID:
       case OP_SILU:
       case OP_RELU:
       case OP_GELU:
@@ -338,7 +415,9 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
         if (!(n.p[2] > 0)) c.bad("freq_base must be positive");
         break;
       }
-      case OP_ATTENTION: {
+      case OP_ATTENTION:
+      case OP_ATTENTION_SWA: {
+        if (n.op == OP_ATTENTION_SWA) c.int_param(5, "window", 1, int64_t{1} << 31);
         c.f32(0);
         c.flat(0);
         c.flat(1);
@@ -394,6 +473,34 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
       }
       case OP_MUL_MAT_SPARSE: check_sparse(c, n, false); break;
       case OP_AXPY_SPARSE: check_sparse(c, n, true); break;
+      case OP_RESHAPE:
+        c.f32(0);
+        if (dt.nel != c.src(0).nel) c.bad("reshape to " + dims(dt.ne) + " changes the element count of " + dims(c.src(0).ne));
+        break;
+      case OP_TOP_K: {
+        c.f32(0);
+        c.flat(0);
+        const int64_t k = c.int_param(0, "k", 1, c.src(0).ne[0]);
+        c.dst_is(k, c.src(0).ne[1]);
+        dt.id_bound = c.src(0).ne[0];
+        break;
+      }
+      case OP_MUL_MAT_ID: check_mul_mat_id(c, false); break;
+      case OP_MUL_MAT_ID_SPARSE: check_mul_mat_id(c, true); break;
+      case OP_AXPY_ID_SPARSE: check_axpy_id(c); break;
+      case OP_MOE_SUM: {
+        c.f32(0);
+        c.f32(1);
+        c.flat(1);
+        const auto [u, t] = check_expert_ids(c, 2, c.src(1).ne[0]);
+        const int64_t d = c.src(0).ne[0];
+        const int64_t ye[4] = {d, u, t, 1};
+        if (!same(c.src(0).ne, ye)) c.bad("y shape " + dims(c.src(0).ne) + ", expected " + dims(ye));
+        if (c.src(1).ne[1] != t) c.bad("probs must be [n_expert, " + std::to_string(t) + "]");
+        c.int_param(0, "norm", 0, 1);
+        c.dst_is(d, t);
+        break;
+      }
       default: break;
     }
   }

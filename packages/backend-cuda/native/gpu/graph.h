@@ -1,6 +1,7 @@
 // The wire form of core's Graph.encode() as the GPU backends read it, and its validation.
 //
 // tensors: Int32 words, 8 per tensor: kind (0 intermediate, 1 input, 2 handle), dtype code, ne0..ne3,
+//          (intermediates are f32, except top_k's output, i32)
 //          ref (handle id or input index), output index (−1: none).
 // nodes:   Int32 words, 10 per node: op code, dst, src0..src4 (−1: none), param offset, param count, reserved.
 // params:  Float64.
@@ -35,6 +36,14 @@ enum Op : int {
   OP_SLICE = 15,
   OP_MUL_MAT_SPARSE = 16,
   OP_AXPY_SPARSE = 17,
+  OP_SIGMOID = 18,
+  OP_TOP_K = 19,
+  OP_MUL_MAT_ID = 20,
+  OP_MOE_SUM = 21,
+  OP_MUL_MAT_ID_SPARSE = 22,
+  OP_AXPY_ID_SPARSE = 23,
+  OP_RESHAPE = 24,
+  OP_ATTENTION_SWA = 25,
 };
 
 constexpr int kTensorWords = 8;
@@ -95,6 +104,7 @@ struct GTensor {
   int producer = -1;  // node that computes it (intermediates)
   int last_use = -1;  // last node that reads or writes it
   const int32_t* i32 = nullptr;  // host values of an i32 input or handle
+  int64_t id_bound = 0;          // i32 intermediates (top_k outputs): every value is < id_bound
 };
 
 struct GNode {

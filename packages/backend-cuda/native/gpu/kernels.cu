@@ -389,7 +389,7 @@ PI_DEV inline float kv_at(const void* p, int64_t i) {
 
 template <int KVDT>
 PI_KERNEL void k_attention(const float* q, const void* kc, const void* vc, float* y, int head_dim, int n_head,
-                           int n_head_kv, int64_t n_past, float scale) {
+                           int n_head_kv, int64_t n_past, float scale, int64_t window) {
   PI_SHARED float qs[kMaxHeadDim];
   PI_SHARED float s[kAttnTile];
   const int h = static_cast<int>(blockIdx.x);
@@ -398,6 +398,8 @@ PI_KERNEL void k_attention(const float* q, const void* kc, const void* vc, float
   const int64_t q_row = static_cast<int64_t>(head_dim) * n_head;
   const int64_t kv_row = static_cast<int64_t>(head_dim) * n_head_kv;
   const int64_t n_kv = n_past + t + 1;  // causal: positions 0 .. n_past + t
+  // sliding window: positions n_kv − window .. n_past + t only
+  const int64_t p_first = window > 0 && n_kv > window ? n_kv - window : 0;
   const int tid = static_cast<int>(threadIdx.x);
   const int nth = static_cast<int>(blockDim.x);
   const int lane = tid % PI_WARP;
@@ -409,7 +411,7 @@ PI_KERNEL void k_attention(const float* q, const void* kc, const void* vc, float
   float m = -INFINITY;  // running maximum of the scores
   float l = 0.0f;       // running sum of exp(score − m)
   __syncthreads();
-  for (int64_t p0 = 0; p0 < n_kv; p0 += kAttnTile) {
+  for (int64_t p0 = p_first; p0 < n_kv; p0 += kAttnTile) {
     const int np = static_cast<int>(n_kv - p0 < kAttnTile ? n_kv - p0 : kAttnTile);
     for (int pp = warp; pp < np; pp += nw) {  // one warp per position, lanes over the head dimension
       const int64_t off = (p0 + pp) * kv_row + static_cast<int64_t>(g) * head_dim;
@@ -446,6 +448,100 @@ PI_KERNEL void k_attention(const float* q, const void* kc, const void* vc, float
   }
 }
 
+// ---- routed experts ----
+
+/// top_k: one thread per column, k passes; pass j takes the largest value after pick j−1 in the order
+/// (value descending, index ascending). A column of NaNs yields index 0 (always a valid expert).
+PI_KERNEL void k_top_k(const float* x, int64_t n, int k, int64_t t, int32_t* ids) {
+  const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= t) return;
+  const float* xc = x + c * n;
+  float pv = 0.0f;
+  int64_t pi = -1;  // previous pick (none yet)
+  for (int j = 0; j < k; j++) {
+    int64_t best = -1;
+    float bv = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+      const float v = xc[i];
+      if (pi >= 0 && !(v < pv || (v == pv && i > pi))) continue;  // not after the previous pick
+      if (best < 0 || v > bv) {  // ascending i: an equal value never displaces a lower index
+        if (v == v) {
+          best = i;
+          bv = v;
+        }
+      }
+    }
+    if (best < 0) best = 0;
+    ids[c * k + j] = static_cast<int32_t>(best);
+    pv = bv;
+    pi = best;
+  }
+}
+
+/// mul_mat_id / mul_mat_id_sparse: one block per (row r, column c = t·U + u).
+template <int DT>
+PI_KERNEL void k_mul_mat_id(const uint8_t* w, uint64_t row_bytes, uint64_t expert_bytes, int64_t k, int64_t m,
+                            const float* x, int per_slot, int64_t n_used, const int32_t* ids, const float* logits,
+                            float threshold, unsigned long long* rows_read, float* y) {
+  PI_SHARED float sh[kTok * kMaxWarps];
+  const int64_t r = blockIdx.x;
+  const int64_t c = blockIdx.y;
+  if (logits && !(logits[c * m + r] >= threshold)) return;  // the whole block: the row is never read
+  const float* xc = x + (per_slot ? c : c / n_used) * k;
+  const uint8_t* row = w + static_cast<uint64_t>(ids[c]) * expert_bytes + static_cast<uint64_t>(r) * row_bytes;
+  float acc[kTok];
+  row_dots<DT>(row, k, xc, 0, 1u, acc, sh);
+  if (threadIdx.x == 0) {
+    y[c * m + r] = acc[0];
+    if (rows_read) pi_atomic_add_u64(rows_read, 1ull);
+  }
+}
+
+/// axpy_id_sparse: grid x = slices of kAxpyCols output elements, y = columns c; the neurons are summed
+/// in order within the block (deterministic).
+template <int DT>
+PI_KERNEL void k_axpy_id_sparse(const uint8_t* w, uint64_t row_bytes, uint64_t expert_bytes, int64_t d, int64_t m,
+                                const float* a, const int32_t* ids, const float* logits, float threshold,
+                                unsigned long long* rows_read, float* y) {
+  const int64_t e0 = static_cast<int64_t>(blockIdx.x) * kAxpyCols + threadIdx.x;
+  const int64_t e1 = e0 + kThreads;
+  const int64_t c = blockIdx.y;
+  const uint8_t* ex = w + static_cast<uint64_t>(ids[c]) * expert_bytes;
+  float acc0 = 0.0f, acc1 = 0.0f;
+  unsigned long long counted = 0;
+  for (int64_t i = 0; i < m; i++) {
+    if (logits && !(logits[c * m + i] >= threshold)) continue;
+    counted++;
+    const float ai = a[c * m + i];
+    const uint8_t* row = ex + static_cast<uint64_t>(i) * row_bytes;
+    if (e0 < d) acc0 += ai * weight_at<DT>(row, e0);
+    if (e1 < d) acc1 += ai * weight_at<DT>(row, e1);
+  }
+  if (e0 < d) y[c * d + e0] = acc0;
+  if (e1 < d) y[c * d + e1] = acc1;
+  if (blockIdx.x == 0 && threadIdx.x == 0 && counted) pi_atomic_add_u64(rows_read, counted);
+}
+
+/// moe_sum: one thread per output element.
+PI_KERNEL void k_moe_sum(const float* y, const float* probs, const int32_t* ids, int64_t d, int64_t n_expert,
+                         int64_t n_used, int norm, float scale, int64_t total, float* out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t t = idx / d;
+  const int64_t i = idx % d;
+  const float* p = probs + t * n_expert;
+  const int32_t* id = ids + t * n_used;
+  float div = 1.0f;
+  if (norm) {
+    float s = 0.0f;
+    for (int64_t u = 0; u < n_used; u++) s += p[id[u]];
+    div = s > 6.103515625e-05f ? s : 6.103515625e-05f;  // 2^-14, the smallest normal F16
+  }
+  float acc = 0.0f;
+  for (int64_t u = 0; u < n_used; u++) acc += (p[id[u]] / div) * scale * y[(t * n_used + u) * d + i];
+  out[idx] = acc;
+}
+
 // ---- elementwise ----
 
 PI_KERNEL void k_binary(int op, const float* a, const float* b, float* y, int64_t n, int64_t nb) {
@@ -464,6 +560,7 @@ PI_KERNEL void k_unary(int op, const float* x, float* y, int64_t n, float param)
     case UNARY_SCALE: r = v * param; break;
     case UNARY_SILU: r = v / (1.0f + expf(-v)); break;
     case UNARY_RELU: r = v > 0.0f ? v : 0.0f; break;
+    case UNARY_SIGMOID: r = 1.0f / (1.0f + expf(-v)); break;
     default: {  // gelu, tanh approximation
       const float c = 0.7978845608028654f;  // sqrt(2/π)
       r = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
@@ -611,12 +708,53 @@ void launch_attention(const AttentionArgs& a, void* stream) {
   const pi_dim3 grid(static_cast<unsigned>(a.n_head), static_cast<unsigned>(a.t));
   if (a.kv_dtype == DT_F16) {
     PI_LAUNCH(k_attention<DT_F16>, grid, pi_dim3(kThreads), as_stream(stream), a.q, a.k, a.v, a.y, a.head_dim,
-              a.n_head, a.n_head_kv, a.n_past, a.scale);
+              a.n_head, a.n_head_kv, a.n_past, a.scale, a.window);
   } else {
     PI_LAUNCH(k_attention<DT_F32>, grid, pi_dim3(kThreads), as_stream(stream), a.q, a.k, a.v, a.y, a.head_dim,
-              a.n_head, a.n_head_kv, a.n_past, a.scale);
+              a.n_head, a.n_head_kv, a.n_past, a.scale, a.window);
   }
   check_launch("attention");
+}
+
+void launch_top_k(const float* x, int64_t n, int64_t t, int k, int32_t* ids, void* stream) {
+  PI_LAUNCH(k_top_k, pi_dim3(blocks_for(t, kThreads)), pi_dim3(kThreads), as_stream(stream), x, n, k, t, ids);
+  check_launch("top_k");
+}
+
+void launch_mul_mat_id(const Experts& e, const float* x, bool x_per_slot, const int32_t* ids, int64_t n_used,
+                       int64_t t, const float* logits, float threshold, unsigned long long* rows_read, float* y,
+                       void* stream) {
+  const int64_t cols = n_used * t;
+  if (logits) zero_async(y, static_cast<uint64_t>(e.w.rows * cols) * 4, stream);
+  const pi_dim3 grid(static_cast<unsigned>(e.w.rows), static_cast<unsigned>(cols));
+  const uint8_t* wd = static_cast<const uint8_t*>(e.w.data);
+  const int per_slot = x_per_slot ? 1 : 0;
+#define PI_CALL(DT)                                                                                             \
+  PI_LAUNCH(k_mul_mat_id<DT>, grid, pi_dim3(kThreads), as_stream(stream), wd, e.w.row_bytes, e.expert_bytes, e.w.k, \
+            e.w.rows, x, per_slot, n_used, ids, logits, threshold, rows_read, y)
+  PI_WEIGHT_SWITCH(e.w.dtype, PI_CALL)
+#undef PI_CALL
+  check_launch(logits ? "mul_mat_id_sparse" : "mul_mat_id");
+}
+
+void launch_axpy_id_sparse(const Experts& e, const float* a, const int32_t* ids, int64_t cols, const float* logits,
+                           float threshold, unsigned long long* rows_read, float* y, void* stream) {
+  const pi_dim3 grid(blocks_for(e.w.k, kAxpyCols), static_cast<unsigned>(cols));
+  const uint8_t* wd = static_cast<const uint8_t*>(e.w.data);
+#define PI_CALL(DT)                                                                                           \
+  PI_LAUNCH(k_axpy_id_sparse<DT>, grid, pi_dim3(kThreads), as_stream(stream), wd, e.w.row_bytes, e.expert_bytes, \
+            e.w.k, e.w.rows, a, ids, logits, threshold, rows_read, y)
+  PI_WEIGHT_SWITCH(e.w.dtype, PI_CALL)
+#undef PI_CALL
+  check_launch("axpy_id_sparse");
+}
+
+void launch_moe_sum(const float* y, const float* probs, const int32_t* ids, int64_t d, int64_t n_expert,
+                    int64_t n_used, int64_t t, bool norm, float scale, float* out, void* stream) {
+  const int64_t total = d * t;
+  PI_LAUNCH(k_moe_sum, pi_dim3(blocks_for(total, kEltThreads)), pi_dim3(kEltThreads), as_stream(stream), y, probs,
+            ids, d, n_expert, n_used, norm ? 1 : 0, scale, total, out);
+  check_launch("moe_sum");
 }
 
 void launch_binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, int64_t nb, void* stream) {

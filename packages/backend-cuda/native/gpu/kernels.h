@@ -29,7 +29,7 @@ struct Selection {
   unsigned long long* rows_read;  // one device counter: += active (neuron, token) pairs
 };
 
-enum UnaryOp { UNARY_SCALE, UNARY_SILU, UNARY_RELU, UNARY_GELU };
+enum UnaryOp { UNARY_SCALE, UNARY_SILU, UNARY_RELU, UNARY_GELU, UNARY_SIGMOID };
 enum BinaryOp { BINARY_ADD, BINARY_MUL };
 
 void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, void* stream);
@@ -55,11 +55,42 @@ struct AttentionArgs {
   int head_dim, n_head, n_head_kv;
   int64_t t, n_past;
   float scale;
+  int64_t window;  // > 0: query t sees the cache positions p with (n_past + t) − p < window; 0: all
   float* y;        // [head_dim·n_head, T]
 };
 /// Largest head_dim the attention kernel handles.
 constexpr int kMaxHeadDim = 512;
 void launch_attention(const AttentionArgs& a, void* stream);
+
+// ---- routed experts (mixture of experts) ----
+
+/// Stacked expert matrices: `w.rows` rows of `w.k` elements per expert, `expert_bytes` apart.
+struct Experts {
+  Weights w;
+  int64_t n_expert;
+  uint64_t expert_bytes;
+};
+
+/// ids[:, c] ← indices of the k largest of x[:, c] (x [n, T] F32), largest first, lower index first on
+/// equal values. ids is I32 [k, T].
+void launch_top_k(const float* x, int64_t n, int64_t t, int k, int32_t* ids, void* stream);
+
+/// y[:, c] = W_{ids[c]} · x_c for the U·T columns c = t·U + u of ids [U, T]; x has T columns (x_c =
+/// column t) or U·T (x_c = column c). With `logits` (F32 [M, U·T]) only the elements with logits ≥
+/// threshold are computed, the others are 0, and `rows_read` (non-null) counts them. y is F32 [M, U·T].
+void launch_mul_mat_id(const Experts& e, const float* x, bool x_per_slot, const int32_t* ids, int64_t n_used,
+                       int64_t t, const float* logits, float threshold, unsigned long long* rows_read, float* y,
+                       void* stream);
+
+/// y[:, c] = Σ over active i of a[i, c] · row i of Wt_{ids[c]} (Wt [D, M, E] neuron-major), for the U·T
+/// columns of ids; active: logits[i, c] ≥ threshold (all without logits). rows_read counts (i, c) pairs.
+void launch_axpy_id_sparse(const Experts& e, const float* a, const int32_t* ids, int64_t cols, const float* logits,
+                           float threshold, unsigned long long* rows_read, float* y, void* stream);
+
+/// out[:, t] = Σ_u w[u,t] · y[:, u, t] (slot order), w[u,t] = probs[ids[u,t], t], divided by
+/// max(Σ_u w, 2^-14) when `norm`, times `scale`. y [D, U, T], probs [n_expert, T], out [D, T], all F32.
+void launch_moe_sum(const float* y, const float* probs, const int32_t* ids, int64_t d, int64_t n_expert,
+                    int64_t n_used, int64_t t, bool norm, float scale, float* out, void* stream);
 
 void launch_binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, int64_t nb, void* stream);
 void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, float param, void* stream);

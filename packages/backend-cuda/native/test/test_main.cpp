@@ -587,6 +587,25 @@ void test_validation(Executor& ex) {
            {3, 1, 0.125, 64, 1});
   });
   expect("NaN param", "BAD_GRAPH", [&](G& g) { g.node(OP_SCALE, {64, 2}, {g.input(x, {64, 2})}, {std::nan("")}); });
+  // routed experts: W [64, 2, 2] (two experts of two rows)
+  const int he = ex.create(DT_F32, std::vector<int64_t>{64, 2, 2, 1}.data(), nullptr, 0);
+  static std::vector<int32_t> bad_expert = {0, 2};
+  expect("expert id out of range", "BAD_GRAPH", [&](G& g) {
+    g.node(OP_MUL_MAT_ID, {2, 1, 2}, {g.handle(he, DT_F32, {64, 2, 2}), g.input(x, {64, 2}), g.input_i32(bad_expert, {1, 2})}, {});
+  });
+  static const std::vector<float> logits3(3 * 2);
+  expect("top_k over more values than experts", "BAD_GRAPH", [&](G& g) {
+    const int ids = g.tensor(KIND_INTERMEDIATE, DT_I32, {1, 2}, -1);
+    g.raw_node(OP_TOP_K, ids, {g.input(logits3, {3, 2})}, {1});
+    g.node(OP_MUL_MAT_ID, {2, 1, 2}, {g.handle(he, DT_F32, {64, 2, 2}), g.input(x, {64, 2}), ids}, {});
+  });
+  expect("top_k into an f32 tensor", "BAD_GRAPH", [&](G& g) { g.node(OP_TOP_K, {1, 2}, {g.input(logits3, {3, 2})}, {1}); });
+  static std::vector<int32_t> ok_expert = {1, 0};
+  static const std::vector<float> y8 = randf(8), p2 = randf(2);
+  expect("moe_sum id beyond probs", "BAD_GRAPH", [&](G& g) {
+    g.node(OP_MOE_SUM, {4, 2}, {g.input(y8, {4, 1, 2}), g.input(p2, {1, 2}), g.input_i32(ok_expert, {1, 2})}, {0, 1});
+  });
+  ex.free(he);
   ex.free(hq);
   ex.free(hf);
 }

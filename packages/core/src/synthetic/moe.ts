@@ -8,10 +8,33 @@
  * `blk.N.ffn_gate_inp.weight` {n_embd, n_expert}, `blk.N.ffn_{gate,up}_exps.weight`
  * {n_embd, n_ff_exp, n_expert}, `blk.N.ffn_down_exps.weight` {n_ff_exp, n_embd, n_expert}; Qwen adds
  * `attn_{q,k,v}.bias` (qwen2) or `attn_{q,k}_norm.weight` {head_dim} (qwen3, qwen3moe).
+ *
+ * With {@link SyntheticMoeOptions.design} (gen-model's default for the expert presets) the weights carry
+ * designed routing and firing statistics, built as the dense generator builds its (generator.ts):
+ * - a massive activation: channel 0 of every token embedding is M (default 100), channels 1..31 are 0
+ *   (its Q4_0/Q8_0 block holds nothing else), the others N(0, 1); no attention or expert output writes
+ *   channels 0..31, so x_0 = M in every layer and a weight on channel 0 acts as a bias;
+ * - expert popularity: the router's channel-0 weight gives expert e the logit bias −s·ln(r_e) (r_e its
+ *   rank 1..n_expert, a seeded permutation per layer) on top of a unit-variance input-dependent term:
+ *   under Gumbel noise the top-1 shares would be exactly Zipf, ∝ r^−s; with this Gaussian term they are
+ *   Zipf-like. Default s = 1 — an assumption (no published measurement of these models' expert counts
+ *   was found); see {@link moeRoutingProbabilities} for the shares the design implies;
+ * - power-law firing inside ReLU experts (smallthinker's ReGLU): neuron i of expert e fires with a
+ *   designed frequency p_i from {@link powerLawFrequencies} (mean `active`, `hot` of the neurons covering
+ *   80 % of firings, permuted per expert), via the gate bias Φ⁻¹(p_i) on channel 0 plus a unit-variance
+ *   Gaussian term. Default active fraction 0.4: SmallThinker's report says over 60 % of the neurons of the
+ *   activated experts are idle per token (SmallThinker technical report, Shanghai Jiao Tong University
+ *   and Zenergize AI, 2025, as summarised at https://ztoog.com/meet-smallthinker-a-family-of-efficient-
+ *   large-language-models-llms-natively-trained-for-local-deployment); hot share 0.5 — an assumption (at
+ *   a mean of 0.4 at least a third of the neurons must fire to cover 80 %, so the dense generator's 0.25
+ *   cannot hold). SiLU experts get no biases (they do not fire sparsely);
+ * - attention and expert outputs are scaled to add at most about 1 % of the residual variance each,
+ *   so the statistics hold through the layers of a slice.
  */
 import { type GgufMetadataEntry, type GgufTensorSpec, GgufTypes, writeGguf } from "@powerinfer/gguf";
 import { encode, encodedBytes, GGML_TYPE_OF, type SyntheticDType } from "./encode.js";
-import { gauss, streamKey } from "./random.js";
+import { gauss, hashU32, streamKey } from "./random.js";
+import { normalQuantile, powerLawFrequencies, reluSecondMoment } from "./stats-math.js";
 import { syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
 
 /** Architectures {@link generateSyntheticMoeModel} writes. `llama-moe` is `llama` with experts (Mixtral's layout). */
@@ -135,6 +158,109 @@ export interface SyntheticMoeOptions {
   gating?: "softmax" | "sigmoid";
   /** smallthinker: `attention.sliding_window` written (llama.cpp then uses 4096 on 3 layers of 4). Default 0 (none). */
   slidingWindow?: number;
+  /** Designed routing and firing statistics (see the module comment); absent: plain Gaussian weights. */
+  design?: MoeActivityDesign;
+}
+
+/** Designed statistics of a model with routed experts (see the module comment). Every field optional. */
+export interface MoeActivityDesign {
+  /** Zipf exponent s of expert popularity (router bias −s·ln(rank)). Default 1 (an assumption). */
+  zipf?: number;
+  /** Mean fraction of a chosen ReLU expert's neurons firing per token. Default 0.4 (SmallThinker's report). */
+  active?: number;
+  /** Share of an expert's neurons covering 80 % of its firings. Default 0.5 (an assumption). */
+  hot?: number;
+  /** The massive channel's value M. Default 100. */
+  massive?: number;
+}
+
+/** Channels 0..31: the massive channel (0) and its quantization block, which nothing else uses. */
+const RESERVED = 32;
+/** Residual variance each attention or FFN output adds, relative to the layer input's (at most). */
+const OUT_VAR = 0.01;
+
+/** The resolved design of one model (same for the writer and for tests that check the statistics). */
+export interface MoeDesignPlan {
+  zipf: number;
+  active: number;
+  hot: number;
+  massive: number;
+  /** Whether the experts are ReLU-gated (designed firing). */
+  relu: boolean;
+  /** Router logit bias per (layer, expert): [layer · n_expert + e] = −zipf·ln(rank). */
+  routerBias(l: number): Float64Array;
+  /** Designed firing frequency per (layer, expert, neuron): [e · n_ff_exp + i]; all 0.5 (no bias) for SiLU experts. */
+  firing(l: number): Float64Array;
+}
+
+/** Resolves {@link MoeActivityDesign} for a shape. @throws RangeError for out-of-range values. */
+export function planMoeDesign(
+  arch: SyntheticMoeArch,
+  s: SyntheticMoeShape,
+  seed: number,
+  d: MoeActivityDesign = {},
+): MoeDesignPlan {
+  const zipf = d.zipf ?? 1;
+  const active = d.active ?? 0.4;
+  const hot = d.hot ?? 0.5;
+  const massive = d.massive ?? 100;
+  if (!(zipf >= 0)) throw new RangeError(`zipf exponent ${zipf} must be ≥ 0`);
+  if (!(massive > 0)) throw new RangeError(`massive value ${massive} must be positive`);
+  if (s.n_embd < 2 * RESERVED)
+    throw new RangeError(`n_embd ${s.n_embd} too small for a designed model (≥ ${2 * RESERVED})`);
+  const relu = arch === "smallthinker";
+  const freqs = relu ? powerLawFrequencies(s.n_ff_exp, { mean: active, hotShare: hot }) : null;
+  const X = s.n_expert;
+  const F = s.n_ff_exp;
+  /** A seeded permutation of 0..n−1 (Fisher–Yates on a hash stream). */
+  const perm = (n: number, key: number) => {
+    const p = Int32Array.from({ length: n }, (_, i) => i);
+    for (let i = n - 1; i > 0; i--) {
+      const j = hashU32(key, i) % (i + 1);
+      const t = p[i]!;
+      p[i] = p[j]!;
+      p[j] = t;
+    }
+    return p;
+  };
+  return {
+    zipf,
+    active,
+    hot,
+    massive,
+    relu,
+    routerBias(l) {
+      const rank = perm(X, streamKey(seed, l, 0x7a1f));
+      return Float64Array.from(rank, (r) => -zipf * Math.log(r + 1));
+    },
+    firing(l) {
+      const out = new Float64Array(X * F).fill(0.5);
+      if (!freqs) return out;
+      for (let e = 0; e < X; e++) {
+        const p = perm(F, streamKey(seed, l, e, 0x3f1b));
+        for (let i = 0; i < F; i++) out[e * F + i] = freqs[p[i]!]!;
+      }
+      return out;
+    },
+  };
+}
+
+/**
+ * Probability that each expert is among the n_used chosen for a token, under the design: logits
+ * bias_e + N(0, 1) independently per expert, top n_used (Monte Carlo with `samples` draws, seeded).
+ */
+export function moeRoutingProbabilities(bias: Float64Array, nUsed: number, samples = 20000, seed = 7): Float64Array {
+  const n = bias.length;
+  const count = new Float64Array(n);
+  const v = new Float64Array(n);
+  const idx = Array.from({ length: n }, (_, i) => i);
+  const key = streamKey(seed, 0x5a17);
+  for (let s = 0; s < samples; s++) {
+    for (let e = 0; e < n; e++) v[e] = bias[e]! + gauss(key, s * n + e);
+    idx.sort((a, b) => v[b]! - v[a]!);
+    for (let u = 0; u < nUsed; u++) count[idx[u]!]! += 1;
+  }
+  return count.map((c) => c / samples);
 }
 
 /** What was written. */
@@ -201,8 +327,18 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
 
   const tensors: GgufTensorSpec[] = [];
   let ti = 0;
-  /** A tensor of values base + scale·N(0,1), seeded by (seed, tensor index). */
-  const add = (name: string, shape: number[], scale: number, type: SyntheticDType, base = 0) => {
+  /**
+   * A tensor of values base + scale·N(0,1), seeded by (seed, tensor index); with `row`, each row (of
+   * shape[0] values) starts as N(0,1) draws and row(r, v, o) rewrites v[o .. o + shape[0]) in place.
+   */
+  const add = (
+    name: string,
+    shape: number[],
+    scale: number,
+    type: SyntheticDType,
+    base = 0,
+    row?: (r: number, v: Float32Array, o: number) => void,
+  ) => {
     const key = streamKey(seed, ti++);
     const n = shape.reduce((a, b) => a * b, 1);
     if (n % GGML_BLOCK[type] !== 0 || shape[0]! % GGML_BLOCK[type] !== 0) {
@@ -214,20 +350,55 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
       shape,
       data: () => {
         const v = new Float32Array(n);
-        for (let i = 0; i < n; i++) v[i] = base + scale * gauss(key, i);
+        if (row) {
+          for (let i = 0; i < n; i++) v[i] = gauss(key, i);
+          const len = shape[0]!;
+          for (let r = 0, o = 0; o < n; r++, o += len) row(r, v, o);
+        } else for (let i = 0; i < n; i++) v[i] = base + scale * gauss(key, i);
         const out = new Uint8Array(encodedBytes(type, n));
         encode(type, v, out);
         return out;
       },
     });
   };
-  add("token_embd.weight", [E, V], 1, dtype);
+  // ---- the design (see the module comment); plan undefined: plain Gaussian weights ----
+  const plan = o.design ? planMoeDesign(o.arch, s, seed, o.design) : undefined;
+  const nRest = E - RESERVED;
+  const M = plan?.massive ?? 0;
+  /** Residual std of channels ≥ 32 at layer l's input, the RMS of that residual, normalized std and massive value. */
+  const stats = (l: number) => {
+    const sigma = Math.sqrt(1 + 2 * OUT_VAR * l);
+    const rms = Math.sqrt((M * M + nRest * sigma * sigma) / E);
+    return { sigma, rms, s: sigma / rms, hc: M / rms };
+  };
+  /** Row rewrite: channel 0 = first (undefined: 0), channels 1..31 = 0, the others ×scale. */
+  const channels = (v: Float32Array, o: number, len: number, scale: number, first?: number) => {
+    v[o] = first ?? 0;
+    v.fill(0, o + 1, o + RESERVED);
+    for (let j = o + RESERVED; j < o + len; j++) v[j]! *= scale;
+  };
+  /** Rows of a matrix with rows of n_embd (an input-channel row): channels 0..31 unused. */
+  const proj = plan ? (_r: number, v: Float32Array, o: number) => channels(v, o, E, 1 / Math.sqrt(E)) : undefined;
+  /** Rows of a matrix writing output channel r: channels 0..31 are never written. */
+  const outRows = (len: number, scale: (r: number) => number) => (r: number, v: Float32Array, o: number) => {
+    if (r % E < RESERVED) v.fill(0, o, o + len);
+    else for (let j = o; j < o + len; j++) v[j]! *= scale(r);
+  };
+  const norm = plan
+    ? (_r: number, v: Float32Array, o: number) => {
+        for (let j = o; j < o + E; j++) v[j] = 1 + 0.1 * v[j]!;
+        v[o] = 1; // the massive channel passes the norm as it is
+      }
+    : undefined;
+  const embd = plan ? (_r: number, v: Float32Array, o: number) => channels(v, o, E, 1, M) : undefined;
+  add("token_embd.weight", [E, V], 1, dtype, 0, embd);
   for (let l = 0; l < layers; l++) {
     const p = `blk.${l}.`;
-    add(`${p}attn_norm.weight`, [E], 0.1, "F32", 1);
-    add(`${p}attn_q.weight`, [E, dH], 1 / Math.sqrt(E), dtype);
-    add(`${p}attn_k.weight`, [E, dKv], 1 / Math.sqrt(E), dtype);
-    add(`${p}attn_v.weight`, [E, dKv], 1 / Math.sqrt(E), dtype);
+    const st = stats(l);
+    add(`${p}attn_norm.weight`, [E], 0.1, "F32", 1, norm);
+    add(`${p}attn_q.weight`, [E, dH], 1 / Math.sqrt(E), dtype, 0, proj);
+    add(`${p}attn_k.weight`, [E, dKv], 1 / Math.sqrt(E), dtype, 0, proj);
+    add(`${p}attn_v.weight`, [E, dKv], 1 / Math.sqrt(E), dtype, 0, proj);
     if (o.arch === "qwen2") {
       add(`${p}attn_q.bias`, [dH], 0.1, "F32");
       add(`${p}attn_k.bias`, [dKv], 0.1, "F32");
@@ -237,22 +408,61 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
       add(`${p}attn_q_norm.weight`, [hd], 0.1, "F32", 1);
       add(`${p}attn_k_norm.weight`, [hd], 0.1, "F32", 1);
     }
-    add(`${p}attn_output.weight`, [dH, E], 1 / Math.sqrt(dH), dtype);
-    add(`${p}ffn_norm.weight`, [E], 0.1, "F32", 1);
+    // designed: v has std ≈ s per element, so 0.1·rms/√dH adds OUT_VAR·σ² (less when attention averages)
+    const oScale = (Math.sqrt(OUT_VAR) * st.rms) / Math.sqrt(dH);
+    add(`${p}attn_output.weight`, [dH, E], 1 / Math.sqrt(dH), dtype, 0, plan ? outRows(dH, () => oScale) : undefined);
+    add(`${p}ffn_norm.weight`, [E], 0.1, "F32", 1, norm);
     if (moe) {
       const { n_expert: X, n_ff_exp: F } = s;
-      add(`${p}ffn_gate_inp.weight`, [E, X], 1 / Math.sqrt(E), "F32");
-      add(`${p}ffn_gate_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
-      add(`${p}ffn_up_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
-      add(`${p}ffn_down_exps.weight`, [F, E, X], 1 / Math.sqrt(F), dtype);
+      if (plan) {
+        // the router reads the raw layer input (smallthinker: x_0 = M, std σ) or the normed FFN input (h_0 = hc, std s)
+        const raw = o.arch === "smallthinker";
+        const x0 = raw ? M : st.hc;
+        const sd = raw ? st.sigma : st.s;
+        const bias = plan.routerBias(l);
+        const rScale = 1 / (sd * Math.sqrt(nRest));
+        add(`${p}ffn_gate_inp.weight`, [E, X], 0, "F32", 0, (r, v, o) => channels(v, o, E, rScale, bias[r]! / x0));
+        const b = plan.firing(l).map((q) => (plan.relu ? normalQuantile(q) : 0));
+        const noise = 1 / (st.s * Math.sqrt(nRest));
+        add(`${p}ffn_gate_exps.weight`, [E, F, X], 0, dtype, 0, (r, v, o) => channels(v, o, E, noise, b[r]! / st.hc));
+        add(`${p}ffn_up_exps.weight`, [E, F, X], 0, dtype, 0, (_r, v, o) => channels(v, o, E, noise));
+        // each expert's output adds at most OUT_VAR·σ²: E[a_i²] = E[ReLU(b_i + z)²] (SiLU: bounded by b = 0's 0.5)
+        const downScale = Float64Array.from({ length: X }, (_, e) => {
+          let m2 = 0;
+          for (let i = 0; i < F; i++) m2 += reluSecondMoment(b[e * F + i]!);
+          return Math.sqrt((OUT_VAR * st.sigma * st.sigma) / m2);
+        });
+        // rows of ffn_down_exps: r = expert · n_embd + output channel
+        add(
+          `${p}ffn_down_exps.weight`,
+          [F, E, X],
+          0,
+          dtype,
+          0,
+          outRows(F, (r) => downScale[Math.floor(r / E)]!),
+        );
+      } else {
+        add(`${p}ffn_gate_inp.weight`, [E, X], 1 / Math.sqrt(E), "F32");
+        add(`${p}ffn_gate_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
+        add(`${p}ffn_up_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
+        add(`${p}ffn_down_exps.weight`, [F, E, X], 1 / Math.sqrt(F), dtype);
+      }
     } else {
-      add(`${p}ffn_gate.weight`, [E, s.n_ff], 1 / Math.sqrt(E), dtype);
-      add(`${p}ffn_up.weight`, [E, s.n_ff], 1 / Math.sqrt(E), dtype);
-      add(`${p}ffn_down.weight`, [s.n_ff, E], 1 / Math.sqrt(s.n_ff), dtype);
+      add(`${p}ffn_gate.weight`, [E, s.n_ff], 1 / Math.sqrt(E), dtype, 0, proj);
+      add(`${p}ffn_up.weight`, [E, s.n_ff], 1 / Math.sqrt(E), dtype, 0, proj);
+      const dScale = Math.sqrt((OUT_VAR * st.sigma * st.sigma) / (0.5 * s.n_ff));
+      add(
+        `${p}ffn_down.weight`,
+        [s.n_ff, E],
+        1 / Math.sqrt(s.n_ff),
+        dtype,
+        0,
+        plan ? outRows(s.n_ff, () => dScale) : undefined,
+      );
     }
   }
-  add("output_norm.weight", [E], 0.1, "F32", 1);
-  if (o.untiedOutput ?? true) add("output.weight", [E, V], 1 / Math.sqrt(E), dtype);
+  add("output_norm.weight", [E], 0.1, "F32", 1, norm);
+  if (o.untiedOutput ?? true) add("output.weight", [E, V], 1 / Math.sqrt(E), dtype, 0, proj);
   writeGguf(path, { metadata: meta, tensors });
   let bytes = 0;
   for (const t of tensors)
