@@ -68,6 +68,22 @@ describe("every option is checked before any file is opened", () => {
     [["train-predictor", "-m", m, "-f", f, "-o", o, "--lr", "0"], /--lr must be a number > 0, got 0/],
     [["gen-model", "-o", o, "--layers", "0"], /--layers must be an integer ≥ 1, got 0/],
     [["gen-model", "-o", o, "--active", "1.5"], /--active must be a number in \(0, 1\), got 1\.5/],
+    [
+      ["gen-model", "-o", o, "--preset", "tiny", "--layers", "999"],
+      /--layers must be at most 2 \(the tiny preset's layers\), got 999/,
+    ],
+    [
+      ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--layers", "33"],
+      /--layers must be at most 32 \(the smallthinker-4b-a0\.6b preset's layers\), got 33/,
+    ],
+    [
+      ["gen-model", "-o", o, "--preset", "nosuch"],
+      /--preset must be one of tiny, .*, smallthinker-4b-a0\.6b, got nosuch/,
+    ],
+    [
+      ["gen-model", "-o", join(dir, "no-such-folder", "m.gguf")],
+      /output .*m\.gguf: the folder .*no-such-folder does not exist/,
+    ],
     [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
     [["convert", m, o, "--to", "onnx"], /--to must be pwri or gguf, got "onnx"/],
   ];

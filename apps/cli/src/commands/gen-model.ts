@@ -14,6 +14,7 @@ import {
   type MoeShapePreset,
   Model,
   SHAPE_PRESET_NAMES,
+  SHAPE_PRESETS,
   SYNTHETIC_ARCHS,
   SYNTHETIC_DTYPES,
   type ShapePreset,
@@ -27,7 +28,7 @@ import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { float, int } from "./common.js";
+import { checkOutputPath, float, int } from "./common.js";
 
 export interface GenModelCliOptions {
   output: string;
@@ -388,6 +389,8 @@ export function register(program: Command): void {
     .option("--json", "print the report as JSON")
     .action(
       action(async (o: GenModelCliOptions) => {
+        checkPresetLayers(o);
+        checkOutputPath(o.output);
         if (o.preset in MOE_SHAPE_PRESETS) {
           genMoe(o);
           return;
@@ -428,5 +431,24 @@ export function register(program: Command): void {
         if (o.json) process.stdout.write(`${JSON.stringify({ ...report, verify }, null, 2)}\n`);
         else process.stdout.write(`${formatGenReport(report, verify)}\n`);
       }),
+    );
+}
+
+/**
+ * The preset is one of all of them (dense and routed-expert), and `--layers` a slice of it: a run past the
+ * preset's layers would write a model it does not describe (gigabytes of it). Checked before any work.
+ * @throws InvalidArgumentError naming the option, the rule and the value
+ */
+function checkPresetLayers(o: GenModelCliOptions): void {
+  const moe = MOE_SHAPE_PRESETS[o.preset as MoeShapePreset];
+  const dense = SHAPE_PRESETS[o.preset.toLowerCase() as ShapePreset];
+  if (!moe && !dense) {
+    const all = [...SHAPE_PRESET_NAMES, ...Object.keys(MOE_SHAPE_PRESETS)];
+    throw new InvalidArgumentError(`--preset must be one of ${all.join(", ")}, got ${o.preset}`);
+  }
+  const nLayer = moe ? moe.shape.n_layer : dense!.n_layer;
+  if (o.layers !== undefined && o.layers > nLayer)
+    throw new InvalidArgumentError(
+      `--layers must be at most ${nLayer} (the ${o.preset} preset's layers), got ${o.layers}`,
     );
 }
