@@ -163,6 +163,8 @@ export function gateSubspace(
   const gt = mm.gemmNT(xs, w, ns, nFf, e); // Gᵀ [ns × nFf]: the gate's pre-activations per sample
   const ss = mm.gemmNT(gt, gt, ns, ns, nFf); // S = GᵀG [ns × ns], symmetric
   const ss64 = Float64Array.from(ss);
+  let traceS = 0;
+  for (let i = 0; i < ns; i++) traceS += ss64[i * ns + i]!;
 
   // V is kept transposed, vt [k×ns] (row j = column j of V); (S·V)ᵀ = Vᵀ·S = gemmNT(vt, S) since S is
   // symmetric, kept as svt.
@@ -186,7 +188,6 @@ export function gateSubspace(
     for (let j = 0; j < k; j++) {
       const rj = j * ns;
       for (let attempt = 0; ; attempt++) {
-        const before = Math.sqrt(Math.max(0, dot(v64, rj, sv64, rj)));
         for (let pass = 0; pass < 2; pass++) {
           for (let p = 0; p < j; p++) {
             const rp = p * ns;
@@ -198,7 +199,10 @@ export function gateSubspace(
           }
         }
         const nrm2 = dot(v64, rj, sv64, rj);
-        if (nrm2 > 0 && Math.sqrt(nrm2) > 1e-9 * before && Number.isFinite(nrm2)) {
+        // vanished: its Rayleigh quotient is a negligible share of the gate's total variance (trace S);
+        // relative to its own size before the projection it can be tiny for a real direction, since S·V
+        // pulls every column towards the dominant ones
+        if (nrm2 > 1e-10 * traceS * dot(v64, rj, v64, rj) && Number.isFinite(nrm2)) {
           const d = 1 / Math.sqrt(nrm2);
           for (let x = 0; x < ns; x++) {
             v64[rj + x]! *= d;
