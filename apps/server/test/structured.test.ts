@@ -11,6 +11,7 @@ import { Ajv } from "ajv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { checkMembership, randomGrammar } from "../../../packages/core/test/grammar-fuzz.js";
 import { createServer, type PowerinferServer } from "../src/index.js";
+import { expectStreamedWeatherCall, weather } from "./tools-fixture.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const probe = await cpuBackend.probe();
@@ -224,18 +225,6 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
     expect(sentences).toBeGreaterThan(20);
   });
 
-  const weather = {
-    type: "function",
-    function: {
-      name: "get_weather",
-      description: "The weather in a city",
-      parameters: {
-        type: "object",
-        properties: { city: { type: "string", maxLength: 12 }, unit: { enum: ["c", "f"] } },
-        required: ["city", "unit"],
-      },
-    },
-  };
   const time = {
     type: "function",
     function: {
@@ -304,26 +293,7 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
     });
     expect(none.json.choices[0].message.content).toBe(plain.json.choices[0].message.content);
 
-    const res = await fetch(`${url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        messages: [{ role: "user", content: "Weather?" }],
-        tools: [weather],
-        tool_choice: "required",
-        max_tokens: 256,
-        seed: 5,
-        stream: true,
-      }),
-    });
-    const events = (await res.text())
-      .split("\n\n")
-      .filter((e) => e.startsWith("data: ") && !e.includes("[DONE]"))
-      .map((e) => JSON.parse(e.slice(6)));
-    const last = events[events.length - 1].choices[0];
-    expect(last.finish_reason).toBe("tool_calls");
-    expect(last.delta.tool_calls[0]).toMatchObject({ index: 0, type: "function", function: { name: "get_weather" } });
-    expect(JSON.parse(last.delta.tool_calls[0].function.arguments)).toHaveProperty("city");
+    await expectStreamedWeatherCall(url);
   });
 
   it("an assistant turn with tool_calls and a tool result are accepted in the conversation", async () => {

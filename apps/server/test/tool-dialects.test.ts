@@ -10,6 +10,7 @@ import { type Backend, Grammar, Model } from "@powerinfer/core";
 import { Ajv } from "ajv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createServer, type PowerinferServer } from "../src/index.js";
+import { expectStreamedWeatherCall, weather } from "./tools-fixture.js";
 import { detectToolDialect, dialectGrammar, parseDialectAnswer, type ToolDialect } from "../src/tool-dialects.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -86,18 +87,6 @@ const MISTRAL_TEMPLATE = `{{- bos_token }}
 {%- endif %}
 {%- endfor %}`;
 
-const weather = {
-  type: "function",
-  function: {
-    name: "get_weather",
-    description: "The weather in a city",
-    parameters: {
-      type: "object",
-      properties: { city: { type: "string", maxLength: 12 }, unit: { enum: ["c", "f"] } },
-      required: ["city", "unit"],
-    },
-  },
-};
 const time = {
   type: "function",
   function: {
@@ -432,25 +421,6 @@ describe.skipIf(!probe.usable)(`tool dialects over HTTP on stories260K (${probe.
   });
 
   it("streaming sends the parsed calls with the finish chunk", async () => {
-    const res = await fetch(`${servers.hermes!.url}/v1/chat/completions`, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({
-        messages: [{ role: "user", content: "Weather?" }],
-        tools: [weather],
-        tool_choice: "required",
-        max_tokens: 256,
-        seed: 5,
-        stream: true,
-      }),
-    });
-    const events = (await res.text())
-      .split("\n\n")
-      .filter((e) => e.startsWith("data: ") && !e.includes("[DONE]"))
-      .map((e) => JSON.parse(e.slice(6)));
-    const last = events[events.length - 1].choices[0];
-    expect(last.finish_reason).toBe("tool_calls");
-    expect(last.delta.tool_calls[0]).toMatchObject({ index: 0, type: "function", function: { name: "get_weather" } });
-    expect(JSON.parse(last.delta.tool_calls[0].function.arguments)).toHaveProperty("city");
+    await expectStreamedWeatherCall(servers.hermes!.url);
   });
 });
