@@ -2,16 +2,29 @@ import { fileURLToPath } from "node:url";
 import { defineProject } from "vitest/config";
 
 const root = fileURLToPath(new URL(".", import.meta.url));
-const pkgs = ["core", "gguf", "predictor", "backend-cpu-avx2", "backend-cuda", "backend-rocm"];
+const pkgs = [
+  "core",
+  "gguf",
+  "tokenizer",
+  "engine",
+  "synthetic",
+  "predictor",
+  "backend-cpu-avx2",
+  "backend-cuda",
+  "backend-rocm",
+];
 
 /** Per-package vitest project; workspace packages resolve to their TypeScript sources. */
 export function project(name: string, extra: { testTimeout?: number } = {}) {
   return defineProject({
     resolve: {
-      alias: pkgs.map((p) => ({
-        find: new RegExp(`^@powerinfer/${p}$`),
-        replacement: `${root}packages/${p}/src/index.ts`,
-      })),
+      alias: [
+        { find: /^@powerinfer\/core\/placement$/, replacement: `${root}packages/core/src/placement/index.ts` },
+        ...pkgs.map((p) => ({
+          find: new RegExp(`^@powerinfer/${p}$`),
+          replacement: `${root}packages/${p}/src/index.ts`,
+        })),
+      ],
     },
     test: {
       name,

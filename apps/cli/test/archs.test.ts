@@ -12,7 +12,9 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { argmax, type Backend, EngineError, generateSyntheticModel, Model } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { argmax, EngineError, Model } from "@powerinfer/engine";
+import { generateSyntheticModel } from "@powerinfer/synthetic";
 import {
   GGMLType,
   type GgufMetadataEntry,
@@ -182,7 +184,7 @@ describe.skipIf(!probe.usable)(`falcon (${probe.reason})`, () => {
   });
 
   it("refuses hybrid execution with a typed error", async () => {
-    const { HybridSession } = await import("@powerinfer/core");
+    const { HybridSession } = await import("@powerinfer/engine");
     const m = await Model.load(relu, { backend });
     try {
       expect(() => new HybridSession(m, { device: backend, plan: { layers: [] } as never })).toThrow(EngineError);

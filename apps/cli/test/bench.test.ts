@@ -6,7 +6,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { generateSyntheticModel, generateSyntheticMoeModel } from "@powerinfer/core";
+import { generateSyntheticModel, generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { openGguf } from "@powerinfer/gguf";
 import { InvalidArgumentError } from "commander";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";

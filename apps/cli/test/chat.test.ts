@@ -13,7 +13,7 @@ import {
   type GenerateOptions,
   type StopReason,
   type Timings,
-} from "@powerinfer/core";
+} from "@powerinfer/engine";
 import { describe, expect, it } from "vitest";
 import { Chat, type ChatSession } from "../src/commands/chat.js";
 

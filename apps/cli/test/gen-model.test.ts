@@ -3,7 +3,7 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Model } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import { openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { Command } from "commander";
 import { afterAll, describe, expect, it, vi } from "vitest";

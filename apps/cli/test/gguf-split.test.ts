@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Model } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import {
   GgufTypes,
   GgufValueType,

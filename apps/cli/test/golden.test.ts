@@ -7,7 +7,8 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Model, argmax } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { Model, argmax } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type LlamaCppPeer, loadLlamaCpp } from "../src/bench/llama-cpp.js";
 

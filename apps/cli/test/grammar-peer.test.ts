@@ -10,9 +10,9 @@ import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Grammar, jsonSchemaToGbnf, Model } from "@powerinfer/core";
+import { Grammar, jsonSchemaToGbnf, Model } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { randomGrammar } from "../../../packages/core/test/grammar-fuzz.js";
+import { randomGrammar } from "../../../packages/engine/test/grammar-fuzz.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const path = join(models, "stories260K.gguf");

@@ -5,16 +5,9 @@
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import {
-  argmax,
-  type Backend,
-  BackendError,
-  HybridSession,
-  hotNeuronBytes,
-  Model,
-  planPlacement,
-  type SparseMode,
-} from "@powerinfer/core";
+import { type Backend, BackendError } from "@powerinfer/core";
+import { planPlacement } from "@powerinfer/core/placement";
+import { argmax, HybridSession, hotNeuronBytes, Model, type SparseMode } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;

@@ -17,14 +17,13 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { type LayerCapture, Model } from "@powerinfer/engine";
 import {
   generateSyntheticMoeModel,
-  type LayerCapture,
-  Model,
   moeRoutingProbabilities,
   planMoeDesign,
   type SyntheticMoeShape,
-} from "@powerinfer/core";
+} from "@powerinfer/synthetic";
 import { afterAll, describe, expect, it } from "vitest";
 
 const probe = await cpuBackend.probe();

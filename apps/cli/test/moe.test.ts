@@ -18,20 +18,15 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import type { Backend } from "@powerinfer/core";
+import { argmax, buildLlamaGraph, KvCache, EngineError, type LayerCapture, Model } from "@powerinfer/engine";
 import {
-  argmax,
-  type Backend,
-  buildLlamaGraph,
-  KvCache,
-  EngineError,
   generateSyntheticMoeModel,
-  type LayerCapture,
   MOE_SHAPE_PRESETS,
-  Model,
   type SyntheticMoeArch,
   type SyntheticMoeOptions,
   type SyntheticMoeShape,
-} from "@powerinfer/core";
+} from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { type LlamaCppPeer, loadLlamaCpp } from "../src/bench/llama-cpp.js";
 
@@ -388,7 +383,7 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
   });
 
   it("profile refuses routed experts with a typed error (not supported yet)", async () => {
-    const { profileActivations } = await import("@powerinfer/core");
+    const { profileActivations } = await import("@powerinfer/engine");
     const path = join(dir, "st-profile.gguf");
     generateSyntheticMoeModel(path, { arch: "smallthinker", shape: SHAPE });
     const m = await Model.load(path, { backend });

@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Model } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import { afterAll, describe, expect, it } from "vitest";
 import { CMAKE_ARGS, parseBuildInfoCpp } from "../src/bench/build-llama-cpp.js";
 import { formatHeader, formatMarkdown } from "../src/bench/format.js";

@@ -5,7 +5,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { checkStatsForModel, EngineError } from "@powerinfer/core";
+import { checkStatsForModel, EngineError } from "@powerinfer/engine";
 import { openGguf, parseModelConfig, readActivationStats } from "@powerinfer/gguf";
 import { describe, expect, it } from "vitest";
 

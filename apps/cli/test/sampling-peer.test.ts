@@ -9,7 +9,7 @@
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Model, Sampler } from "@powerinfer/core";
+import { Model, Sampler } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;

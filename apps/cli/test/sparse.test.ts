@@ -5,7 +5,8 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { argmax, type Backend, Model, type SparseMode } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { argmax, Model, type SparseMode } from "@powerinfer/engine";
 import { dequantize, openGguf, readTensorBytes } from "@powerinfer/gguf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 

@@ -23,14 +23,8 @@ import { parseArgs } from "node:util";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { cudaBackend, gpuEmulatorBackend } from "@powerinfer/backend-cuda";
 import { rocmBackend } from "@powerinfer/backend-rocm";
-import {
-  argmax,
-  type Backend,
-  type BackendDescriptor,
-  formatConformanceReport,
-  Model,
-  runConformance,
-} from "@powerinfer/core";
+import { type Backend, type BackendDescriptor, formatConformanceReport, runConformance } from "@powerinfer/core";
+import { argmax, Model } from "@powerinfer/engine";
 import { describeGpuBackend } from "../../../packages/backend-cuda/test/gpu-suite.ts";
 import { runRegistered } from "./vitest-shim.ts";
 

@@ -10,7 +10,7 @@ import {
   type StopReason,
   type TokenLogprob,
   EngineError,
-} from "@powerinfer/core";
+} from "@powerinfer/engine";
 import type { FastifyReply } from "fastify";
 import { ApiError } from "./errors.js";
 import type { TokenizerService } from "./tokenize.js";

@@ -1,5 +1,5 @@
 /** Errors in OpenAI's shape: `{ error: { code, message, type } }` (llama.cpp's server uses the same). */
-import { EngineError } from "@powerinfer/core";
+import { EngineError } from "@powerinfer/engine";
 
 export type ApiErrorType =
   | "invalid_request_error"

@@ -6,7 +6,7 @@ import type {
   PromptProgress,
   SlotInfo,
   StopReason,
-} from "@powerinfer/core";
+} from "@powerinfer/engine";
 import type { FastifyInstance, FastifyReply } from "fastify";
 import {
   abortOnDisconnect,

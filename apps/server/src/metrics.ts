@@ -2,7 +2,7 @@
  * `GET /metrics` in Prometheus text format: llama.cpp's `llamacpp:*` series (so existing dashboards work)
  * plus `powerinfer:*` series on continuous batching (how many sequences the decode steps carried).
  */
-import type { BatchScheduler } from "@powerinfer/core";
+import type { BatchScheduler } from "@powerinfer/engine";
 
 type Kind = "counter" | "gauge";
 

@@ -1,5 +1,5 @@
 /** What llama.cpp reports about the model (`/v1/models` `meta`, `/props` `model_ftype`). */
-import type { Model } from "@powerinfer/core";
+import type { Model } from "@powerinfer/engine";
 import type { ServerContext } from "./context.js";
 
 /** llama.cpp's llama_ftype_name: `general.file_type` → name. */

@@ -1,6 +1,6 @@
 /** The OpenAI API: `/v1/completions`, `/v1/chat/completions`, `/v1/models` (and their llama.cpp aliases). */
 import { randomBytes } from "node:crypto";
-import type { BatchRequest, BatchToken, ChatMessage, PromptProgress } from "@powerinfer/core";
+import type { BatchRequest, BatchToken, ChatMessage, PromptProgress } from "@powerinfer/engine";
 import type { FastifyInstance, FastifyReply } from "fastify";
 import {
   abortOnDisconnect,

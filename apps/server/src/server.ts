@@ -4,7 +4,7 @@
  * everything else) says 503 until the model has loaded.
  */
 import { basename } from "node:path";
-import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model } from "@powerinfer/core";
+import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model } from "@powerinfer/engine";
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
 import { buildInfo } from "./build-info.js";
 import type { GenerationDefaults, ServerContext } from "./context.js";

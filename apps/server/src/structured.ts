@@ -7,7 +7,7 @@
  * `content`.
  */
 import { randomBytes } from "node:crypto";
-import { Grammar, GrammarError, jsonSchemaToGbnf } from "@powerinfer/core";
+import { Grammar, GrammarError, jsonSchemaToGbnf } from "@powerinfer/engine";
 import { z } from "zod";
 import { ApiError } from "./errors.js";
 import { dialectGrammar, parseDialectAnswer, type ToolCall, type ToolDialect } from "./tool-dialects.js";

@@ -4,7 +4,7 @@
  */
 import { setPriority } from "node:os";
 import { parentPort, workerData } from "node:worker_threads";
-import { Tokenizer, type TokenizerVocab } from "@powerinfer/core";
+import { Tokenizer, type TokenizerVocab } from "@powerinfer/tokenizer";
 
 // a long tokenization is background work: lower this thread (nice 10) so that the event loop and the decode
 // steps keep the CPU when the cores are busy. Only on Linux, where a nice value is per thread (elsewhere it

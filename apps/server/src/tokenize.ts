@@ -5,7 +5,7 @@
  */
 import { existsSync } from "node:fs";
 import { Worker } from "node:worker_threads";
-import type { Tokenizer } from "@powerinfer/core";
+import type { Tokenizer } from "@powerinfer/tokenizer";
 
 /** Texts up to this many UTF-16 units are tokenized on the event loop (well under a millisecond per 100). */
 export const SYNC_TOKENIZE_CHARS = 2048;

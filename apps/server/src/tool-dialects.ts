@@ -13,7 +13,7 @@
  * - `generic`: every other template; llama.cpp's generic JSON format (see structured.ts).
  */
 import { randomBytes } from "node:crypto";
-import { GrammarError, gbnfLiteral, jsonSchemaToGbnf } from "@powerinfer/core";
+import { GrammarError, gbnfLiteral, jsonSchemaToGbnf } from "@powerinfer/engine";
 import { ApiError } from "./errors.js";
 
 export type ToolDialect = "generic" | "hermes" | "llama3" | "mistral-nemo";

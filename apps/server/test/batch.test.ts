@@ -4,7 +4,8 @@
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { argmax, type Backend, BatchScheduler, EngineError, Model, type SparseMode } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { argmax, BatchScheduler, EngineError, Model, type SparseMode } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;

@@ -5,7 +5,8 @@
 import { execFileSync } from "node:child_process";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Model } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createServer, type PowerinferServer, type ServerOptions } from "../src/index.js";
 

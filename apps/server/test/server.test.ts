@@ -5,7 +5,8 @@
 import { readFileSync } from "node:fs";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Model } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import OpenAI from "openai";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createServer, type PowerinferServer } from "../src/index.js";

@@ -6,10 +6,11 @@
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Model } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { Model } from "@powerinfer/engine";
 import { Ajv } from "ajv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { checkMembership, randomGrammar } from "../../../packages/core/test/grammar-fuzz.js";
+import { checkMembership, randomGrammar } from "../../../packages/engine/test/grammar-fuzz.js";
 import { createServer, type PowerinferServer } from "../src/index.js";
 import { expectStreamedWeatherCall, weather } from "./tools-fixture.js";
 

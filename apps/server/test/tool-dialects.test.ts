@@ -6,7 +6,8 @@
  */
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { type Backend, Grammar, Model } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { Grammar, Model } from "@powerinfer/engine";
 import { Ajv } from "ajv";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { createServer, type PowerinferServer } from "../src/index.js";

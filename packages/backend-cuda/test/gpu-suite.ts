@@ -16,20 +16,18 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import {
-  argmax,
   type Backend,
   type BackendDescriptor,
   BackendError,
   EXPERT_OPS,
   type BackendLoadOptions,
   formatConformanceReport,
-  generateSyntheticMoeModel,
   Graph,
-  HybridSession,
-  Model,
   type OpName,
   runConformance,
 } from "@powerinfer/core";
+import { argmax, HybridSession, Model } from "@powerinfer/engine";
+import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { describe, expect, it } from "vitest";
 
 export interface GpuSuiteOptions {

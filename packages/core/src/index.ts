@@ -1,8 +1,7 @@
+/**
+ * `@powerinfer/core`: the contract backends are built on. The backend interface, the graph (ops, dtypes,
+ * encoding), the registry with discovery, the conformance kit and the reference TypeScript backend. No
+ * runtime dependency; the placement planner has its own entry, `@powerinfer/core/placement`.
+ */
 export * from "./backend/index.js";
-export * from "./tokenizer/index.js";
-export * from "./engine/index.js";
-export * from "./model/index.js";
 export * from "./conformance/index.js";
-export * from "./placement/index.js";
-export * from "./synthetic/index.js";
-export * from "./grammar/index.js";

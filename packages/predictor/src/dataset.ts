@@ -4,7 +4,7 @@
  * (`W_gate·h > 0`, i.e. ReLU(gate) ≠ 0; for an ungated FFN `W_up·h > 0`), captured by running the model
  * densely over text.
  */
-import type { Model } from "@powerinfer/core";
+import type { Model } from "@powerinfer/engine";
 
 /** One layer's samples. */
 export interface LayerActivations {

@@ -14,7 +14,7 @@
  *   row per neuron computed in a chosen expert), the down projection's row as the engine stores it
  *   neuron-major (F16 when the file's is F16, else F32: transposeDownExperts).
  */
-import type { SparseMode } from "@powerinfer/core";
+import type { SparseMode } from "@powerinfer/engine";
 import { GGMLType, type GgufFile, tensorByteLength } from "@powerinfer/gguf";
 
 const FFN = /^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down|ffn_down_t)\.weight$/;

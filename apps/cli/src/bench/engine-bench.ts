@@ -30,7 +30,7 @@ import {
   type MoeShapePreset,
   type SyntheticDType,
   type SyntheticModelReport,
-} from "@powerinfer/core";
+} from "@powerinfer/synthetic";
 import { Command } from "commander";
 import { intList, peerChoice } from "../commands/bench.js";
 import { formatHeader, formatJson, formatMarkdown } from "./format.js";

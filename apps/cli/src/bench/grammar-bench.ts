@@ -12,14 +12,8 @@
  */
 import { join, resolve } from "node:path";
 import { parseArgs } from "node:util";
-import {
-  Grammar,
-  GrammarConstraint,
-  jsonSchemaToGbnf,
-  Sampler,
-  type SamplerOptions,
-  Tokenizer,
-} from "@powerinfer/core";
+import { Tokenizer } from "@powerinfer/tokenizer";
+import { Grammar, GrammarConstraint, jsonSchemaToGbnf, Sampler, type SamplerOptions } from "@powerinfer/engine";
 import { openGguf } from "@powerinfer/gguf";
 
 /** Any JSON value (as llama.cpp's grammars/json.gbnf accepts), written here from the JSON spec. */

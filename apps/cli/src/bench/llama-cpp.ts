@@ -5,7 +5,7 @@
 import { readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
-import { argmax } from "@powerinfer/core";
+import { argmax } from "@powerinfer/engine";
 
 type NodeLlamaCpp = typeof import("node-llama-cpp");
 type Llama = Awaited<ReturnType<NodeLlamaCpp["getLlama"]>>;

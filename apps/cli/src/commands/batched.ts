@@ -3,7 +3,7 @@
  * The prompt is evaluated once and its cache copied to every sequence; then each step is one graph over the
  * N new tokens. Sequence i samples with seed S + i, so it equals `powerinfer run --seed S+i`.
  */
-import { Generation, type GenerationStep, type Session, type StopReason } from "@powerinfer/core";
+import { Generation, type GenerationStep, type Session, type StopReason } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import {

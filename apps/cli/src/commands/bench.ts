@@ -5,7 +5,7 @@
  * The llama.cpp peer is the native build's llama-bench when it has been built (`--llama-cpp-dir`, see
  * native-llama-cpp.ts), else node-llama-cpp's slower prebuilt binary (`--llama-cpp-peer`).
  */
-import type { SparseMode } from "@powerinfer/core";
+import type { SparseMode } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";

@@ -11,7 +11,7 @@ import {
   type GeneratedToken,
   type GenerateOptions,
   type Timings,
-} from "@powerinfer/core";
+} from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, SEED_RULE, TEMP_HELP } from "./common.js";

@@ -2,7 +2,8 @@
 import { readFileSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
-import { type Backend, type GenerateOptions, Model, type SparseMode } from "@powerinfer/core";
+import type { Backend } from "@powerinfer/core";
+import { type GenerateOptions, Model, type SparseMode } from "@powerinfer/engine";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";

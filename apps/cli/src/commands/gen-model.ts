@@ -6,13 +6,13 @@
  * N random tokens with the CPU backend and measures them again from the engine's activations.
  */
 import { existsSync } from "node:fs";
+import { Model } from "@powerinfer/engine";
 import {
   activeParametersPerToken,
   generateSyntheticModel,
   generateSyntheticMoeModel,
   MOE_SHAPE_PRESETS,
   type MoeShapePreset,
-  Model,
   SHAPE_PRESET_NAMES,
   SHAPE_PRESETS,
   SYNTHETIC_ARCHS,
@@ -22,7 +22,7 @@ import {
   type SyntheticDType,
   type SyntheticModelOptions,
   type SyntheticModelReport,
-} from "@powerinfer/core";
+} from "@powerinfer/synthetic";
 import { dequantize, type GgufFile, getTensor, readTensorBytes } from "@powerinfer/gguf";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";

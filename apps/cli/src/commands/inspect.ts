@@ -21,7 +21,7 @@ import {
   valueTypeName,
 } from "@powerinfer/gguf";
 import { existsSync } from "node:fs";
-import { checkStatsForModel, defaultStatsPath, summarizeSparsity } from "@powerinfer/core";
+import { checkStatsForModel, defaultStatsPath, summarizeSparsity } from "@powerinfer/engine";
 import type { Command } from "commander";
 import { action } from "../errors.js";
 import { checkInputFile } from "./common.js";

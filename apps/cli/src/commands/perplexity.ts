@@ -1,5 +1,5 @@
 /** `powerinfer perplexity`: perplexity over a text file (llama.cpp's protocol, or --all-tokens). */
-import { perplexity } from "@powerinfer/core";
+import { perplexity } from "@powerinfer/engine";
 import type { Command } from "commander";
 import { action } from "../errors.js";
 import { type ModelCliOptions, loadModelFromCli, modelOptions, readTextFile } from "./common.js";

@@ -1,5 +1,6 @@
 /** `powerinfer plan`: the neuron placement plan for a device memory budget, explained, without running. */
-import { explainPlan, resolvePlan } from "@powerinfer/core";
+import { explainPlan } from "@powerinfer/core/placement";
+import { resolvePlan } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";

@@ -1,7 +1,7 @@
 /** `powerinfer profile`: activation statistics of a ReLU model over real text, and a sparsity report. */
 import { createHash } from "node:crypto";
 import { basename } from "node:path";
-import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSparsity } from "@powerinfer/core";
+import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSparsity } from "@powerinfer/engine";
 import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
 import type { Command } from "commander";
 import { action } from "../errors.js";

@@ -1,14 +1,8 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
 import { existsSync } from "node:fs";
-import {
-  defaultGpuIndexPath,
-  defaultStatsPath,
-  HybridSession,
-  type PlacementPlan,
-  resolvePlan,
-  type Session,
-} from "@powerinfer/core";
+import type { PlacementPlan } from "@powerinfer/core/placement";
+import { defaultGpuIndexPath, defaultStatsPath, HybridSession, resolvePlan, type Session } from "@powerinfer/engine";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";

@@ -4,7 +4,7 @@
  */
 import { accessSync, constants, readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
-import { ChatTemplate, EngineError, type KvCacheType } from "@powerinfer/core";
+import { ChatTemplate, EngineError, type KvCacheType } from "@powerinfer/engine";
 import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";

@@ -18,7 +18,7 @@ import { fileURLToPath } from "node:url";
 import { monitorEventLoopDelay } from "node:perf_hooks";
 import { parseArgs } from "node:util";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { Model, type SparseMode } from "@powerinfer/core";
+import { Model, type SparseMode } from "@powerinfer/engine";
 import { createServer } from "../server.js";
 
 const PROMPTS = [

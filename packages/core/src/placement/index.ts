@@ -1,2 +1,1 @@
 export * from "./planner.js";
-export * from "./resolve.js";

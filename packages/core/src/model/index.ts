@@ -1,3 +1,0 @@
-export * from "./llama.js";
-export * from "./weights.js";
-export * from "./blocks.js";

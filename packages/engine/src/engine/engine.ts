@@ -1,0 +1,476 @@
+/**
+ * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
+ * evaluate tokens to logits, or generate text as an async iterator of tokens.
+ */
+import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import { Graph } from "@powerinfer/core";
+import type { Backend, ComputeResult, DType, OpName, TensorHandle } from "@powerinfer/core";
+import { Tokenizer } from "@powerinfer/tokenizer";
+import {
+  buildLlamaBatchGraph,
+  buildLlamaGraph,
+  checkSparseMode,
+  type LayerCapture,
+  type LlamaWeights,
+  mapLlamaWeights,
+  type SparseMode,
+} from "../model/llama.js";
+import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
+import { EngineError } from "../errors.js";
+import { generateTokens } from "./generate.js";
+import type { GeneratedToken, GenerateOptions, Timings } from "./generation.js";
+import { KvCache, type KvCacheType } from "../model/kv-cache.js";
+
+const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]);
+
+/**
+ * Routed experts need the backend's expert ops (an optional capability) for the dtypes of the file's
+ * expert tensors.
+ * @throws EngineError 'UNSUPPORTED_OP' naming the backend, the op and the dtype.
+ */
+function checkExpertOps(backend: Backend, file: GgufFile, nLayer: number): void {
+  const need: [OpName, DType][] = [
+    ["softmax", "f32"],
+    ["sigmoid", "f32"],
+    ["top_k", "f32"],
+    ["moe_sum", "f32"],
+  ];
+  for (let l = 0; l < nLayer; l++) {
+    for (const name of ["gate", "up", "down"]) {
+      const t = file.tensorMap.get(`blk.${l}.ffn_${name}_exps.weight`);
+      if (t) need.push(["mul_mat_id", dtypeOfTensor(t)]);
+    }
+  }
+  for (const [op, dtype] of need) {
+    if (!backend.supportsOp(op, [dtype])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${backend.name} does not implement ${op} for ${dtype}, which a model with routed experts needs (mixture-of-experts ops are an optional capability; the cpu backend has them)`,
+      );
+    }
+  }
+}
+
+/** Options of {@link Model.load}. */
+export interface ModelLoadOptions {
+  /** The loaded backend to run on. */
+  backend: Backend;
+  /** Called as loading proceeds with a fraction in [0, 1] and what is being done. */
+  onProgress?: (fraction: number, what: string) => void;
+  /** Aborts loading; the promise rejects with EngineError 'ABORTED'. */
+  signal?: AbortSignal;
+  /**
+   * FFN mode. Default: "predictor" when the file carries predictors, else "off" (dense).
+   * "oracle" computes the true firing mask from the gate (testing). See {@link SparseMode}.
+   */
+  sparse?: SparseMode;
+  /** Predictor threshold override (default: the file's `powerinfer.sparse_threshold`, 0 when absent). */
+  threshold?: number;
+}
+
+function checkAbort(signal?: AbortSignal): void {
+  if (signal?.aborted) throw new EngineError("ABORTED", "model load aborted");
+}
+
+/** A model mapped onto a backend. */
+export class Model {
+  private disposed = false;
+  /** F32 [head_dim·n_head, capacity] where a multi-sequence batch gathers its attention outputs. */
+  private scratch?: TensorHandle;
+
+  private constructor(
+    readonly file: GgufFile,
+    readonly config: ModelConfig,
+    readonly tokenizer: Tokenizer,
+    readonly weights: LlamaWeights,
+    readonly backend: Backend,
+    /** Bytes of weights mapped. */
+    readonly weightBytes: number,
+    /** Milliseconds the load took. */
+    readonly loadMs: number,
+    /** The FFN mode every session of this model uses. */
+    readonly sparse: SparseMode,
+    /** The predictor threshold in use. */
+    readonly threshold: number,
+  ) {}
+
+  /**
+   * Opens a GGUF/PowerInfer GGUF file — or the first shard of a split model, whose other shards are
+   * found by name — and maps its weights onto the backend (each tensor from the file holding it).
+   * @throws GgufError (bad file; `BAD_SPLIT` for a non-first, missing or inconsistent shard;
+   *   `NOT_A_MODEL` for a vocabulary-only file, GPU index or activation statistics), EngineError 'UNSUPPORTED_ARCH' / 'MISSING_TENSOR' / 'BAD_SHAPE' /
+   *   'UNSUPPORTED_TYPE' / 'ABORTED', BackendError from the backend (e.g. 'OUT_OF_MEMORY').
+   */
+  static async load(path: string, opts: ModelLoadOptions): Promise<Model> {
+    const t0 = performance.now();
+    checkAbort(opts.signal);
+    opts.onProgress?.(0, "reading header");
+    const file = openGgufModel(path);
+    assertModelFile(file);
+    const config = parseModelConfig(file);
+    if (!SUPPORTED_ARCHS.has(config.arch)) {
+      throw new EngineError(
+        "UNSUPPORTED_ARCH",
+        `architecture ${config.arch} is not supported yet (supported: ${[...SUPPORTED_ARCHS].join(", ")})`,
+      );
+    }
+    if (config.moe) checkExpertOps(opts.backend, file, config.n_layer);
+    if (config.layer_attention?.some((a) => a.window > 0) && !opts.backend.supportsOp("attention_swa", ["f16"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement attention_swa, which the sliding-window layers of ${config.arch} need`,
+      );
+    }
+    if (config.qk_norm && !opts.backend.supportsOp("reshape", ["f32"])) {
+      throw new EngineError(
+        "UNSUPPORTED_OP",
+        `backend ${opts.backend.name} does not implement reshape, which the per-head q/k norms of ${config.arch} need`,
+      );
+    }
+    const tokenizer = Tokenizer.fromGguf(file);
+    const mapper = new WeightMapper(file, opts.backend);
+    const weights = mapLlamaWeights(config, mapper, (l) => {
+      opts.onProgress?.((l + 1) / config.n_layer, `layer ${l + 1}/${config.n_layer}`);
+    });
+    const sparse = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
+    const threshold = opts.threshold ?? config.sparse_threshold;
+    if (!Number.isFinite(threshold))
+      throw new EngineError("BAD_INPUT", `sparse threshold ${threshold} is not a number`);
+    if (sparse !== "off" && config.ffn.activation === "relu" && config.moe) {
+      // sparse experts read each expert's down projection neuron-major
+      weights.layers.forEach((L, l) => {
+        const x = L.experts!;
+        if (x.downExps) {
+          x.downExpsT = transposeDownExperts(file, opts.backend, `blk.${l}.ffn_down_exps.weight`);
+          opts.backend.freeTensor(x.downExps);
+          x.downExps = undefined;
+        }
+      });
+    } else if (sparse !== "off" && config.ffn.activation === "relu") {
+      // a plain GGUF stores ffn_down row-per-output; sparse mode reads it neuron-major
+      weights.layers.forEach((L, l) => {
+        if (!L.ffnDownT && L.ffnDown) {
+          L.ffnDownT = transposeDown(file, opts.backend, `blk.${l}.ffn_down.weight`);
+          opts.backend.freeTensor(L.ffnDown);
+          L.ffnDown = undefined;
+        }
+      });
+    }
+    checkSparseMode(config, weights, sparse);
+    // yield once so an abort signal raised during mapping is seen
+    await new Promise((r) => setImmediate(r));
+    checkAbort(opts.signal);
+    opts.onProgress?.(1, "done");
+    return new Model(
+      file,
+      config,
+      tokenizer,
+      weights,
+      opts.backend,
+      mapper.bytes,
+      performance.now() - t0,
+      sparse,
+      threshold,
+    );
+  }
+
+  /** Opens a session with its own KV cache. */
+  createSession(opts: SessionOptions = {}): Session {
+    if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
+    return new Session(this, opts);
+  }
+
+  /**
+   * Evaluates new tokens of several sessions of this model in one graph (one decode step of continuous
+   * batching): each session's tokens are appended to its own cache, and each gets the logits it asked for.
+   * A session's logits are the same as from {@link Session.evaluate} with the same tokens, whatever else is
+   * in the batch (bit for bit on the dense path; the sparse kernels may sum in another order).
+   * @returns per entry: its logits ([n_vocab] for "last", [n_vocab × T] token-major for "all", undefined
+   *   for "none"), plus the step's token count, compute time and sparse row counters.
+   * @throws EngineError 'BAD_INPUT' (empty batch or entry, a session twice or of another model, a token id
+   *   outside the vocabulary), 'CONTEXT_FULL' (nothing is appended then), 'DISPOSED'.
+   */
+  decodeBatch(entries: readonly BatchEntry[]): BatchResult {
+    const step = this.prepareBatch(entries);
+    return this.finishBatch(entries, step, this.backend.compute(step.graph));
+  }
+
+  /**
+   * {@link decodeBatch} with the graph computed off the JavaScript thread (`Backend.computeAsync`), so that
+   * the event loop stays free while the step runs (the server's decode steps). The sessions' caches and
+   * positions must not be touched until the promise settles; nothing is appended when it rejects.
+   * @throws the same as {@link decodeBatch} (as a rejection).
+   */
+  async decodeBatchAsync(entries: readonly BatchEntry[]): Promise<BatchResult> {
+    const step = this.prepareBatch(entries);
+    return this.finishBatch(entries, step, await this.backend.computeAsync(step.graph));
+  }
+
+  /** Checks a batch and builds its graph. */
+  private prepareBatch(entries: readonly BatchEntry[]) {
+    if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
+    if (entries.length === 0) throw new EngineError("BAD_INPUT", "empty batch");
+    const seen = new Set<Session>();
+    const nv = this.config.n_vocab;
+    let total = 0;
+    for (const e of entries) {
+      if (e.session.model !== this) throw new EngineError("BAD_INPUT", "a session of another model is in the batch");
+      if (seen.has(e.session)) throw new EngineError("BAD_INPUT", "a session appears twice in the batch");
+      seen.add(e.session);
+      if (e.tokens.length === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
+      for (const t of e.tokens) {
+        if (!Number.isInteger(t) || t < 0 || t >= nv)
+          throw new EngineError("BAD_INPUT", `token id ${t} outside [0, ${nv})`);
+      }
+      if (e.session.nPast + e.tokens.length > e.session.nCtx) {
+        throw new EngineError(
+          "CONTEXT_FULL",
+          `context full: ${e.session.nPast} + ${e.tokens.length} tokens > n_ctx ${e.session.nCtx}`,
+        );
+      }
+      total += e.tokens.length;
+    }
+    const built = buildLlamaBatchGraph(
+      this.config,
+      this.weights,
+      entries.map((e) => ({
+        kv: e.session.kv,
+        tokens: Int32Array.from(e.tokens),
+        nPast: e.session.nPast,
+        logits: e.logits ?? "last",
+      })),
+      {
+        sparse: this.sparse,
+        threshold: this.threshold,
+        scratch: entries.length > 1 ? this.batchScratch(total) : undefined,
+      },
+    );
+    return { ...built, total };
+  }
+
+  /** Advances the sessions past a computed batch and collects its result. */
+  private finishBatch(
+    entries: readonly BatchEntry[],
+    step: ReturnType<typeof buildLlamaBatchGraph> & { total: number },
+    r: ComputeResult,
+  ): BatchResult {
+    const { logits, sparseNodes, total } = step;
+    for (const e of entries) e.session.nPast += e.tokens.length;
+    const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs };
+    if (sparseNodes.layers.length) {
+      result.sparse = {
+        activeRows: sparseNodes.layers.map((nodes) => r.rowsRead[nodes[0]!]!),
+        rowsRead: sparseNodes.layers.reduce((s, nodes) => s + nodes.reduce((a, n) => a + r.rowsRead[n]!, 0), 0),
+      };
+    }
+    return result;
+  }
+
+  /** The batch scratch tensor, grown to hold at least `columns` columns. */
+  private batchScratch(columns: number): TensorHandle {
+    const rows = this.config.head_dim * this.config.n_head;
+    const have = this.scratch?.ne[1] ?? 0;
+    if (have < columns) {
+      if (this.scratch) this.backend.freeTensor(this.scratch);
+      this.scratch = undefined;
+      this.scratch = this.backend.createTensor("f32", [rows, Math.max(columns, 2 * have, 16)]);
+    }
+    return this.scratch!;
+  }
+
+  /** Frees the weights on the backend (the backend itself stays loaded). */
+  dispose(): void {
+    if (this.disposed) return;
+    this.disposed = true;
+    if (this.scratch) this.backend.freeTensor(this.scratch);
+    this.scratch = undefined;
+    const seen = new Set<number>();
+    const free = (t?: { id: number }) => {
+      if (t && !seen.has(t.id)) {
+        seen.add(t.id);
+        this.backend.freeTensor(t as never);
+      }
+    };
+    const w = this.weights;
+    free(w.tokEmbd);
+    free(w.output);
+    free(w.outputNorm);
+    for (const L of w.layers) {
+      const { experts, ...rest } = L;
+      for (const t of Object.values(rest)) free(t);
+      if (experts) for (const t of Object.values(experts)) free(t);
+    }
+  }
+}
+
+/** One session's part of a {@link Model.decodeBatch} step. */
+export interface BatchEntry {
+  session: Session;
+  /** New tokens (at least one), appended at the session's nPast. */
+  tokens: readonly number[] | Int32Array;
+  /** Logits wanted: after the last token ("last", default), after every token ("all"), or none. */
+  logits?: "last" | "all" | "none";
+}
+
+/** What {@link Model.decodeBatch} returns. */
+export interface BatchResult {
+  /** Per entry, in order: its logits, or undefined when it asked for none. */
+  logits: (Float32Array | undefined)[];
+  /** Tokens (graph columns) evaluated in the step. */
+  tokens: number;
+  /** Milliseconds the backend computed. */
+  computeMs: number;
+  /** Sparse mode only: per layer the neurons computed summed over the step's tokens, and all rows read. */
+  sparse?: { activeRows: number[]; rowsRead: number };
+}
+
+/** Options of a {@link Session}. */
+export interface SessionOptions {
+  /** Context size in tokens. Default: the model's n_ctx_train, at most 4096. A value above n_ctx_train is allowed (warned). */
+  nCtx?: number;
+  /** KV cache element type. Default "f16" (as llama.cpp). */
+  kvType?: KvCacheType;
+  /** Largest number of prompt tokens evaluated in one graph. Default 512. */
+  nBatch?: number;
+}
+
+/** A KV cache plus the position in it. */
+export class Session {
+  readonly kv: KvCache;
+  readonly nCtx: number;
+  readonly nBatch: number;
+  nPast = 0;
+  readonly warnings: string[] = [];
+  timings: Timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+  /** Sparse-mode counters since the session opened (from the kernels' row counters). */
+  readonly stats = {
+    /** Tokens evaluated in sparse mode. */
+    tokens: 0,
+    /** Per layer: neurons computed, summed over tokens (rows of W_up read). */
+    activeRows: [] as number[],
+    /** Weight rows read by every sparse op together. */
+    rowsRead: 0,
+  };
+
+  constructor(
+    readonly model: Model,
+    opts: SessionOptions = {},
+  ) {
+    const cfg = model.config;
+    this.nCtx = opts.nCtx ?? Math.min(cfg.n_ctx_train, 4096);
+    if (!Number.isInteger(this.nCtx) || this.nCtx < 1) throw new EngineError("BAD_INPUT", `bad n_ctx ${opts.nCtx}`);
+    const pe = model.weights.posEmbd;
+    const learned = pe ? (pe.ne[1] ?? 1) - model.weights.posOffset : Number.POSITIVE_INFINITY;
+    if (this.nCtx > learned) {
+      // learned positions (opt): no position past the table exists, so the context ends there
+      this.warnings.push(`n_ctx ${this.nCtx} capped to the ${learned} positions this model learned`);
+      this.nCtx = learned;
+    } else if (this.nCtx > cfg.n_ctx_train) {
+      this.warnings.push(`n_ctx ${this.nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`);
+    }
+    this.nBatch = opts.nBatch ?? 512;
+    this.kv = new KvCache(model.backend, cfg.n_layer, cfg.head_dim * cfg.n_head_kv, this.nCtx, opts.kvType ?? "f16");
+  }
+
+  /** Forgets everything in the cache. */
+  reset(): void {
+    this.nPast = 0;
+  }
+
+  /**
+   * Appends tokens to the context and returns the logits after the last one ([n_vocab]), or after
+   * every token ([n_vocab × T], token-major) with `allLogits`.
+   * @throws EngineError 'CONTEXT_FULL' (nothing is appended then), 'BAD_INPUT' for an id outside the vocabulary.
+   */
+  evaluate(
+    tokens: readonly number[] | Int32Array,
+    opts: { allLogits?: boolean; onCapture?: (layers: LayerCapture[], nTokens: number) => void } = {},
+  ): Float32Array {
+    const n = tokens.length;
+    if (n === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
+    const nv = this.model.config.n_vocab;
+    for (const t of tokens) {
+      if (!Number.isInteger(t) || t < 0 || t >= nv)
+        throw new EngineError("BAD_INPUT", `token id ${t} outside [0, ${nv})`);
+    }
+    if (this.nPast + n > this.nCtx) {
+      throw new EngineError("CONTEXT_FULL", `context full: ${this.nPast} + ${n} tokens > n_ctx ${this.nCtx}`);
+    }
+    const all = opts.allLogits ? new Float32Array(n * nv) : undefined;
+    let last: Float32Array | undefined;
+    for (let i = 0; i < n; i += this.nBatch) {
+      const chunk = Int32Array.from(tokens.slice(i, i + this.nBatch));
+      const { graph, logits, sparseNodes, captures } = buildLlamaGraph(
+        this.model.config,
+        this.model.weights,
+        this.kv,
+        chunk,
+        this.nPast,
+        {
+          allLogits: !!all,
+          sparse: opts.onCapture ? "off" : this.model.sparse,
+          threshold: this.model.threshold,
+          capture: !!opts.onCapture,
+        },
+      );
+      const r = this.model.backend.compute(graph);
+      if (sparseNodes.layers.length) {
+        const st = this.stats;
+        st.tokens += chunk.length;
+        sparseNodes.layers.forEach((nodes, l) => {
+          // nodes[0] is the up projection: its rows read = neurons computed, summed over tokens
+          st.activeRows[l] = (st.activeRows[l] ?? 0) + r.rowsRead[nodes[0]!]!;
+          st.rowsRead += nodes.reduce((s, n) => s + r.rowsRead[n]!, 0);
+        });
+      }
+      opts.onCapture?.(captures, chunk.length);
+      this.nPast += chunk.length;
+      if (all) all.set(logits, i * nv);
+      last = logits;
+    }
+    return all ?? last!;
+  }
+
+  /**
+   * Makes this session's cache hold the first `nTokens` positions of `src`'s cache (llama.cpp's
+   * `seq_cp`): a prompt evaluated once can be continued by several sessions. Values are copied exactly.
+   * @throws EngineError 'BAD_INPUT' when `src` is of another model or cache layout, or `nTokens` does not
+   *   fit in either session.
+   */
+  copyFrom(src: Session, nTokens: number = src.nPast): void {
+    if (src === this) return;
+    if (src.model !== this.model || src.kv.nEmbdKv !== this.kv.nEmbdKv)
+      throw new EngineError("BAD_INPUT", "copyFrom: the sessions belong to different models");
+    if (!Number.isInteger(nTokens) || nTokens < 0 || nTokens > src.nPast || nTokens > this.nCtx) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `copyFrom: cannot copy ${nTokens} positions (source holds ${src.nPast}, this context has ${this.nCtx})`,
+      );
+    }
+    if (nTokens > 0) {
+      const g = new Graph();
+      const ids = g.input(
+        "i32",
+        [nTokens],
+        Int32Array.from({ length: nTokens }, (_, i) => i),
+      );
+      // get_rows reads (and widens) the source rows, cpy stores them in this cache's type
+      src.kv.k.forEach((k, l) => {
+        g.cpy(g.getRows(g.handle(k), ids), g.handle(this.kv.k[l]!), 0);
+        g.cpy(g.getRows(g.handle(src.kv.v[l]!), ids), g.handle(this.kv.v[l]!), 0);
+      });
+      this.model.backend.compute(g);
+    }
+    this.nPast = nTokens;
+  }
+
+  /** Tokenizes `prompt` (when text), evaluates it, then samples until a stop condition. */
+  generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
+    this.timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
+    return generateTokens(this, this.model.tokenizer, prompt, opts, this.timings);
+  }
+
+  dispose(): void {
+    this.kv.dispose();
+  }
+}

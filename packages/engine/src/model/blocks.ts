@@ -1,0 +1,157 @@
+/**
+ * Building blocks of the Llama-family graph shared by the single-backend graph and the hybrid
+ * (device + CPU) scheduler.
+ */
+import type { ModelConfig } from "@powerinfer/gguf";
+import { type Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "@powerinfer/core";
+import type { TensorHandle } from "@powerinfer/core";
+
+/** Smallest positive float32: "gate ≥ this" is "gate > 0" (the oracle mask). */
+export const F32_MIN_POSITIVE = 1.401298464324817e-45;
+
+export interface AttentionWeights {
+  attnNorm: TensorHandle;
+  wq: TensorHandle;
+  wk: TensorHandle;
+  wv: TensorHandle;
+  wo: TensorHandle;
+}
+
+/**
+ * x + Wo·attention(rope(Wq·h), rope(Wk·h) → cache, Wv·h → cache) with h = rms_norm(x)·attn_norm:
+ * the residual after attention ([n_embd, T]), i.e. the FFN input.
+ */
+export function attentionBlock(
+  g: Graph,
+  cfg: ModelConfig,
+  L: AttentionWeights,
+  x: TensorId,
+  pos: TensorId,
+  kCache: TensorHandle,
+  vCache: TensorHandle,
+  nPast: number,
+): TensorId {
+  const rope = {
+    headDim: cfg.head_dim,
+    nDims: cfg.n_rot,
+    mode: cfg.rope.type === "neox" ? ROPE_NEOX : ROPE_NORMAL,
+    freqBase: cfg.rope.freq_base,
+    freqScale: cfg.rope.freq_scale,
+  };
+  const h = g.mul(g.rmsNorm(x, cfg.norm.eps), g.handle(L.attnNorm));
+  const q = g.rope(g.mulMat(g.handle(L.wq), h), pos, rope);
+  const k = g.rope(g.mulMat(g.handle(L.wk), h), pos, rope);
+  const v = g.mulMat(g.handle(L.wv), h);
+  const kc = g.cpy(k, g.handle(kCache), nPast);
+  const vc = g.cpy(v, g.handle(vCache), nPast);
+  const att = g.attention(q, kc, vc, {
+    headDim: cfg.head_dim,
+    nHead: cfg.n_head,
+    nHeadKv: cfg.n_head_kv,
+    nPast,
+    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
+  });
+  return g.add(g.mulMat(g.handle(L.wo), att), x);
+}
+
+export interface SparseFfnWeights {
+  gate?: TensorHandle;
+  up: TensorHandle;
+  /** Up bias [n_ff] (opt); added to every row, but rows the ops skip are never read by axpy_sparse. */
+  upBias?: TensorHandle;
+  /** Neuron-major down projection {n_embd, rows}. */
+  downT: TensorHandle;
+}
+
+/**
+ * The sparse FFN over the neurons that `rows` lists (all when absent) and `logits ≥ threshold` marks
+ * (all when absent): y = Σ_i act_i · W_down_t[i] with act = ReLU(gate)·up (ReLU(gate)·ReLU(up) for
+ * Bamboo, ReLU(up) without a gate; a non-ReLU activation is applied as given, for dense splits).
+ * With compact weights (W.ne[1] == rows.length), W row j holds neuron rows[j]. `sel.gate`, a dense
+ * [n_ff, T] gate already computed (oracle mode), replaces the gate projection.
+ */
+export function sparseFfn(
+  g: Graph,
+  cfg: ModelConfig,
+  W: SparseFfnWeights,
+  h: TensorId,
+  sel: { logits?: TensorId; rows?: TensorId; threshold?: number; gate?: TensorId },
+): TensorId {
+  const { gate: denseGate, ...selection } = sel;
+  const opts = { ...selection, nOut: cfg.n_ff };
+  const act = (t: TensorId) =>
+    cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
+  let up = g.mulMatSparse(g.handle(W.up), h, opts);
+  if (W.upBias) up = g.add(up, g.handle(W.upBias));
+  let a: TensorId;
+  if (W.gate) {
+    if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+    // a gate computed densely already (the oracle's mask) is reused, not recomputed
+    a = g.mul(act(denseGate ?? g.mulMatSparse(g.handle(W.gate), h, opts)), up);
+  } else {
+    a = act(up);
+  }
+  return g.axpySparse(g.handle(W.downT), a, opts);
+}
+
+/** Stacked expert tensors of one layer (GGUF names `blk.N.ffn_gate_inp.weight`, `blk.N.ffn_{gate,up,down}_exps.weight`). */
+export interface ExpertWeights {
+  /** Router {n_embd, n_expert}. */
+  gateInp: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}. */
+  gateExps: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}. */
+  upExps: TensorHandle;
+  /** {n_ff_exp, n_embd, n_expert}, as llama.cpp stores it (dense path). */
+  downExps?: TensorHandle;
+  /** {n_embd, n_ff_exp, n_expert}: each expert's down projection neuron-major (sparse path). */
+  downExpsT?: TensorHandle;
+}
+
+/**
+ * Routed experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024; llama.cpp's `build_moe_ffn`):
+ * p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid), the
+ * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) then
+ * W_down_e, summed with weights p_e (divided by their sum over the chosen when `norm_weights`).
+ * `routerInput` r is h (the FFN input after ffn_norm) for llama and qwen3moe, the layer input before
+ * attn_norm for SmallThinker.
+ *
+ * Sparse ("oracle", ReLU experts only): the gate W_gate_e·h is computed densely for the chosen experts,
+ * and up and down read only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output
+ * is 0); the down projection must be stored neuron-major (`downExpsT`).
+ * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
+ *   pre-activations [n_ff_exp, n_expert_used, T] and the graph node indices of the sparse expert ops
+ *   (empty when dense).
+ */
+export function moeFfn(
+  g: Graph,
+  cfg: ModelConfig,
+  W: ExpertWeights,
+  h: TensorId,
+  routerInput: TensorId,
+  sparse: boolean,
+): { out: TensorId; probs: TensorId; gate: TensorId; sparseNodes: number[] } {
+  const moe = cfg.moe!;
+  const logits = g.mulMat(g.handle(W.gateInp), routerInput);
+  const probs = moe.gating === "softmax" ? g.softmax(logits) : g.sigmoid(logits);
+  const ids = g.topK(probs, moe.n_expert_used);
+  const act = (t: TensorId) =>
+    cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
+  const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
+  let down: TensorId;
+  const sparseNodes: number[] = [];
+  if (!sparse) {
+    const up = g.mulMatId(g.handle(W.upExps), h, ids);
+    const a = g.mul(act(gate), up);
+    down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});
+  } else {
+    const sel = { logits: gate, threshold: F32_MIN_POSITIVE };
+    const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+    const a = g.mul(g.relu(gate), up);
+    down = g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+  }
+  const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
+  return { out, probs, gate, sparseNodes };
+}

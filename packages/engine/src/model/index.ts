@@ -1,0 +1,4 @@
+export * from "./llama.js";
+export * from "./weights.js";
+export * from "./blocks.js";
+export * from "./kv-cache.js";

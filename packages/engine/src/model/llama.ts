@@ -1,0 +1,568 @@
+/**
+ * The decoder graphs: the Llama family (Llama 2 with GQA and SiLU-gated FFN; ReLU-Llama/ProSparse
+ * ReLU(gate)·up; Bamboo ReLU(gate)·ReLU(up)), following Touvron et al. 2023 and llama.cpp's
+ * `llm_build_llama`; Falcon (Almazrouei et al. 2023; llama.cpp's `llm_build_falcon`); OPT (Zhang et al.
+ * 2022, Hugging Face `OPTForCausalLM` with pre-layer-norm). One layer per screenful:
+ *
+ *   llama:  h = rms_norm(x)·attn_norm;  q,k,v = Wq·h, Wk·h, Wv·h;  q,k = rope(q,k);  cache ← k,v
+ *           x = x + Wo·attention(q, cache);  h = rms_norm(x)·ffn_norm;  x = x + W_down·(act(W_gate·h) ⊙ W_up·h)
+ *           (with experts: x = x + Σ_chosen p_e·FFN_e(h), see blocks.ts moeFfn)
+ *   qwen2/3: llama with NeoX RoPE; qwen2 adds q/k/v biases, qwen3 an RMS norm of every q and k head
+ *           (weights attn_q_norm/attn_k_norm [head_dim]) before RoPE; qwen3moe is qwen3 with experts
+ *   smallthinker: llama with NeoX RoPE, ReGLU experts routed from the layer input (before attn_norm),
+ *           softmax or sigmoid gating, NoPE and sliding-window layers (config.layer_attention), tied output
+ *   falcon: h = layer_norm(x)·attn_norm + b;  q,k,v = rows of W_qkv·h₂ with h₂ = attn_norm_2(x) (40B) or h
+ *           (7B);  q,k = rope_neox(q,k);  x = (W_down·act(W_up·h) + Wo·attention(…)) + x
+ *   opt:    x = tok_embd[t] + pos_embd[p];  h = layer_norm(x)·attn_norm + b;  q,k,v = W·h + b (no RoPE)
+ *           x = x + Wo·attention(…) + bo;  h = layer_norm(x)·ffn_norm + b;  x = x + W_down·ReLU(W_up·h + b) + b
+ */
+import type { ModelConfig } from "@powerinfer/gguf";
+import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "@powerinfer/core";
+import type { TensorHandle } from "@powerinfer/core";
+import { EngineError } from "../errors.js";
+import type { KvCache } from "./kv-cache.js";
+import { type ExpertWeights, F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
+import type { WeightMapper } from "./weights.js";
+
+export interface LlamaLayerWeights {
+  attnNorm: TensorHandle;
+  /** Layer-norm bias (falcon, opt). */
+  attnNormB?: TensorHandle;
+  /** Falcon-40B: the attention's own norm of the layer input (`attn_norm_2`), weight and bias. */
+  attnNorm2?: TensorHandle;
+  attnNorm2B?: TensorHandle;
+  /** Separate projections (llama, opt) … */
+  wq?: TensorHandle;
+  wk?: TensorHandle;
+  wv?: TensorHandle;
+  /** … or one fused {n_embd, n_embd + 2·n_embd_kv} (falcon `attn_qkv`): q rows, then k, then v. */
+  wqkv?: TensorHandle;
+  /** Per-head RMS-norm weights of queries and keys [head_dim] (qwen3, qwen3moe). */
+  attnQNorm?: TensorHandle;
+  attnKNorm?: TensorHandle;
+  /** Projection biases (opt, qwen2). */
+  bq?: TensorHandle;
+  bk?: TensorHandle;
+  bv?: TensorHandle;
+  wo: TensorHandle;
+  bo?: TensorHandle;
+  /** Absent for falcon (parallel attention and FFN). */
+  ffnNorm?: TensorHandle;
+  ffnNormB?: TensorHandle;
+  ffnGate?: TensorHandle;
+  /** Absent when the layer has routed experts. */
+  ffnUp?: TensorHandle;
+  /** FFN biases (opt: fc1/fc2 biases). */
+  bUp?: TensorHandle;
+  bDown?: TensorHandle;
+  /** ffn_down {n_ff, n_embd}, or undefined when the file stores ffn_down_t. */
+  ffnDown?: TensorHandle;
+  /** ffn_down_t {n_embd, n_ff}: the down projection stored neuron-major (PowerInfer GGUF). */
+  ffnDownT?: TensorHandle;
+  /** Predictor fc1 {n_embd, r} and fc2 {r, n_ff} (PowerInfer GGUF or trained here). */
+  fc1?: TensorHandle;
+  fc2?: TensorHandle;
+  /** Routed experts in place of the dense FFN (ffnGate/ffnUp/ffnDown absent). */
+  experts?: ExpertWeights;
+}
+
+/**
+ * How the FFN runs.
+ * - "off": dense.
+ * - "predictor": the layer's predictor (fc2·ReLU(fc1·x), x = residual after attention) gives a logit per
+ *   neuron; only neurons with logit ≥ threshold are computed (PowerInfer, Song et al. 2023).
+ * - "oracle": the true mask: W_gate·h (without a gate: W_up·h + b) is computed densely and a neuron runs
+ *   when it is > 0 (exact for ReLU FFNs: every skipped neuron's output is 0). Testing only.
+ */
+export type SparseMode = "off" | "predictor" | "oracle";
+
+export interface LlamaWeights {
+  tokEmbd: TensorHandle;
+  /** Learned positions (opt) {n_embd, rows}: position p reads row p + posOffset. */
+  posEmbd?: TensorHandle;
+  /** 2 when the file keeps OPT's two padding rows in front of the position table, else 0. */
+  posOffset: number;
+  outputNorm: TensorHandle;
+  outputNormB?: TensorHandle;
+  output: TensorHandle;
+  layers: LlamaLayerWeights[];
+}
+
+/**
+ * Maps the weights of a model (llama with or without routed experts, bamboo, falcon, opt, qwen2, qwen3,
+ * qwen3moe; GGUF tensor names as llama.cpp and PowerInfer write them).
+ * @throws EngineError 'MISSING_TENSOR' / 'BAD_SHAPE' / 'UNSUPPORTED_TYPE'.
+ */
+export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l: number) => void): LlamaWeights {
+  const { n_embd: e, n_ff: f, n_vocab: v, n_layer } = cfg;
+  const ekv = cfg.head_dim * cfg.n_head_kv;
+  const dH = cfg.head_dim * cfg.n_head;
+  const falcon = cfg.arch === "falcon";
+  const opt = cfg.arch === "opt";
+  const tokEmbd = m.map("token_embd.weight", [e, v]);
+  let posEmbd: TensorHandle | undefined;
+  let posOffset = 0;
+  if (opt) {
+    const info = m.file.tensorMap.get("position_embd.weight");
+    if (!info) throw new EngineError("MISSING_TENSOR", "model file lacks tensor position_embd.weight");
+    // OPT's table has two padding rows in front (Hugging Face offset 2); a converter may drop them
+    const rows = info.shape[1] ?? 0;
+    posOffset = rows === cfg.n_ctx_train + 2 ? 2 : 0;
+    posEmbd = m.map("position_embd.weight", [e, rows]);
+  }
+  const opt1 = (name: string, ne: number[]) => m.mapOptional(name, ne);
+  /** q/k/v biases (qwen2) and per-head q/k norms (qwen3, qwen3moe). */
+  const qkExtras = (p: string): Partial<LlamaLayerWeights> => ({
+    bq: cfg.qkv_bias && !opt ? m.map(`${p}attn_q.bias`, [dH]) : undefined,
+    bk: cfg.qkv_bias && !opt ? m.map(`${p}attn_k.bias`, [ekv]) : undefined,
+    bv: cfg.qkv_bias && !opt ? m.map(`${p}attn_v.bias`, [ekv]) : undefined,
+    attnQNorm: cfg.qk_norm ? m.map(`${p}attn_q_norm.weight`, [cfg.head_dim]) : undefined,
+    attnKNorm: cfg.qk_norm ? m.map(`${p}attn_k_norm.weight`, [cfg.head_dim]) : undefined,
+  });
+  const layers: LlamaLayerWeights[] = [];
+  for (let l = 0; l < n_layer; l++) {
+    const p = `blk.${l}.`;
+    const hasDownT = m.has(`${p}ffn_down_t.weight`);
+    if (cfg.moe) {
+      const { n_expert: nx, n_ff_exp: fx } = cfg.moe;
+      layers.push({
+        attnNorm: m.map(`${p}attn_norm.weight`, [e]),
+        wq: m.map(`${p}attn_q.weight`, [e, dH]),
+        wk: m.map(`${p}attn_k.weight`, [e, ekv]),
+        wv: m.map(`${p}attn_v.weight`, [e, ekv]),
+        ...qkExtras(p),
+        wo: m.map(`${p}attn_output.weight`, [dH, e]),
+        ffnNorm: m.map(`${p}ffn_norm.weight`, [e]),
+        experts: {
+          gateInp: m.map(`${p}ffn_gate_inp.weight`, [e, nx]),
+          gateExps: m.map(`${p}ffn_gate_exps.weight`, [e, fx, nx]),
+          upExps: m.map(`${p}ffn_up_exps.weight`, [e, fx, nx]),
+          downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]),
+        },
+      });
+      onLayer?.(l);
+      continue;
+    }
+    const L: LlamaLayerWeights = {
+      attnNorm: m.map(`${p}attn_norm.weight`, [e]),
+      attnNormB: falcon || opt ? m.map(`${p}attn_norm.bias`, [e]) : undefined,
+      wo: m.map(`${p}attn_output.weight`, [dH, e]),
+      bo: opt ? m.map(`${p}attn_output.bias`, [e]) : undefined,
+      ffnNorm: falcon ? undefined : m.map(`${p}ffn_norm.weight`, [e]),
+      ffnNormB: opt ? m.map(`${p}ffn_norm.bias`, [e]) : undefined,
+      ffnGate: cfg.ffn.gated ? m.map(`${p}ffn_gate.weight`, [e, f]) : undefined,
+      ffnUp: m.map(`${p}ffn_up.weight`, [e, f]),
+      bUp: opt ? m.map(`${p}ffn_up.bias`, [f]) : undefined,
+      ffnDown: hasDownT ? undefined : m.map(`${p}ffn_down.weight`, [f, e]),
+      bDown: opt ? m.map(`${p}ffn_down.bias`, [e]) : undefined,
+      ffnDownT: hasDownT ? m.map(`${p}ffn_down_t.weight`, [e, f]) : undefined,
+      fc1: cfg.has_predictors ? m.map(`${p}fc1.weight`, [e, cfg.predictor_ranks[l]!]) : undefined,
+      fc2: cfg.has_predictors ? m.map(`${p}fc2.weight`, [cfg.predictor_ranks[l]!, f]) : undefined,
+    };
+    if (falcon && m.has(`${p}attn_qkv.weight`)) {
+      L.wqkv = m.map(`${p}attn_qkv.weight`, [e, dH + 2 * ekv]);
+      L.attnNorm2 = opt1(`${p}attn_norm_2.weight`, [e]);
+      if (L.attnNorm2) L.attnNorm2B = m.map(`${p}attn_norm_2.bias`, [e]);
+    } else {
+      L.wq = m.map(`${p}attn_q.weight`, [e, dH]);
+      L.wk = m.map(`${p}attn_k.weight`, [e, ekv]);
+      L.wv = m.map(`${p}attn_v.weight`, [e, ekv]);
+      if (opt) {
+        L.bq = m.map(`${p}attn_q.bias`, [dH]);
+        L.bk = m.map(`${p}attn_k.bias`, [ekv]);
+        L.bv = m.map(`${p}attn_v.bias`, [ekv]);
+      } else {
+        Object.assign(L, qkExtras(p));
+      }
+    }
+    layers.push(L);
+    onLayer?.(l);
+  }
+  const outputNorm = m.map("output_norm.weight", [e]);
+  const outputNormB = falcon || opt ? m.map("output_norm.bias", [e]) : undefined;
+  // Tied embeddings: llama.cpp falls back to token_embd when output.weight is absent.
+  const output = m.mapOptional("output.weight", [e, v]) ?? tokEmbd;
+  return { tokEmbd, posEmbd, posOffset, outputNorm, outputNormB, output, layers };
+}
+
+export interface ForwardOptions {
+  /** Return logits for every token of the batch (perplexity) instead of only the last one. */
+  allLogits?: boolean;
+  /** Default "off". "predictor" needs fc1/fc2 and a ReLU FFN; "oracle" a ReLU-gated FFN. */
+  sparse?: SparseMode;
+  /** Predictor threshold; default the model's `powerinfer.sparse_threshold`. */
+  threshold?: number;
+  /**
+   * Capture, per layer, the FFN input x (residual after attention, [n_embd × T]) and the pre-activation
+   * gate W_gate·h ([n_ff × T], or W_up·h without gate) — what profiling and predictor training read.
+   */
+  capture?: boolean;
+}
+
+/** What {@link ForwardOptions.capture} returns, per layer, token-major. */
+export interface LayerCapture {
+  ffnInput: Float32Array;
+  /** Empty for a layer with routed experts. */
+  gate: Float32Array;
+  /** Layers with routed experts: the router probabilities [n_expert × T]. */
+  routerProbs?: Float32Array;
+  /** Layers with routed experts: the chosen experts' gate pre-activations [n_ff_exp × n_expert_used × T]. */
+  expertGate?: Float32Array;
+}
+
+/** Per-layer graph nodes of the sparse FFN, so callers can read their row counters. */
+export interface SparseNodes {
+  /** Node indices of mul_mat_sparse/axpy_sparse per layer. */
+  layers: number[][];
+}
+
+/**
+ * Checks that a sparse mode can run on this model.
+ * @throws EngineError 'BAD_INPUT' naming what is missing.
+ */
+export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
+  if (mode === "off") return;
+  if (cfg.moe && mode === "predictor") {
+    throw new EngineError(
+      "BAD_INPUT",
+      'sparse mode "predictor" is not available for routed experts yet; use --sparse oracle',
+    );
+  }
+  if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs the experts' down projections stored neuron-major (transposeDownExperts)`,
+    );
+  }
+  if (cfg.ffn.activation !== "relu") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs a ReLU FFN; this model's FFN uses ${cfg.ffn.activation}, whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
+    );
+  }
+  if (mode === "predictor" && !w.layers.every((L) => L.fc1 && L.fc2)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
+    );
+  }
+  if (!cfg.moe && !w.layers.every((L) => L.ffnDownT)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs the down projection stored neuron-major (ffn_down_t); load the model with transposeDown`,
+    );
+  }
+}
+
+/** One sequence of a batched forward pass ({@link buildLlamaBatchGraph}). */
+export interface BatchSequence {
+  /** The sequence's own KV cache. */
+  kv: KvCache;
+  /** New tokens (at least one), at positions nPast, nPast+1, … of this sequence. */
+  tokens: Int32Array;
+  /** Tokens already in this sequence's cache. */
+  nPast: number;
+  /** Logits wanted: after the last new token ("last", default), after every new token ("all"), or none. */
+  logits?: "last" | "all" | "none";
+}
+
+/** Options of {@link buildLlamaBatchGraph}. */
+export interface BatchForwardOptions extends Omit<ForwardOptions, "allLogits"> {
+  /**
+   * An F32 backend tensor [head_dim·n_head, ≥ total new tokens] in which the per-sequence attention outputs
+   * are gathered before W_o. Needed when the batch holds more than one sequence; its contents are scratch.
+   */
+  scratch?: TensorHandle;
+}
+
+/** What {@link buildLlamaBatchGraph} returns. */
+export interface BatchGraph {
+  graph: Graph;
+  /**
+   * Per sequence: its logits ([n_vocab] for "last", [n_vocab × T_s] token-major for "all") or undefined
+   * for "none"; views into one output array, filled by the compute.
+   */
+  logits: (Float32Array | undefined)[];
+  sparseNodes: SparseNodes;
+  captures: LayerCapture[];
+}
+
+/**
+ * Builds the forward graph for `tokens` at positions nPast.. and the array its logits land in
+ * ([n_vocab] or [n_vocab × T] column-major by token).
+ * @throws EngineError 'CONTEXT_FULL' when nPast + T exceeds the cache.
+ */
+export function buildLlamaGraph(
+  cfg: ModelConfig,
+  w: LlamaWeights,
+  kv: KvCache,
+  tokens: Int32Array,
+  nPast: number,
+  opts: ForwardOptions = {},
+): { graph: Graph; logits: Float32Array; sparseNodes: SparseNodes; captures: LayerCapture[] } {
+  const r = buildLlamaBatchGraph(cfg, w, [{ kv, tokens, nPast, logits: opts.allLogits ? "all" : "last" }], opts);
+  return { graph: r.graph, logits: r.logits[0]!, sparseNodes: r.sparseNodes, captures: r.captures };
+}
+
+/**
+ * Builds one forward graph for several sequences (continuous batching). The batch's columns are the new
+ * tokens of every sequence, sequence after sequence; every matrix product runs once over all columns, each
+ * column roped at its own position. Attention is per sequence: its columns of Q, K and V are selected with
+ * get_rows, K and V written into its own cache at its n_past, and its attention output copied into the
+ * scratch tensor at its column offset, from which W_o reads all columns again. Every column's result
+ * depends only on its token, its position and its own cache, so a sequence gets the same logits in any
+ * batch as alone (bit for bit on the dense path). With one sequence the graph is the plain single-sequence
+ * graph (no selection, no scratch).
+ * @throws EngineError 'CONTEXT_FULL' when a sequence's nPast + T exceeds its cache, 'BAD_INPUT' for an empty
+ *   batch or sequence, a missing or too small scratch, or capture with several sequences.
+ */
+export function buildLlamaBatchGraph(
+  cfg: ModelConfig,
+  w: LlamaWeights,
+  seqs: readonly BatchSequence[],
+  opts: BatchForwardOptions = {},
+): BatchGraph {
+  if (seqs.length === 0) throw new EngineError("BAD_INPUT", "empty batch");
+  const multi = seqs.length > 1;
+  const offsets: number[] = [];
+  let T = 0;
+  for (const s of seqs) {
+    const n = s.tokens.length;
+    if (n === 0) throw new EngineError("BAD_INPUT", "a sequence of the batch has no tokens");
+    if (s.nPast + n > s.kv.nCtx) {
+      throw new EngineError(
+        "CONTEXT_FULL",
+        `context full: ${s.nPast} tokens in the cache + ${n} new > n_ctx ${s.kv.nCtx}`,
+      );
+    }
+    offsets.push(T);
+    T += n;
+  }
+  const dH = cfg.head_dim * cfg.n_head;
+  if (multi) {
+    const sc = opts.scratch;
+    if (sc?.dtype !== "f32" || sc.ne[0] !== dH || (sc.ne[1] ?? 1) < T) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `a batch of ${seqs.length} sequences needs an f32 scratch tensor of [${dH}, ≥ ${T}]${sc ? `, got ${sc.dtype} [${sc.ne.join(", ")}]` : ""}`,
+      );
+    }
+    if (opts.capture) throw new EngineError("BAD_INPUT", "capture works on one sequence only");
+  }
+  const g = new Graph();
+  const sparseNodes: SparseNodes = { layers: [] };
+  const captures: LayerCapture[] = [];
+  if (opts.capture && (opts.sparse ?? "off") !== "off")
+    throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
+  const eps = cfg.norm.eps;
+  const rope = {
+    headDim: cfg.head_dim,
+    nDims: cfg.n_rot,
+    mode: cfg.rope.type === "neox" ? ROPE_NEOX : ROPE_NORMAL,
+    freqBase: cfg.rope.freq_base,
+    freqScale: cfg.rope.freq_scale,
+  };
+  const posData = new Int32Array(T);
+  const idsData = new Int32Array(T);
+  seqs.forEach((s, i) => {
+    for (let j = 0; j < s.tokens.length; j++) posData[offsets[i]! + j] = s.nPast + j;
+    idsData.set(s.tokens, offsets[i]!);
+  });
+  const pos = g.input("i32", [T], posData);
+  const ids = g.input("i32", [T], idsData);
+  const iota = (from: number, n: number) => Int32Array.from({ length: n }, (_, i) => from + i);
+  // per sequence: the ids of its columns (several sequences only)
+  const cols = multi ? seqs.map((s, i) => g.input("i32", [s.tokens.length], iota(offsets[i]!, s.tokens.length))) : [];
+  const allCols = multi ? g.input("i32", [T], iota(0, T)) : -1;
+  let x: TensorId = g.getRows(g.handle(w.tokEmbd), ids);
+  if (w.posEmbd) {
+    // learned positions (opt): row p + offset of the table
+    const rows = w.posEmbd.ne[1] ?? 1;
+    const last = seqs.reduce((m, s) => Math.max(m, s.nPast + s.tokens.length - 1), 0);
+    if (last + w.posOffset >= rows) {
+      throw new EngineError(
+        "CONTEXT_FULL",
+        `position ${last} is beyond the ${rows - w.posOffset} positions this model learned (position_embd)`,
+      );
+    }
+    const posRows = g.input(
+      "i32",
+      [T],
+      posData.map((p) => p + w.posOffset),
+    );
+    x = g.add(x, g.getRows(g.handle(w.posEmbd), posRows));
+  }
+  /** Norm (RMS or layer norm, as the config says) times weight, plus bias when given. */
+  const normed = (t: TensorId, wt: TensorHandle, b?: TensorHandle): TensorId => {
+    const n = g.mul(cfg.norm.type === "rms" ? g.rmsNorm(t, eps) : g.norm(t, eps), g.handle(wt));
+    return b ? g.add(n, g.handle(b)) : n;
+  };
+  /** W·t, plus bias when given. */
+  const linear = (wt: TensorHandle, t: TensorId, b?: TensorHandle): TensorId => {
+    const y = g.mulMat(g.handle(wt), t);
+    return b ? g.add(y, g.handle(b)) : y;
+  };
+  const dKv = cfg.head_dim * cfg.n_head_kv;
+  const useRope = cfg.rope.type !== "none";
+  const act = cfg.ffn.activation;
+  if (act !== "silu" && act !== "relu" && act !== "gelu") {
+    throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
+  }
+  const attnParams = (nPast: number, window = 0) => ({
+    window,
+    headDim: cfg.head_dim,
+    nHead: cfg.n_head,
+    nHeadKv: cfg.n_head_kv,
+    nPast,
+    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
+  });
+  for (let l = 0; l < w.layers.length; l++) {
+    const L = w.layers[l]!;
+    const layerIn = x;
+    let h = normed(x, L.attnNorm, L.attnNormB);
+    // Falcon-40B: attention reads attn_norm_2's output, the FFN attn_norm's (llama.cpp's llm_build_falcon)
+    const attnIn = L.attnNorm2 ? normed(x, L.attnNorm2, L.attnNorm2B) : h;
+    let q: TensorId;
+    let k: TensorId;
+    let v: TensorId;
+    if (L.wqkv) {
+      const qkv = g.mulMat(g.handle(L.wqkv), attnIn);
+      q = g.slice(qkv, 0, dH);
+      k = g.slice(qkv, dH, dKv);
+      v = g.slice(qkv, dH + dKv, dKv);
+    } else {
+      q = linear(L.wq!, h, L.bq);
+      k = linear(L.wk!, h, L.bk);
+      v = linear(L.wv!, h, L.bv);
+    }
+    if (L.attnQNorm && L.attnKNorm) {
+      // Qwen3: each head of q and k RMS-normed, then scaled by its [head_dim] weight, before RoPE
+      const headNorm = (t: TensorId, wt: TensorHandle, heads: number) => {
+        const [, cols] = g.shape(t);
+        const perHead = g.reshape(t, [cfg.head_dim, heads * cols]);
+        return g.reshape(g.mul(g.rmsNorm(perHead, eps), g.handle(wt)), [cfg.head_dim * heads, cols]);
+      };
+      q = headNorm(q, L.attnQNorm, cfg.n_head);
+      k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
+    }
+    // SmallThinker: NoPE layers and sliding-window layers as llama.cpp reads them (config.layer_attention)
+    const la = cfg.layer_attention?.[l];
+    if (useRope && (la?.rope ?? true)) {
+      q = g.rope(q, pos, rope);
+      k = g.rope(k, pos, rope);
+    }
+    let att: TensorId;
+    if (!multi) {
+      const s = seqs[0]!;
+      const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
+      const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
+      att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
+    } else {
+      const scratch = g.handle(opts.scratch!);
+      seqs.forEach((s, i) => {
+        const c = cols[i]!;
+        const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
+        const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
+        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast, la?.window));
+        g.cpy(a, scratch, offsets[i]!);
+      });
+      // the nodes run in order: every copy above is done before this read
+      att = g.getRows(g.handle(opts.scratch!), allCols);
+    }
+    const attnOut = linear(L.wo, att, L.bo);
+    // sequential blocks: the FFN reads the residual after attention, normed by ffn_norm; falcon's
+    // parallel FFN reads attn_norm's output of the layer input (h as it is)
+    const ffnInp = cfg.parallel_attn ? x : g.add(attnOut, x);
+    if (!cfg.parallel_attn) h = normed(ffnInp, L.ffnNorm!, L.ffnNormB);
+    const mode = opts.sparse ?? "off";
+    let down: TensorId;
+    if (L.experts) {
+      // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
+      const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
+      const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
+      down = r.out;
+      if (opts.capture) {
+        captures.push({
+          ffnInput: g.output(ffnInp),
+          gate: new Float32Array(0),
+          routerProbs: g.output(r.probs),
+          expertGate: g.output(r.gate),
+        });
+      }
+      if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
+    } else if (mode === "off") {
+      let up = linear(L.ffnUp!, h, L.bUp);
+      const upRaw = up;
+      if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+      let a: TensorId;
+      if (opts.capture)
+        captures.push({ ffnInput: g.output(ffnInp), gate: L.ffnGate ? new Float32Array(0) : g.output(upRaw) });
+      if (L.ffnGate) {
+        const gate = g.mulMat(g.handle(L.ffnGate), h);
+        if (opts.capture) captures[captures.length - 1]!.gate = g.output(gate);
+        const ga = act === "silu" ? g.silu(gate) : act === "relu" ? g.relu(gate) : g.gelu(gate);
+        a = g.mul(ga, up);
+      } else {
+        a = act === "silu" ? g.silu(up) : act === "relu" ? g.relu(up) : g.gelu(up);
+      }
+      down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
+    } else {
+      // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle),
+      // per column, so every sequence of a batch keeps its own active set.
+      const first = g.nodes.length;
+      let logits: TensorId;
+      let threshold: number;
+      let gate: TensorId | undefined;
+      if (mode === "predictor") {
+        // predictor input: the residual after attention, before ffn_norm (PowerInfer; falcon: the layer input)
+        logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
+        threshold = opts.threshold ?? cfg.sparse_threshold;
+      } else if (L.ffnGate) {
+        gate = g.mulMat(g.handle(L.ffnGate), h);
+        logits = gate;
+        threshold = F32_MIN_POSITIVE;
+      } else {
+        // no gate: a neuron fires when its up pre-activation (with bias) is > 0
+        logits = linear(L.ffnUp!, h, L.bUp);
+        threshold = F32_MIN_POSITIVE;
+      }
+      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT: L.ffnDownT! }, h, {
+        logits,
+        threshold,
+        gate,
+      });
+      sparseNodes.layers.push(
+        g.nodes
+          .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
+          .filter((i) => i >= 0),
+      );
+    }
+    if (L.bDown) down = g.add(down, g.handle(L.bDown));
+    // llama.cpp's order: falcon (ffn + attn) + x; the others ffn + (attn + x)
+    x = cfg.parallel_attn ? g.add(g.add(down, attnOut), x) : g.add(down, ffnInp);
+  }
+  // the columns whose logits are wanted, in sequence order
+  const outCols: number[] = [];
+  const outStart: number[] = [];
+  seqs.forEach((s, i) => {
+    outStart.push(outCols.length);
+    const mode = s.logits ?? "last";
+    if (mode === "all") for (let j = 0; j < s.tokens.length; j++) outCols.push(offsets[i]! + j);
+    else if (mode === "last") outCols.push(offsets[i]! + s.tokens.length - 1);
+  });
+  const nv = cfg.n_vocab;
+  const result: (Float32Array | undefined)[] = seqs.map(() => undefined);
+  if (outCols.length > 0) {
+    const identity = outCols.length === T; // every column, in order
+    if (!identity) x = g.getRows(x, g.input("i32", [outCols.length], Int32Array.from(outCols)));
+    const out = normed(x, w.outputNorm, w.outputNormB);
+    const all = g.output(g.mulMat(g.handle(w.output), out));
+    seqs.forEach((s, i) => {
+      const mode = s.logits ?? "last";
+      if (mode === "none") return;
+      const n = mode === "all" ? s.tokens.length : 1;
+      result[i] = all.subarray(outStart[i]! * nv, (outStart[i]! + n) * nv);
+    });
+  }
+  return { graph: g, logits: result, sparseNodes, captures };
+}

@@ -1,0 +1,128 @@
+/** Mapping GGUF tensors onto backend tensors. */
+import {
+  dequantize,
+  f32ToF16,
+  GGMLType,
+  type GgufFile,
+  type GgufTensorInfo,
+  ggmlTypeName,
+  readTensorBytes,
+} from "@powerinfer/gguf";
+import type { Backend, DType, TensorHandle } from "@powerinfer/core";
+import { DTYPE_CODES } from "@powerinfer/core";
+import { EngineError } from "../errors.js";
+
+const DTYPE_BY_CODE = new Map<number, DType>(Object.entries(DTYPE_CODES).map(([k, v]) => [v, k as DType]));
+
+/**
+ * The backend dtype of a GGUF tensor type.
+ * @throws EngineError 'UNSUPPORTED_TYPE' naming the tensor and type.
+ */
+export function dtypeOfTensor(t: GgufTensorInfo): DType {
+  const d = DTYPE_BY_CODE.get(t.type);
+  if (!d) {
+    throw new EngineError(
+      "UNSUPPORTED_TYPE",
+      `tensor ${t.name} has type ${ggmlTypeName(t.type)}, which the engine does not support`,
+    );
+  }
+  return d;
+}
+
+/** Maps GGUF tensors into a backend (zero-copy on a CPU backend), checking shapes. */
+export class WeightMapper {
+  /** Bytes of tensors mapped so far. */
+  bytes = 0;
+  constructor(
+    readonly file: GgufFile,
+    readonly backend: Backend,
+  ) {}
+
+  has(name: string): boolean {
+    return this.file.tensorMap.has(name);
+  }
+
+  /**
+   * @param ne expected shape (ne[0] first); checked when given.
+   * @throws EngineError 'MISSING_TENSOR' or 'BAD_SHAPE'.
+   */
+  map(name: string, ne?: readonly number[]): TensorHandle {
+    const t = this.file.tensorMap.get(name);
+    if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+    if (ne) {
+      const got = [...t.shape];
+      while (got.length > ne.length && got[got.length - 1] === 1) got.pop();
+      if (got.length !== ne.length || got.some((v, i) => v !== ne[i])) {
+        throw new EngineError("BAD_SHAPE", `tensor ${name} has shape [${t.shape}], expected [${ne}]`);
+      }
+    }
+    this.bytes += t.byteLength;
+    return this.backend.mapTensor(dtypeOfTensor(t), t.shape, {
+      path: t.path ?? this.file.path,
+      fileOffset: t.fileOffset,
+      byteLength: t.byteLength,
+    });
+  }
+
+  mapOptional(name: string, ne?: readonly number[]): TensorHandle | undefined {
+    return this.has(name) ? this.map(name, ne) : undefined;
+  }
+}
+
+/**
+ * Copies selected rows of a row-per-neuron matrix (ne = [row length, n_rows], any dtype: rows are
+ * contiguous runs of whole blocks) into a new tensor on `dst`, in the order given — the compact hot-row
+ * copies a device holds. Source bytes are read back from the backend that holds the matrix.
+ */
+export function gatherRows(src: Backend, t: TensorHandle, rows: Int32Array, dst: Backend): TensorHandle {
+  const rowBytes = t.byteLength / t.ne[1]!;
+  const bytes = src.readTensor(t);
+  const out = new Uint8Array(rows.length * rowBytes);
+  rows.forEach((r, j) => {
+    out.set(bytes.subarray(r * rowBytes, (r + 1) * rowBytes), j * rowBytes);
+  });
+  return dst.createTensor(t.dtype, [t.ne[0]!, Math.max(1, rows.length)], rows.length ? out : new Uint8Array(rowBytes));
+}
+
+/**
+ * The neuron-major copy of a down projection ({n_ff, n_embd} → {n_embd, n_ff}) on `backend`, from
+ * the tensor's bytes in the file: F16 stays F16, every other dtype becomes F32.
+ */
+export function transposeDown(file: GgufFile, backend: Backend, name: string): TensorHandle {
+  const t = file.tensorMap.get(name);
+  if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+  const [nFf, nEmbd] = [t.shape[0]!, t.shape[1]!];
+  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements); // row e holds W[e, 0..n_ff)
+  const f16 = t.type === GGMLType.F16;
+  const out = f16 ? new Uint16Array(nFf * nEmbd) : new Float32Array(nFf * nEmbd);
+  for (let e = 0; e < nEmbd; e++) {
+    for (let i = 0; i < nFf; i++) {
+      const v = w[e * nFf + i]!;
+      out[i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+    }
+  }
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
+}
+
+/**
+ * The neuron-major copy of stacked expert down projections ({n_ff_exp, n_embd, n_expert} →
+ * {n_embd, n_ff_exp, n_expert}) on `backend`: F16 stays F16, every other dtype becomes F32.
+ */
+export function transposeDownExperts(file: GgufFile, backend: Backend, name: string): TensorHandle {
+  const t = file.tensorMap.get(name);
+  if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+  const [nFf, nEmbd, nExp] = [t.shape[0]!, t.shape[1]!, t.shape[2] ?? 1];
+  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements);
+  const f16 = t.type === GGMLType.F16;
+  const n = nFf * nEmbd;
+  const out = f16 ? new Uint16Array(n * nExp) : new Float32Array(n * nExp);
+  for (let x = 0; x < nExp; x++) {
+    for (let e = 0; e < nEmbd; e++) {
+      for (let i = 0; i < nFf; i++) {
+        const v = w[x * n + e * nFf + i]!;
+        out[x * n + i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+      }
+    }
+  }
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf, nExp], out);
+}
