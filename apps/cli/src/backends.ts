@@ -1,8 +1,11 @@
-/** Wires the backend packages into core's registry (core knows no concrete backend). */
+/**
+ * Wires the backend packages into core's registry (core knows no concrete backend), plus the backends
+ * named by `POWERINFER_BACKENDS` and the configuration file (core's discovery; see README "Backends").
+ */
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { cudaBackend } from "@powerinfer/backend-cuda";
 import { rocmBackend } from "@powerinfer/backend-rocm";
-import { type Backend, type BackendLoadOptions, registry } from "@powerinfer/core";
+import { type Backend, type BackendLoadOptions, discoverBackends, registry } from "@powerinfer/core";
 
 let registered = false;
 
@@ -17,6 +20,22 @@ export function registerBackends(): typeof registry {
   return registry;
 }
 
+let discovered: Promise<typeof registry> | undefined;
+
+/**
+ * {@link registerBackends}, then the third-party backends of `POWERINFER_BACKENDS` and the configuration
+ * file (imported once per process; one that cannot be imported is listed as unavailable with the error).
+ * @throws BackendError 'BAD_CONFIG' for a malformed configuration file.
+ */
+export function registerAllBackends(): Promise<typeof registry> {
+  discovered ??= (async () => {
+    const reg = registerBackends();
+    await discoverBackends(reg);
+    return reg;
+  })();
+  return discovered;
+}
+
 /**
  * Loads the backend the user asked for: "auto" or a comma-separated list of names; `POWERINFER_BACKEND` overrides.
  * Skipped candidates are reported through `log`.
@@ -26,7 +45,7 @@ export async function loadBackend(
   options: BackendLoadOptions,
   log: (line: string) => void,
 ): Promise<Backend> {
-  const reg = registerBackends();
+  const reg = await registerAllBackends();
   const prefer = choice === "auto" ? "auto" : choice.split(",").map((s) => s.trim());
   const { backend } = await reg.load({ prefer, log }, options);
   return backend;
@@ -41,7 +60,7 @@ export async function loadDeviceBackend(
   options: BackendLoadOptions,
   log: (line: string) => void,
 ): Promise<Backend | undefined> {
-  const reg = registerBackends();
+  const reg = await registerAllBackends();
   if (choice !== "auto") return (await reg.load({ prefer: [choice], log, env: {} }, options)).backend;
   for (const b of await reg.list()) {
     if (b.probe.usable && b.probe.devices.some((d) => d.kind === "gpu")) {

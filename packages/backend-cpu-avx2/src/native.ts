@@ -5,6 +5,7 @@
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
+import type { NativeBackendInstance } from "@powerinfer/core";
 
 /** What `cpuInfo()` reports: CPU features and the kernel set the backend would choose. */
 export interface NativeCpuInfo {
@@ -18,39 +19,11 @@ export interface NativeCpuInfo {
   reason: string;
 }
 
-/** The raw result of a native compute. */
-export interface NativeComputeResult {
-  rowsRead: Float64Array;
-  elapsedMs: number;
-}
-
-/** One native backend instance (see native/src/addon.cpp). Dtypes and ops are wire codes. */
-export interface NativeBackend {
+/** One native backend instance (see native/src/addon.cpp): core's wire-level instance plus the kernel set. */
+export interface NativeCpuBackend extends NativeBackendInstance {
   readonly threads: number;
   readonly kernel: string;
   readonly kernelReason: string;
-  createTensor(dtype: number, ne: readonly number[], data?: ArrayBufferView): number;
-  mapTensor(dtype: number, ne: readonly number[], path: string, fileOffset: number, byteLength: number): number;
-  readTensor(id: number): Uint8Array;
-  writeTensor(id: number, data: ArrayBufferView, offset: number): void;
-  freeTensor(id: number): void;
-  allocatedBytes(): number;
-  supportsOp(op: number, dtypes: readonly number[]): boolean;
-  compute(
-    tensors: Int32Array,
-    nodes: Int32Array,
-    params: Float64Array,
-    inputs: ArrayBufferView[],
-    outputs: Float32Array[],
-  ): NativeComputeResult;
-  computeAsync(
-    tensors: Int32Array,
-    nodes: Int32Array,
-    params: Float64Array,
-    inputs: ArrayBufferView[],
-    outputs: Float32Array[],
-  ): Promise<NativeComputeResult>;
-  dispose(): void;
 }
 
 export interface NativeAddon {
@@ -59,7 +32,7 @@ export interface NativeAddon {
     threads: number;
     memoryBudget: number;
     forceScalar: boolean;
-  }) => NativeBackend;
+  }) => NativeCpuBackend;
   cpuInfo(): NativeCpuInfo;
   /** Best read bandwidth in bytes/second over `iterations` sums of a `bytes`-sized F32 array. */
   benchReadBandwidth(bytes: number, threads: number, iterations: number): number;

@@ -6,6 +6,7 @@
 import { existsSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
+import type { NativeBackendInstance } from "@powerinfer/core";
 
 /** One device as the addon reports it. Memory in bytes. */
 export interface NativeGpuDevice {
@@ -33,37 +34,10 @@ export interface NativeGpuProbe {
   devices: NativeGpuDevice[];
 }
 
-export interface NativeComputeResult {
-  rowsRead: Float64Array;
-  elapsedMs: number;
-}
-
-/** One backend instance of an addon. Dtypes and ops are wire codes. */
-export interface NativeGpuBackend {
-  createTensor(dtype: number, ne: readonly number[], data?: ArrayBufferView): number;
-  loadTensor(dtype: number, ne: readonly number[], path: string, fileOffset: number, byteLength: number): number;
-  readTensor(id: number): Uint8Array;
-  writeTensor(id: number, data: ArrayBufferView, offset: number): void;
-  freeTensor(id: number): void;
-  allocatedBytes(): number;
+/** One backend instance of an addon: core's wire-level instance plus device properties. */
+export interface NativeGpuBackend extends NativeBackendInstance {
   arenaBytes(): number;
   deviceInfo(): NativeGpuDevice;
-  supportsOp(op: number, dtypes: readonly number[]): boolean;
-  compute(
-    tensors: Int32Array,
-    nodes: Int32Array,
-    params: Float64Array,
-    inputs: ArrayBufferView[],
-    outputs: Float32Array[],
-  ): NativeComputeResult;
-  computeAsync(
-    tensors: Int32Array,
-    nodes: Int32Array,
-    params: Float64Array,
-    inputs: ArrayBufferView[],
-    outputs: Float32Array[],
-  ): Promise<NativeComputeResult>;
-  dispose(): void;
 }
 
 export interface NativeGpuAddon {

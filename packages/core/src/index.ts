@@ -5,3 +5,5 @@
  */
 export * from "./backend/index.js";
 export * from "./conformance/index.js";
+export * from "./reference/backend.js";
+export * from "./native/adapter.js";

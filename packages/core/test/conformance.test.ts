@@ -1,6 +1,6 @@
-// The conformance kit run on a third-party pure-TypeScript backend (test/fixtures/ts-backend, which
-// imports only @powerinfer/core's public API), on deliberately broken variants of it (the kit must
-// fail them), and that backend registered from outside core and selected by name.
+// The conformance kit run on the reference backend (src/reference/backend.ts, which uses only the
+// contract's public API), on deliberately broken variants of it (the kit must fail them), and that
+// backend registered and selected by name. An out-of-tree backend is tried in apps/cli/test/third-party-backend.test.ts.
 import {
   type Backend,
   type BackendDescriptor,
@@ -16,14 +16,14 @@ import {
 } from "@powerinfer/core";
 import { describe, expect, it } from "vitest";
 import {
-  createTsReferenceBackend,
+  createReferenceBackend,
   llamaMatMul,
-  NAME,
-  type TsBackendOptions,
-  tsReferenceBackend,
-} from "./fixtures/ts-backend/index.js";
+  REFERENCE_BACKEND_NAME as NAME,
+  type ReferenceBackendOptions,
+  referenceBackend,
+} from "../src/index.js";
 
-const backend = (o: TsBackendOptions = {}) => createTsReferenceBackend(o);
+const backend = (o: ReferenceBackendOptions = {}) => createReferenceBackend(o);
 
 function failedPairs(r: ConformanceReport): string[] {
   return [...new Set(r.failed.map((f) => `${f.op}/${f.dtype}`))].sort();
@@ -395,7 +395,7 @@ describe("conformance kit fails broken backends", () => {
 
 describe("a backend registered from outside core", () => {
   it("is selected by name from the default registry and passes the kit", async () => {
-    const descriptor: BackendDescriptor = tsReferenceBackend;
+    const descriptor: BackendDescriptor = referenceBackend;
     registry.register(descriptor, 0);
     try {
       expect(registry.names()).toContain(NAME);

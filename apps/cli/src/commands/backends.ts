@@ -1,7 +1,7 @@
 /** `powerinfer backends`: every registered backend, usable or not, with its devices and reasons. */
 import type { BackendStatus } from "@powerinfer/core";
 import type { Command } from "commander";
-import { registerBackends } from "../backends.js";
+import { registerAllBackends } from "../backends.js";
 import { action } from "../errors.js";
 
 const gib = (b: number) => `${(b / 2 ** 30).toFixed(1)} GiB`;
@@ -24,11 +24,13 @@ export function formatBackends(list: BackendStatus[]): string {
 export function register(program: Command): void {
   program
     .command("backends")
-    .description("list the registered backends, whether each is usable, and why not")
+    .description(
+      "list the backends (built in, POWERINFER_BACKENDS and the configuration file's), whether each is usable, and why not",
+    )
     .option("--json", "print JSON")
     .action(
       action(async (o: { json?: boolean }) => {
-        const list = await registerBackends().list();
+        const list = await (await registerAllBackends()).list();
         process.stdout.write(o.json ? `${JSON.stringify(list, null, 2)}\n` : `${formatBackends(list)}\n`);
       }),
     );

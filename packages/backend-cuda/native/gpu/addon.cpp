@@ -6,7 +6,7 @@
 //   probe() → { ok, reason, driverVersion, runtimeVersion, devices: [{ index, name, arch, computeCapability,
 //               warpSize, multiprocessors, freeMemory, totalMemory, supported, why }] }   (never throws)
 //   Backend: new Backend({ device, memoryBudget, emuWarpSize, emuMemory })
-//     createTensor(dtype, ne[], data?) → id        loadTensor(dtype, ne[], path, fileOffset, byteLength) → id
+//     createTensor(dtype, ne[], data?) → id        mapTensor(dtype, ne[], path, fileOffset, byteLength) → id (uploads)
 //     readTensor(id) → Uint8Array   writeTensor(id, view, offset)   freeTensor(id)
 //     allocatedBytes()  arenaBytes()  deviceInfo()  supportsOp(op, dtypes[])
 //     compute(tensors, nodes, params, inputs[], outputs[]) → { rowsRead: Float64Array, elapsedMs }
@@ -235,7 +235,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
   static Napi::Function Init(Napi::Env env) {
     return DefineClass(env, "Backend",
                        {InstanceMethod("createTensor", &Backend::CreateTensor),
-                        InstanceMethod("loadTensor", &Backend::LoadTensor),
+                        InstanceMethod("mapTensor", &Backend::LoadTensor),
                         InstanceMethod("readTensor", &Backend::ReadTensor),
                         InstanceMethod("writeTensor", &Backend::WriteTensor),
                         InstanceMethod("freeTensor", &Backend::FreeTensor),

@@ -221,7 +221,9 @@ export type BackendErrorCode =
   | "BAD_GRAPH"
   | "IO"
   | "DISPOSED"
-  | "API_VERSION";
+  | "API_VERSION"
+  /** A malformed backend configuration file (see discovery.ts). */
+  | "BAD_CONFIG";
 
 /** Every error a backend or the registry throws on purpose. */
 export class BackendError extends Error {
@@ -243,6 +245,7 @@ const BACKEND_ERROR_CODES = new Set<BackendErrorCode>([
   "IO",
   "DISPOSED",
   "API_VERSION",
+  "BAD_CONFIG",
 ]);
 
 /**
