@@ -5,7 +5,14 @@
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { cudaBackend } from "@powerinfer/backend-cuda";
 import { rocmBackend } from "@powerinfer/backend-rocm";
-import { type Backend, type BackendLoadOptions, discoverBackends, registry } from "@powerinfer/core";
+import {
+  type Backend,
+  type BackendLoadOptions,
+  discoverBackends,
+  REFERENCE_BACKEND_NAME,
+  referenceBackend,
+  registry,
+} from "@powerinfer/core";
 
 let registered = false;
 
@@ -15,6 +22,8 @@ export function registerBackends(): typeof registry {
     registry.register(cpuBackend, 0);
     registry.register(cudaBackend, 0);
     registry.register(rocmBackend, 0);
+    // core's float64 reference backend: chosen only by name (never by "auto": far too slow for real models)
+    registry.register(referenceBackend, -1);
     registered = true;
   }
   return registry;
@@ -47,7 +56,11 @@ export async function loadBackend(
 ): Promise<Backend> {
   const reg = await registerAllBackends();
   const prefer = choice === "auto" ? "auto" : choice.split(",").map((s) => s.trim());
-  const { backend } = await reg.load({ prefer, log }, options);
+  const exclude = prefer === "auto" ? [REFERENCE_BACKEND_NAME] : [];
+  const quiet = (line: string) => {
+    if (line !== `${REFERENCE_BACKEND_NAME}: excluded`) log(line);
+  };
+  const { backend } = await reg.load({ prefer, exclude, log: quiet }, options);
   return backend;
 }
 

@@ -68,3 +68,10 @@ export {
   dotTolerance,
   exactActivations,
 } from "./tolerance.js";
+export {
+  type ConformancePerfOptions,
+  type ConformancePerfReport,
+  type ConformancePerfRow,
+  formatConformancePerf,
+  runConformancePerf,
+} from "./perf.js";
