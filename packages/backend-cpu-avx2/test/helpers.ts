@@ -7,6 +7,8 @@ import {
   type Backend,
   type BackendLoadOptions,
   bf16ToNumber,
+  WEIGHT_DTYPES as CORE_WEIGHT_DTYPES,
+  ConformanceRng,
   type DType,
   DTYPE_LAYOUT,
   halfToNumber,
@@ -16,7 +18,7 @@ import {
 import { dequantize, GGMLType, quantize } from "@powerinfer/gguf";
 import { cpuBackend } from "../src/index.js";
 
-// Small test graphs would otherwise run on one thread (see POWERINFER_CPU_SERIAL_BYTES in graph.cpp):
+// Small test graphs would otherwise run on one thread (see POWERINFER_CPU_SERIAL_BYTES in executor.cpp):
 // make every graph use the whole pool so the threaded paths are what the tests check.
 process.env.POWERINFER_CPU_SERIAL_BYTES = "0";
 
@@ -29,19 +31,8 @@ export const CONFIGS: { name: string; opts: BackendLoadOptions }[] = [
   { name: "scalar", opts: { threads: 2, forceScalar: true } },
 ];
 
-export const WEIGHT_DTYPES: DType[] = [
-  "f32",
-  "f16",
-  "bf16",
-  "q8_0",
-  "q4_0",
-  "q4_1",
-  "q5_0",
-  "q5_1",
-  "q4_K",
-  "q5_K",
-  "q6_K",
-];
+/** Every dtype a weight may have (core's list). */
+export const WEIGHT_DTYPES: DType[] = [...CORE_WEIGHT_DTYPES];
 
 export const GGML: Record<DType, GGMLType> = {
   f32: GGMLType.F32,
@@ -79,36 +70,8 @@ export function oddK(dtype: DType, k = 1): number {
   return 256 * (k + 1);
 }
 
-/** A seeded generator (mulberry32); `next()` is uniform in [0, 1). */
-export class Rng {
-  private s: number;
-  constructor(seed: number) {
-    this.s = seed >>> 0;
-  }
-  next(): number {
-    this.s = (this.s + 0x6d2b79f5) >>> 0;
-    let t = this.s;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  }
-  uniform(lo: number, hi: number): number {
-    return lo + (hi - lo) * this.next();
-  }
-  /** Integer in [lo, hi]. */
-  int(lo: number, hi: number): number {
-    return lo + Math.floor(this.next() * (hi - lo + 1));
-  }
-  f32(n: number, lo = -1, hi = 1): Float32Array {
-    const a = new Float32Array(n);
-    for (let i = 0; i < n; i++) a[i] = this.uniform(lo, hi);
-    return a;
-  }
-  bytes(n: number): Uint8Array {
-    const a = new Uint8Array(n);
-    for (let i = 0; i < n; i++) a[i] = this.int(0, 255);
-    return a;
-  }
+/** core's seeded generator (mulberry32), plus sampling. */
+export class Rng extends ConformanceRng {
   /** Fisher–Yates sample of m distinct integers of 0..n-1, ascending. */
   sample(n: number, m: number): Int32Array {
     const a = Int32Array.from({ length: n }, (_, i) => i);

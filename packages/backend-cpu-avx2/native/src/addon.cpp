@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "graph.h"
+#include "executor.h"
 #include "kernels.h"
 #include "tensor_store.h"
 
@@ -176,7 +176,7 @@ class ComputeWorker : public Napi::AsyncWorker {
       st_->exec.compute(args_->g, rows_);
       ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     } catch (const BackendErr& e) {
-      code_ = e.code();
+      code_ = e.code;
       SetError(e.what());
     } catch (const std::exception& e) {
       code_ = "BAD_GRAPH";
@@ -254,7 +254,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     try {
       return f();
     } catch (const BackendErr& e) {
-      throw_error(env, e.code(), e.what());
+      throw_error(env, e.code, e.what());
     }
   }
 

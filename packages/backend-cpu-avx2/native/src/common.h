@@ -9,26 +9,13 @@
 #include <cstdint>
 #include <cstring>
 
+#include "powerinfer/wire.h"
+
 namespace pi {
 
-/// Element type codes, ggml numbering (the wire encoding uses them). Q8_1 and Q8_K are internal
-/// activation formats, never tensor dtypes.
-enum DType : int {
-  DT_F32 = 0,
-  DT_F16 = 1,
-  DT_Q4_0 = 2,
-  DT_Q4_1 = 3,
-  DT_Q5_0 = 6,
-  DT_Q5_1 = 7,
-  DT_Q8_0 = 8,
-  DT_Q8_1 = 9,
-  DT_Q4_K = 12,
-  DT_Q5_K = 13,
-  DT_Q6_K = 14,
-  DT_Q8_K = 15,
-  DT_I32 = 26,
-  DT_BF16 = 30,
-};
+/// Dtype codes (ggml numbering), block layouts, names and row sizes: the wire header's, shared by every
+/// native backend. Q8_1 and Q8_K are internal activation formats here, never tensor dtypes.
+using namespace ::powerinfer::wire;
 
 constexpr int QK = 32;    // block size of the legacy quants
 constexpr int QK_K = 256; // super-block size of the K-quants
@@ -109,74 +96,6 @@ static_assert(sizeof(BlockQ5_K) == 176, "q5_K layout");
 static_assert(sizeof(BlockQ6_K) == 210, "q6_K layout");
 static_assert(sizeof(BlockQ8_K) == 292, "q8_K layout");
 static_assert(sizeof(XBlockQ8) == 40, "activation block layout");
-
-/// Block size (elements) and bytes per block; {0,0} for an unknown code.
-struct Layout {
-  int block;
-  int bytes;
-};
-
-static inline Layout dtype_layout(int dt) {
-  switch (dt) {
-    case DT_F32: return {1, 4};
-    case DT_F16: return {1, 2};
-    case DT_BF16: return {1, 2};
-    case DT_I32: return {1, 4};
-    case DT_Q4_0: return {QK, 18};
-    case DT_Q4_1: return {QK, 20};
-    case DT_Q5_0: return {QK, 22};
-    case DT_Q5_1: return {QK, 24};
-    case DT_Q8_0: return {QK, 34};
-    case DT_Q8_1: return {QK, 36};
-    case DT_Q4_K: return {QK_K, 144};
-    case DT_Q5_K: return {QK_K, 176};
-    case DT_Q6_K: return {QK_K, 210};
-    case DT_Q8_K: return {QK_K, 292};
-    default: return {0, 0};
-  }
-}
-
-/// Whether `dt` is a weight dtype the kernels handle (get_rows, mul_mat, sparse ops).
-static inline bool is_weight_dtype(int dt) {
-  switch (dt) {
-    case DT_F32:
-    case DT_F16:
-    case DT_BF16:
-    case DT_Q4_0:
-    case DT_Q4_1:
-    case DT_Q5_0:
-    case DT_Q5_1:
-    case DT_Q8_0:
-    case DT_Q4_K:
-    case DT_Q5_K:
-    case DT_Q6_K: return true;
-    default: return false;
-  }
-}
-
-static inline const char* dtype_name(int dt) {
-  switch (dt) {
-    case DT_F32: return "f32";
-    case DT_F16: return "f16";
-    case DT_BF16: return "bf16";
-    case DT_I32: return "i32";
-    case DT_Q4_0: return "q4_0";
-    case DT_Q4_1: return "q4_1";
-    case DT_Q5_0: return "q5_0";
-    case DT_Q5_1: return "q5_1";
-    case DT_Q8_0: return "q8_0";
-    case DT_Q4_K: return "q4_K";
-    case DT_Q5_K: return "q5_K";
-    case DT_Q6_K: return "q6_K";
-    default: return "?";
-  }
-}
-
-/// Bytes of one row of `n` elements of dtype `dt` (n must be a multiple of the block size).
-static inline size_t row_bytes(int dt, int64_t n) {
-  Layout l = dtype_layout(dt);
-  return static_cast<size_t>(n / l.block) * static_cast<size_t>(l.bytes);
-}
 
 static inline uint32_t f32_bits(float f) {
   uint32_t u;

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "graph.h"
+#include "executor.h"
 
 namespace pi {
 

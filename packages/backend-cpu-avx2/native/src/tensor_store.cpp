@@ -24,7 +24,7 @@ Tensor::~Tensor() {
 
 size_t tensor_bytes(int dtype, const int64_t ne[4]) {
   const Layout l = dtype_layout(dtype);
-  if (l.block == 0 || dtype == DT_Q8_1 || dtype == DT_Q8_K) {
+  if (l.block == 0) {
     throw BackendErr("BAD_TENSOR", "unsupported dtype code " + std::to_string(dtype));
   }
   for (int i = 0; i < 4; i++) {

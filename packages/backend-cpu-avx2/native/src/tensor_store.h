@@ -10,17 +10,12 @@
 #include <string>
 #include <unordered_map>
 
+#include "powerinfer/wire.h"
+
 namespace pi {
 
-/// An error with one of the interface's BackendErrorCode values ("BAD_GRAPH", "OUT_OF_MEMORY", ...).
-class BackendErr : public std::runtime_error {
- public:
-  BackendErr(std::string code, const std::string& msg) : std::runtime_error(msg), code_(std::move(code)) {}
-  const std::string& code() const { return code_; }
-
- private:
-  std::string code_;
-};
+/// Errors carry one of the interface's BackendErrorCode values (the wire header's BackendErr).
+using ::powerinfer::wire::BackendErr;
 
 /// A read-only mapping of a whole file.
 struct FileMapping {

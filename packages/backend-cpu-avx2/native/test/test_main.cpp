@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "common.h"
-#include "graph.h"
+#include "executor.h"
 #include "kernels.h"
 #include "ops.h"
 #include "tensor_store.h"
@@ -393,7 +393,7 @@ void test_tensor_store() {
     try {
       f();
     } catch (const BackendErr& e) {
-      return e.code() == code;
+      return e.code == code;
     }
     return false;
   };
@@ -676,7 +676,7 @@ bool throws_bad_graph(Executor& ex, const GraphBuilder& b) {
   try {
     ex.compute(b.view(), rows);
   } catch (const BackendErr& e) {
-    return e.code() == "BAD_GRAPH";
+    return e.code == "BAD_GRAPH";
   }
   return false;
 }
@@ -738,7 +738,9 @@ void test_bad_graphs() {
     try {
       ex.compute(b.view(), rows);
     } catch (const BackendErr& e) {
-      CHECK(e.code() == "BAD_GRAPH" || e.code() == "BAD_TENSOR", "fuzz error code %s", e.code().c_str());
+      // UNSUPPORTED_OP: a corrupted graph that is well formed but asks for what no kernel does (mixed cache dtypes)
+      CHECK(e.code == "BAD_GRAPH" || e.code == "BAD_TENSOR" || e.code == "UNSUPPORTED_OP", "fuzz error code %s",
+            e.code.c_str());
       rejected++;
     }
   }

@@ -5,78 +5,20 @@
 #include <cstdint>
 #include <cstring>
 
+#include "powerinfer/wire.h"
+
 #ifndef PI_HD
 #define PI_HD
 #endif
 
 namespace pigpu {
 
-enum DType : int {
-  DT_F32 = 0,
-  DT_F16 = 1,
-  DT_Q4_0 = 2,
-  DT_Q4_1 = 3,
-  DT_Q5_0 = 6,
-  DT_Q5_1 = 7,
-  DT_Q8_0 = 8,
-  DT_Q4_K = 12,
-  DT_Q5_K = 13,
-  DT_Q6_K = 14,
-  DT_I32 = 26,
-  DT_BF16 = 30,
-};
-
-/// Elements per block and bytes per block, or {0, 0} for a code this backend does not know.
-struct Layout {
-  int block;
-  int bytes;
-};
-
-inline Layout dtype_layout(int dt) {
-  switch (dt) {
-    case DT_F32: return {1, 4};
-    case DT_F16: return {1, 2};
-    case DT_BF16: return {1, 2};
-    case DT_I32: return {1, 4};
-    case DT_Q8_0: return {32, 34};
-    case DT_Q4_0: return {32, 18};
-    case DT_Q4_1: return {32, 20};
-    case DT_Q5_0: return {32, 22};
-    case DT_Q5_1: return {32, 24};
-    case DT_Q4_K: return {256, 144};
-    case DT_Q5_K: return {256, 176};
-    case DT_Q6_K: return {256, 210};
-    default: return {0, 0};
-  }
-}
-
-inline const char* dtype_name(int dt) {
-  switch (dt) {
-    case DT_F32: return "f32";
-    case DT_F16: return "f16";
-    case DT_BF16: return "bf16";
-    case DT_I32: return "i32";
-    case DT_Q8_0: return "q8_0";
-    case DT_Q4_0: return "q4_0";
-    case DT_Q4_1: return "q4_1";
-    case DT_Q5_0: return "q5_0";
-    case DT_Q5_1: return "q5_1";
-    case DT_Q4_K: return "q4_K";
-    case DT_Q5_K: return "q5_K";
-    case DT_Q6_K: return "q6_K";
-    default: return "unknown";
-  }
-}
+// Dtype codes, block layouts, names and row sizes: the wire header's (shared by every native backend).
+using namespace ::powerinfer::wire;
 
 /// Weight dtypes the kernels compute with (the others stay on the CPU through supportsOp).
 inline bool is_gpu_weight_dtype(int dt) {
   return dt == DT_F32 || dt == DT_F16 || dt == DT_BF16 || dt == DT_Q8_0 || dt == DT_Q4_0;
-}
-
-/// Bytes of a row of `n` elements (n a multiple of the block size).
-inline uint64_t row_bytes(int dt, int64_t n) {
-  const Layout l = dtype_layout(dt);
-  return static_cast<uint64_t>(n / l.block) * static_cast<uint64_t>(l.bytes);
 }
 
 PI_HD inline float pi_bits_to_float(uint32_t b) {

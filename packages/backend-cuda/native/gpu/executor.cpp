@@ -283,7 +283,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
   std::lock_guard<std::recursive_mutex> lk(mu_);
   // the tensors stay alive for the whole call, even if freed concurrently (they cannot be: mu_)
   std::vector<std::shared_ptr<DeviceTensor>> held;
-  const CheckedGraph cg = check_graph(g, [&](int id, HandleInfo* h) {
+  const CheckedGraph cg = check_gpu_graph(g, [&](int id, HandleInfo* h) {
     std::shared_ptr<DeviceTensor> t = find(id);
     if (!t) return false;
     h->dtype = t->dtype;

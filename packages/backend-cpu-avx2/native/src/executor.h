@@ -1,9 +1,6 @@
-// Validation, planning and execution of an encoded graph (the wire form of core's Graph.encode()).
-//
-// tensors: Int32 words, stride 8: kind (0 intermediate, 1 input, 2 handle), dtype code (ggml),
-//          ne0..ne3, ref (handle id or input index, −1 for intermediates), output index (−1 = none).
-// nodes:   Int32 words, stride 10: op code, dst, src0..src4 (−1 = none), param offset, param count, reserved.
-// params:  Float64.
+// Execution of an encoded graph (the wire form of core's Graph.encode(), see powerinfer/wire.h): the
+// shared validator (check_graph) runs first, then this file plans the arena, binds views and runs the
+// nodes on the thread pool.
 #pragma once
 
 #include <cstddef>
@@ -13,71 +10,26 @@
 #include <vector>
 
 #include "kernels.h"
+#include "powerinfer/wire.h"
 #include "tensor_store.h"
 #include "thread_pool.h"
 
 namespace pi {
 
-enum Op : int {
-  OP_GET_ROWS = 1,
-  OP_MUL_MAT = 2,
-  OP_RMS_NORM = 3,
-  OP_NORM = 4,
-  OP_ROPE = 5,
-  OP_SOFTMAX = 6,
-  OP_ATTENTION = 7,
-  OP_ADD = 8,
-  OP_MUL = 9,
-  OP_SCALE = 10,
-  OP_SILU = 11,
-  OP_RELU = 12,
-  OP_GELU = 13,
-  OP_CPY = 14,
-  OP_SLICE = 15,
-  OP_MUL_MAT_SPARSE = 16,
-  OP_AXPY_SPARSE = 17,
-  // routed experts (mixture of experts)
-  OP_SIGMOID = 18,
-  OP_TOP_K = 19,
-  OP_MUL_MAT_ID = 20,
-  OP_MOE_SUM = 21,
-  OP_MUL_MAT_ID_SPARSE = 22,
-  OP_AXPY_ID_SPARSE = 23,
-  OP_RESHAPE = 24,
-  OP_ATTENTION_SWA = 25,
-  OP_COUNT = 26,
-};
+using namespace ::powerinfer::wire;
 
-constexpr int TENSOR_STRIDE = 8;
-constexpr int NODE_STRIDE = 10;
-constexpr int MAX_SRC = 5;
+constexpr int TENSOR_STRIDE = kTensorWords;
+constexpr int NODE_STRIDE = kNodeWords;
+constexpr int MAX_SRC = kMaxSrc;
 
-const char* op_name(int op);
 
 /// Whether the executor implements `op` with the given dtypes (weight/source dtype first).
 bool supports_op(int op, const int* dtypes, int n_dtypes);
 
-struct HostBuffer {
-  const void* data = nullptr;
-  size_t bytes = 0;
-};
-
-struct HostOutput {
-  float* data = nullptr;
-  size_t bytes = 0;
-};
-
 /// Borrowed views of an encoded graph (the caller keeps the arrays alive during compute()).
-struct EncodedGraph {
-  const int32_t* tensors = nullptr;
-  size_t tensor_words = 0;
-  const int32_t* nodes = nullptr;
-  size_t node_words = 0;
-  const double* params = nullptr;
-  size_t n_params = 0;
-  std::vector<HostBuffer> inputs;
-  std::vector<HostOutput> outputs;
-};
+using EncodedGraph = WireGraph;
+using HostBuffer = WireGraph::In;
+using HostOutput = WireGraph::Out;
 
 /// One resolved tensor of a graph being executed.
 struct TensorView {

@@ -1,13 +1,13 @@
-// Validation of encoded graphs for the GPU backends (see graph.h).
-#include "graph.h"
-
+// The one validator of an encoded graph, shared by every native backend (declared in
+// include/powerinfer/wire.h). Backend-specific limits (a GPU's grid size, its weight kernels) come in
+// through CheckOptions and are reported as UNSUPPORTED_OP; everything else malformed is BAD_GRAPH.
 #include <cmath>
 #include <utility>
 
-#include "dtype.h"
-#include "kernels.h"
+#include "powerinfer/wire.h"
 
-namespace pigpu {
+namespace powerinfer {
+namespace wire {
 namespace {
 
 struct OpInfo {
@@ -61,8 +61,8 @@ bool same(const int64_t a[4], const int64_t b[4]) {
 /// Checks of one node, with its position in messages.
 class NodeCheck {
  public:
-  NodeCheck(int index, const OpInfo& info, CheckedGraph& cg, const GNode& n)
-      : where_("node " + std::to_string(index) + " (" + info.name + ")"), cg_(cg), n_(n) {}
+  NodeCheck(int index, const OpInfo& info, CheckedGraph& cg, const GNode& n, const CheckOptions& o)
+      : where_("node " + std::to_string(index) + " (" + info.name + ")"), cg_(cg), n_(n), o_(o) {}
 
   [[noreturn]] void bad(const std::string& msg) const { throw BackendErr("BAD_GRAPH", where_ + ": " + msg); }
   [[noreturn]] void unsupported(const std::string& msg) const {
@@ -83,7 +83,7 @@ class NodeCheck {
     if (has(s) && (src(s).ne[2] != 1 || src(s).ne[3] != 1)) bad("source " + std::to_string(s) + " must be 2-D");
   }
   void columns(int64_t t) const {
-    if (t > kMaxColumns) unsupported(std::to_string(t) + " columns; at most " + std::to_string(kMaxColumns));
+    if (t > o_.max_columns) unsupported(std::to_string(t) + " columns; at most " + std::to_string(o_.max_columns));
   }
   void dst_is(int64_t a, int64_t b) const {
     const int64_t e[4] = {a, b, 1, 1};
@@ -99,7 +99,9 @@ class NodeCheck {
     if (src(s).ne[0] % l.block != 0) {
       bad("row length " + std::to_string(src(s).ne[0]) + " is not a multiple of the " + dtype_name(dt) + " block");
     }
-    if (!is_gpu_weight_dtype(dt)) unsupported(std::string("no GPU kernel for ") + dtype_name(dt) + " weights");
+    if (o_.weight_supported && !o_.weight_supported(dt)) {
+      unsupported(std::string("no kernel for ") + dtype_name(dt) + " weights on this backend");
+    }
   }
   [[noreturn]] void len(const char* what, int64_t got, int64_t want) const {
     bad(std::string(what) + " length " + std::to_string(got) + " != " + std::to_string(want));
@@ -117,6 +119,7 @@ class NodeCheck {
   std::string where_;
   CheckedGraph& cg_;
   const GNode& n_;
+  const CheckOptions& o_;
 };
 
 void check_sparse(const NodeCheck& c, const GNode& n, bool axpy) {
@@ -172,9 +175,11 @@ std::pair<int64_t, int64_t> check_expert_ids(const NodeCheck& c, int s, int64_t 
               std::to_string(n_expert - 1));
       }
     }
-  } else if (ids.kind != KIND_INTERMEDIATE || ids.id_bound < 1 || ids.id_bound > n_expert) {
-    c.bad("expert ids must be an input, a backend tensor or a top_k over at most " + std::to_string(n_expert) +
-          " values");
+  } else if (ids.kind != KIND_INTERMEDIATE || ids.id_bound < 1) {
+    c.bad("expert ids must be an input, a backend tensor or the output of top_k");
+  } else if (ids.id_bound > n_expert) {
+    c.bad("ids come from top_k over " + std::to_string(ids.id_bound) + " values, but there are " +
+          std::to_string(n_expert) + " experts");
   }
   return {ids.ne[0], ids.ne[1]};
 }
@@ -225,24 +230,7 @@ const char* op_name(int op) {
   return i.name ? i.name : "unknown op";
 }
 
-bool supports_op(int op, const int* dtypes, int n_dtypes) {
-  const int d = n_dtypes > 0 ? dtypes[0] : DT_F32;
-  switch (op) {
-    case OP_GET_ROWS:
-    case OP_MUL_MAT:
-    case OP_MUL_MAT_SPARSE:
-    case OP_AXPY_SPARSE:
-    case OP_MUL_MAT_ID:
-    case OP_MUL_MAT_ID_SPARSE:
-    case OP_AXPY_ID_SPARSE: return is_gpu_weight_dtype(d);
-    case OP_ATTENTION:
-    case OP_ATTENTION_SWA: return d == DT_F32 || d == DT_F16;
-    case OP_CPY: return d == DT_F32 || d == DT_F16 || d == DT_BF16;
-    default: return op_info(op).name != nullptr && d == DT_F32;
-  }
-}
-
-CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
+CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find, const CheckOptions& options) {
   auto bad = [](const std::string& m) -> void { throw BackendErr("BAD_GRAPH", m); };
   if (g.tensor_words % kTensorWords != 0) bad("tensors array length is not a multiple of 8");
   if (g.node_words % kNodeWords != 0) bad("nodes array length is not a multiple of 10");
@@ -273,7 +261,10 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
         break;
       case KIND_INPUT: {
         if (t.dtype != DT_F32 && t.dtype != DT_I32) bad(name + ": inputs are f32 or i32");
-        if (t.ref < 0 || static_cast<size_t>(t.ref) >= g.inputs.size()) bad(name + ": no input " + std::to_string(t.ref));
+        if (t.ref < 0 || static_cast<size_t>(t.ref) >= g.inputs.size()) {
+          bad(name + ": input index " + std::to_string(t.ref) + " out of range (" + std::to_string(g.inputs.size()) +
+              " inputs)");
+        }
         const WireGraph::In& in = g.inputs[static_cast<size_t>(t.ref)];
         if (in.bytes != static_cast<size_t>(t.nel) * 4) {
           bad(name + ": input " + std::to_string(t.ref) + " has " + std::to_string(in.bytes) + " bytes, " +
@@ -296,7 +287,7 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
       default: bad(name + ": unknown kind " + std::to_string(t.kind));
     }
     if (t.out != -1) {
-      if (t.out < 0 || static_cast<size_t>(t.out) >= g.outputs.size()) bad(name + ": no output " + std::to_string(t.out));
+      if (t.out < 0 || static_cast<size_t>(t.out) >= g.outputs.size()) bad(name + ": output index " + std::to_string(t.out) + " out of range");
       if (t.dtype != DT_F32) bad(name + ": only f32 tensors can be outputs");
       if (g.outputs[static_cast<size_t>(t.out)].bytes != static_cast<size_t>(t.nel) * 4) {
         bad(name + ": output array has " + std::to_string(g.outputs[static_cast<size_t>(t.out)].bytes) +
@@ -315,7 +306,7 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
     n.op = w[0];
     const OpInfo info = op_info(n.op);
     if (!info.name) bad("node " + std::to_string(ni) + ": unknown op code " + std::to_string(n.op));
-    NodeCheck c(node, info, cg, n);
+    NodeCheck c(node, info, cg, n, options);
     const int32_t poff = w[7], pcnt = w[8];
     if (pcnt != info.params) c.bad("expects " + std::to_string(info.params) + " params, got " + std::to_string(pcnt));
     if (poff < 0 || static_cast<size_t>(poff) + static_cast<size_t>(pcnt) > g.n_params) c.bad("params out of range");
@@ -380,7 +371,7 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
         c.f32(1);
         c.flat(0);
         c.flat(1);
-        c.columns((c.src(1).ne[1] + 7) / 8);
+        c.columns(c.src(1).ne[1]);
         if (c.src(0).ne[0] != c.src(1).ne[0]) c.len("x", c.src(1).ne[0], c.src(0).ne[0]);
         c.dst_is(c.src(0).ne[1], c.src(1).ne[1]);
         break;
@@ -437,8 +428,10 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
         if (np + c.src(0).ne[1] > c.src(1).ne[1]) {
           c.bad(std::to_string(np + c.src(0).ne[1]) + " positions exceed the cache size " + std::to_string(c.src(1).ne[1]));
         }
-        if (hd > kMaxHeadDim) c.unsupported("head_dim " + std::to_string(hd) + " > " + std::to_string(kMaxHeadDim));
-        if (nh > 65535) c.unsupported("more than 65535 heads");
+        if (hd > options.max_head_dim) {
+          c.unsupported("head_dim " + std::to_string(hd) + " > " + std::to_string(options.max_head_dim));
+        }
+        if (nh > options.max_columns) c.unsupported("more than " + std::to_string(options.max_columns) + " heads");
         break;
       }
       case OP_ADD:
@@ -513,4 +506,5 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find) {
   return cg;
 }
 
-}  // namespace pigpu
+}  // namespace wire
+}  // namespace powerinfer

@@ -1,0 +1,340 @@
+#include "executor.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "ops.h"
+
+namespace pi {
+namespace {
+
+struct TInfo {
+  int kind = 0;
+  int dtype = 0;
+  int64_t ne[4] = {1, 1, 1, 1};
+  int64_t nel = 0;
+  int ref = -1;
+  int out = -1;
+  int produced_by = -1;  // node index (intermediates)
+  int last_use = -1;     // node index of the last reader
+  TensorPtr handle;
+  size_t arena_off = 0;
+  uint8_t* data = nullptr;
+};
+
+[[noreturn]] void bad(const std::string& msg) { throw BackendErr("BAD_GRAPH", msg); }
+
+/// A first-fit allocator of arena offsets with coalescing, for intermediates' lifetimes.
+class OffsetAllocator {
+ public:
+  size_t alloc(size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    for (size_t i = 0; i < free_.size(); i++) {
+      if (free_[i].size >= bytes) {
+        const size_t off = free_[i].off;
+        free_[i].off += bytes;
+        free_[i].size -= bytes;
+        if (free_[i].size == 0) free_.erase(free_.begin() + static_cast<long>(i));
+        return off;
+      }
+    }
+    // Extend: merge with a free block that ends at the top.
+    if (!free_.empty() && free_.back().off + free_.back().size == top_) {
+      const size_t off = free_.back().off;
+      free_.pop_back();
+      top_ = off + bytes;
+      return off;
+    }
+    const size_t off = top_;
+    top_ += bytes;
+    return off;
+  }
+  void release(size_t off, size_t bytes) {
+    bytes = (bytes + 63) / 64 * 64;
+    size_t i = 0;
+    while (i < free_.size() && free_[i].off < off) i++;
+    free_.insert(free_.begin() + static_cast<long>(i), Range{off, bytes});
+    if (i + 1 < free_.size() && free_[i].off + free_[i].size == free_[i + 1].off) {
+      free_[i].size += free_[i + 1].size;
+      free_.erase(free_.begin() + static_cast<long>(i + 1));
+    }
+    if (i > 0 && free_[i - 1].off + free_[i - 1].size == free_[i].off) {
+      free_[i - 1].size += free_[i].size;
+      free_.erase(free_.begin() + static_cast<long>(i));
+    }
+  }
+  size_t top() const { return top_; }
+
+ private:
+  struct Range {
+    size_t off, size;
+  };
+  std::vector<Range> free_;
+  size_t top_ = 0;
+};
+
+struct RunCtx {
+  std::vector<NodeExec>* nodes;
+  ThreadPool* pool;  // null when the whole graph runs on the calling thread
+};
+
+/// Every thread runs every node; a small node (NodeExec::pool == null) runs on thread 0 alone, and a
+/// run of consecutive small nodes needs no barrier between its nodes (one thread, program order),
+/// only one before the next node that all threads share.
+void run_graph(void* ctx, int ith, int nth) {
+  RunCtx* rc = static_cast<RunCtx*>(ctx);
+  const std::vector<NodeExec>& nodes = *rc->nodes;
+  for (size_t i = 0; i < nodes.size(); i++) {
+    const NodeExec& n = nodes[i];
+    if (!rc->pool) {
+      exec_node(n, 0, 1);
+      continue;
+    }
+    if (!n.pool) {
+      if (ith == 0) exec_node(n, 0, 1);
+      if (i + 1 < nodes.size() && nodes[i + 1].pool) rc->pool->barrier();
+      continue;
+    }
+    exec_node(n, ith, nth);
+    rc->pool->barrier();
+  }
+}
+
+/// Rough bytes a node touches (weights read plus activations); used to keep tiny graphs on one thread.
+double node_work(const NodeExec& n) {
+  switch (n.op) {
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: {
+      // the selected experts' matrices (at most one per slot and token, at most all experts)
+      const double used = static_cast<double>(n.src[2].nel) < static_cast<double>(n.src[0].ne[2])
+                              ? static_cast<double>(n.src[2].nel)
+                              : static_cast<double>(n.src[0].ne[2]);
+      return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].ne[1]) * used +
+             4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
+    }
+    case OP_MUL_MAT:
+    case OP_MUL_MAT_SPARSE:
+    case OP_AXPY_SPARSE:
+      return static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0])) * static_cast<double>(n.src[0].rows()) +
+             4.0 * static_cast<double>(n.src[1].nel + n.dst.nel);
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: {
+      const double ctx = static_cast<double>(n.p[0]) + static_cast<double>(n.src[0].rows());
+      return 2.0 * 4.0 * ctx * static_cast<double>(n.src[1].ne[0]) * (n.p[4] / n.p[1]) * static_cast<double>(n.src[0].rows());
+    }
+    default: return 8.0 * static_cast<double>(n.dst.nel);
+  }
+}
+
+/// Graphs that touch less than this run on the calling thread alone: waking the pool and a barrier
+/// per node would cost more than the threads save. POWERINFER_CPU_SERIAL_BYTES overrides it (tests
+/// set 0 so that every graph exercises the threaded paths).
+double serial_work_default() {
+  const char* e = std::getenv("POWERINFER_CPU_SERIAL_BYTES");
+  if (e && *e) {
+    char* end = nullptr;
+    const double v = std::strtod(e, &end);
+    if (end != e && v >= 0) return v;
+  }
+  return 256.0 * 1024;
+}
+
+}  // namespace
+
+bool supports_op(int op, const int* dtypes, int n_dtypes) {
+  const int d0 = n_dtypes > 0 ? dtypes[0] : DT_F32;
+  switch (op) {
+    case OP_GET_ROWS:
+    case OP_MUL_MAT:
+    case OP_MUL_MAT_SPARSE:
+    case OP_AXPY_SPARSE:
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: return is_weight_dtype(d0);
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: return d0 == DT_F32 || d0 == DT_F16;
+    case OP_CPY: return d0 == DT_F32 || d0 == DT_F16 || d0 == DT_BF16;
+    case OP_RMS_NORM:
+    case OP_NORM:
+    case OP_ROPE:
+    case OP_SOFTMAX:
+    case OP_ADD:
+    case OP_MUL:
+    case OP_SCALE:
+    case OP_SILU:
+    case OP_RELU:
+    case OP_GELU:
+    case OP_SIGMOID:
+    case OP_TOP_K:
+    case OP_MOE_SUM:
+    case OP_RESHAPE:
+    case OP_SLICE: return d0 == DT_F32;
+    default: return false;
+  }
+}
+
+void Executor::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
+
+Executor::Executor(TensorStore& store, int threads, bool force_scalar)
+    : store_(store), pool_(threads), kernels_(&select_kernels(force_scalar, &reason_)),
+      serial_work_bytes_(serial_work_default()) {}
+
+void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
+  // ---- validate (the shared validator of powerinfer/wire.h), then resolve tensors and nodes ----
+  std::vector<TensorPtr> held;  // handles stay alive while the graph runs
+  const CheckedGraph cg = check_graph(g, [&](int id, HandleInfo* h) {
+    TensorPtr t = store_.find(id);
+    if (!t) return false;
+    h->dtype = t->dtype;
+    for (int d = 0; d < 4; d++) h->ne[d] = t->ne[d];
+    h->read_only = t->mapped;
+    h->i32 = t->dtype == DT_I32 ? reinterpret_cast<const int32_t*>(t->data) : nullptr;
+    return true;
+  });
+  const size_t nt = cg.tensors.size();
+  const size_t nn = cg.nodes.size();
+  std::vector<TInfo> ts(nt);
+  for (size_t i = 0; i < nt; i++) {
+    const GTensor& c = cg.tensors[i];
+    TInfo& t = ts[i];
+    t.kind = c.kind;
+    t.dtype = c.dtype;
+    for (int d = 0; d < 4; d++) t.ne[d] = c.ne[d];
+    t.nel = c.nel;
+    t.ref = c.ref;
+    t.out = c.out;
+    t.produced_by = c.producer;
+    t.last_use = c.last_use;
+    if (t.kind == KIND_INPUT) {
+      t.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(g.inputs[static_cast<size_t>(t.ref)].data));
+    } else if (t.kind == KIND_HANDLE) {
+      t.handle = store_.find(t.ref);
+      if (!t.handle) bad("tensor " + std::to_string(i) + ": handle " + std::to_string(t.ref) + " does not exist");
+      t.data = t.handle->data;
+    }
+  }
+  std::vector<NodeExec> ex(nn);
+  std::vector<int> dst_of(nn);
+  std::vector<int> src_of(nn * MAX_SRC, -1);
+  for (size_t ni = 0; ni < nn; ni++) {
+    const GNode& c = cg.nodes[ni];
+    NodeExec& n = ex[ni];
+    n.op = c.op;
+    n.p = c.p;
+    n.np = c.np;
+    for (int s = 0; s < MAX_SRC; s++) {
+      if (c.src[s] < 0) continue;
+      const TInfo& st = ts[static_cast<size_t>(c.src[s])];
+      n.has[s] = true;
+      src_of[ni * MAX_SRC + s] = c.src[s];
+      n.src[s].dtype = st.dtype;
+      for (int d = 0; d < 4; d++) n.src[s].ne[d] = st.ne[d];
+      n.src[s].nel = st.nel;
+    }
+    const TInfo& dt = ts[static_cast<size_t>(c.dst)];
+    dst_of[ni] = c.dst;
+    n.dst.dtype = dt.dtype;
+    for (int d = 0; d < 4; d++) n.dst.ne[d] = dt.ne[d];
+    n.dst.nel = dt.nel;
+  }
+
+  std::lock_guard<std::mutex> lk(mu_);
+  double work = 0;
+  std::vector<char> small(nn, 0);
+  for (size_t ni = 0; ni < nn; ni++) {
+    const double w = node_work(ex[ni]);
+    work += w;
+    small[ni] = w < serial_work_bytes_ / 8 ? 1 : 0;  // default: nodes under 32 KiB run on one thread
+  }
+  const bool serial = pool_.size() == 1 || work < serial_work_bytes_;
+  const int nth = serial ? 1 : pool_.size();
+
+  // ---- plan the arena: intermediates by lifetime, then the largest node scratch, then counters ----
+  std::vector<std::vector<int>> frees(nn);
+  for (size_t i = 0; i < nt; i++) {
+    TInfo& t = ts[i];
+    if (t.kind != 0) continue;
+    if (t.out >= 0) t.last_use = static_cast<int>(nn);  // outputs live to the end
+    if (t.produced_by < 0 && t.out >= 0) bad("tensor " + std::to_string(i) + ": output is never computed");
+    if (t.last_use >= 0 && t.last_use < static_cast<int>(nn)) frees[static_cast<size_t>(t.last_use)].push_back(static_cast<int>(i));
+  }
+  OffsetAllocator alloc;
+  for (size_t ni = 0; ni < nn; ni++) {
+    if (ex[ni].op != OP_CPY) {
+      TInfo& d = ts[static_cast<size_t>(dst_of[ni])];
+      d.arena_off = alloc.alloc(static_cast<size_t>(d.nel) * 4);
+    }
+    for (int id : frees[ni]) alloc.release(ts[static_cast<size_t>(id)].arena_off, static_cast<size_t>(ts[static_cast<size_t>(id)].nel) * 4);
+  }
+  size_t scratch = 0;
+  for (size_t ni = 0; ni < nn; ni++) {
+    const size_t s = node_scratch_bytes(ex[ni], small[ni] ? 1 : nth);
+    if (s > scratch) scratch = s;
+  }
+  const size_t scratch_off = (alloc.top() + 63) / 64 * 64;
+  const size_t counters_off = scratch_off + (scratch + 63) / 64 * 64;
+  const size_t counters_bytes = sizeof(int64_t) * static_cast<size_t>(nth) * (nn == 0 ? 1 : nn);
+  const size_t chunks_off = (counters_off + counters_bytes + 63) / 64 * 64;
+  const size_t chunks_bytes = 64 * (nn == 0 ? 1 : nn);  // one cache line per node's atomic counter
+  const size_t need = chunks_off + chunks_bytes;
+  if (need > arena_size_) {
+    size_t grow = arena_size_ * 3 / 2;
+    if (grow < need) grow = need;
+    grow = (grow + 4095) / 4096 * 4096;
+    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, grow));
+    if (!p) throw BackendErr("OUT_OF_MEMORY", "cannot allocate a compute arena of " + std::to_string(grow) + " bytes");
+    arena_holder_.reset(p);
+    arena_ = p;
+    arena_size_ = grow;
+  }
+  int64_t* counters = reinterpret_cast<int64_t*>(arena_ + counters_off);
+  std::memset(counters, 0, counters_bytes);
+  std::vector<std::atomic<int64_t>*> chunk_ctr(nn);
+  for (size_t ni = 0; ni < nn; ni++) chunk_ctr[ni] = new (arena_ + chunks_off + 64 * ni) std::atomic<int64_t>(0);
+
+  // ---- bind views ----
+  for (size_t i = 0; i < nt; i++) {
+    if (ts[i].kind == 0) ts[i].data = arena_ + ts[i].arena_off;
+  }
+  for (size_t ni = 0; ni < nn; ni++) {
+    NodeExec& n = ex[ni];
+    n.dst.data = ts[static_cast<size_t>(dst_of[ni])].data;
+    for (int s = 0; s < MAX_SRC; s++) {
+      if (n.has[s]) n.src[s].data = ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])].data;
+    }
+    n.scratch = arena_ + scratch_off;
+    n.scratch_bytes = scratch;
+    n.rows_read = counters + ni * static_cast<size_t>(nth);
+    n.chunk = chunk_ctr[ni];
+    n.k = kernels_;
+    n.pool = serial || small[ni] ? nullptr : &pool_;
+  }
+
+  // ---- run: one pool job for the whole graph, a barrier after each node ----
+  if (nn > 0) {
+    RunCtx rc{&ex, serial ? nullptr : &pool_};
+    if (serial) {
+      run_graph(&rc, 0, 1);
+    } else {
+      pool_.run(run_graph, &rc);
+    }
+  }
+
+  rows_read.assign(nn, 0.0);
+  for (size_t ni = 0; ni < nn; ni++) {
+    int64_t s = 0;
+    for (int th = 0; th < nth; th++) s += counters[ni * static_cast<size_t>(nth) + static_cast<size_t>(th)];
+    rows_read[ni] = static_cast<double>(s);
+  }
+  for (size_t i = 0; i < nt; i++) {
+    const TInfo& t = ts[i];
+    if (t.out >= 0) std::memcpy(g.outputs[static_cast<size_t>(t.out)].data, t.data, static_cast<size_t>(t.nel) * 4);
+  }
+}
+
+}  // namespace pi
