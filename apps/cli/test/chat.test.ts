@@ -15,7 +15,7 @@ import {
   type Timings,
 } from "@powerinfer/engine";
 import { describe, expect, it } from "vitest";
-import { Chat, type ChatSession } from "../src/commands/chat.js";
+import { Chat, type ChatSession } from "@powerinfer/engine";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
