@@ -12,15 +12,8 @@
 namespace pi {
 namespace {
 
-struct TInfo {
-  int kind = 0;
-  int dtype = 0;
-  int64_t ne[4] = {1, 1, 1, 1};
-  int64_t nel = 0;
-  int ref = -1;
-  int out = -1;
-  int produced_by = -1;  // node index (intermediates)
-  int last_use = -1;     // node index of the last reader
+/// A validated tensor (the wire header's GTensor) with where its bytes are for this run.
+struct TInfo : GTensor {
   TensorPtr handle;
   size_t arena_off = 0;
   uint8_t* data = nullptr;
@@ -147,35 +140,7 @@ double serial_work_default() {
 }  // namespace
 
 bool supports_op(int op, const int* dtypes, int n_dtypes) {
-  const int d0 = n_dtypes > 0 ? dtypes[0] : DT_F32;
-  switch (op) {
-    case OP_GET_ROWS:
-    case OP_MUL_MAT:
-    case OP_MUL_MAT_SPARSE:
-    case OP_AXPY_SPARSE:
-    case OP_MUL_MAT_ID:
-    case OP_MUL_MAT_ID_SPARSE:
-    case OP_AXPY_ID_SPARSE: return is_weight_dtype(d0);
-    case OP_ATTENTION:
-    case OP_ATTENTION_SWA: return d0 == DT_F32 || d0 == DT_F16;
-    case OP_CPY: return d0 == DT_F32 || d0 == DT_F16 || d0 == DT_BF16;
-    case OP_RMS_NORM:
-    case OP_NORM:
-    case OP_ROPE:
-    case OP_SOFTMAX:
-    case OP_ADD:
-    case OP_MUL:
-    case OP_SCALE:
-    case OP_SILU:
-    case OP_RELU:
-    case OP_GELU:
-    case OP_SIGMOID:
-    case OP_TOP_K:
-    case OP_MOE_SUM:
-    case OP_RESHAPE:
-    case OP_SLICE: return d0 == DT_F32;
-    default: return false;
-  }
+  return standard_supports_op(op, dtypes, n_dtypes, is_weight_dtype);
 }
 
 void Executor::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
@@ -200,16 +165,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   const size_t nn = cg.nodes.size();
   std::vector<TInfo> ts(nt);
   for (size_t i = 0; i < nt; i++) {
-    const GTensor& c = cg.tensors[i];
     TInfo& t = ts[i];
-    t.kind = c.kind;
-    t.dtype = c.dtype;
-    for (int d = 0; d < 4; d++) t.ne[d] = c.ne[d];
-    t.nel = c.nel;
-    t.ref = c.ref;
-    t.out = c.out;
-    t.produced_by = c.producer;
-    t.last_use = c.last_use;
+    static_cast<GTensor&>(t) = cg.tensors[i];
     if (t.kind == KIND_INPUT) {
       t.data = const_cast<uint8_t*>(static_cast<const uint8_t*>(g.inputs[static_cast<size_t>(t.ref)].data));
     } else if (t.kind == KIND_HANDLE) {
@@ -260,7 +217,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     TInfo& t = ts[i];
     if (t.kind != 0) continue;
     if (t.out >= 0) t.last_use = static_cast<int>(nn);  // outputs live to the end
-    if (t.produced_by < 0 && t.out >= 0) bad("tensor " + std::to_string(i) + ": output is never computed");
+    if (t.producer < 0 && t.out >= 0) bad("tensor " + std::to_string(i) + ": output is never computed");
     if (t.last_use >= 0 && t.last_use < static_cast<int>(nn)) frees[static_cast<size_t>(t.last_use)].push_back(static_cast<int>(i));
   }
   OffsetAllocator alloc;

@@ -148,6 +148,26 @@ static inline POWERINFER_WIRE_HD uint64_t row_bytes(int dt, int64_t n) {
   return static_cast<uint64_t>(n / l.block) * static_cast<uint64_t>(l.bytes);
 }
 
+/// The usual answer to `supportsOp(op, dtypes)` (dtypes[0]: the weight, cache, destination or source dtype):
+/// weight ops for the dtypes `weight_ok` accepts, attention with f32/f16 caches, cpy into f32/f16/bf16, every
+/// other known op on f32. A backend with other limits answers its own way.
+static inline bool standard_supports_op(int op, const int* dtypes, int n_dtypes, bool (*weight_ok)(int)) {
+  const int d = n_dtypes > 0 ? dtypes[0] : DT_F32;
+  switch (op) {
+    case OP_GET_ROWS:
+    case OP_MUL_MAT:
+    case OP_MUL_MAT_SPARSE:
+    case OP_AXPY_SPARSE:
+    case OP_MUL_MAT_ID:
+    case OP_MUL_MAT_ID_SPARSE:
+    case OP_AXPY_ID_SPARSE: return weight_ok(d);
+    case OP_ATTENTION:
+    case OP_ATTENTION_SWA: return d == DT_F32 || d == DT_F16;
+    case OP_CPY: return d == DT_F32 || d == DT_F16 || d == DT_BF16;
+    default: return op > 0 && op < OP_COUNT && d == DT_F32;
+  }
+}
+
 /// An error the backend reports to JavaScript with one of the kErr* codes.
 struct BackendErr : std::runtime_error {
   std::string code;
