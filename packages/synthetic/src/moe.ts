@@ -77,6 +77,9 @@ export interface SyntheticMoeShape {
  *   1536, moe_ffn_hidden_size 768, moe_num_primary_experts 32, moe_num_active_primary_experts 4,
  *   num_attention_heads 12, num_key_value_heads 2, head_dim 128, num_hidden_layers 32,
  *   max_position_embeddings 32768, sliding_window_size 4096.
+ * - `smallthinker-21b-a3b` (SJTU-IPADS/SmallThinker README, "Model Summary"): hidden size 2560, 52 layers,
+ *   28 attention heads, 4 KV heads, 64 experts of 768 neurons, 6 per token, vocabulary 151,936, context 16K.
+ *   head_dim is not in that table (2560 / 28 is no integer); 128, the 4B model's, is assumed.
  */
 export const MOE_SHAPE_PRESETS = {
   "qwen3-30b-a3b": {
@@ -121,6 +124,21 @@ export const MOE_SHAPE_PRESETS = {
       head_dim: 128,
       n_layer: 32,
       n_ctx: 32768,
+    },
+  },
+  "smallthinker-21b-a3b": {
+    arch: "smallthinker",
+    shape: {
+      n_embd: 2560,
+      n_ff: 768,
+      n_ff_exp: 768,
+      n_expert: 64,
+      n_expert_used: 6,
+      n_head: 28,
+      n_head_kv: 4,
+      head_dim: 128,
+      n_layer: 52,
+      n_ctx: 16384,
     },
   },
 } as const satisfies Record<string, { arch: SyntheticMoeArch; shape: SyntheticMoeShape }>;
