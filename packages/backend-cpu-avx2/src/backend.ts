@@ -12,6 +12,8 @@ import {
   dtypeBytes,
   type FileTensorSource,
   type Graph,
+  type NeuronCacheOptions,
+  type NeuronCacheStats,
   OP_CODES,
   type OpName,
   type TensorHandle,
@@ -156,6 +158,43 @@ export class CpuBackend implements Backend {
     const t = new CpuTensor(id, dtype, [...ne], bytes);
     this.live.set(id, t);
     return t;
+  }
+
+  /**
+   * A file-backed sparse FFN weight: its rows are read on demand (O_DIRECT, or pread +
+   * posix_fadvise(DONTNEED) where O_DIRECT is refused) into a neuron cache of `cache.hot` pinned rows
+   * and `cache.coldRows` LRU rows, by a pool of reader threads (POWERINFER_IO_THREADS, default 8). Counts 0
+   * toward `allocatedBytes`; its slots are reported by {@link neuronCacheStats}.
+   * @throws BackendError 'BAD_TENSOR' (shape, range beyond the file, hot row out of range), 'IO' (open/read),
+   *   'OUT_OF_MEMORY' (slots).
+   */
+  mapTensorCached(
+    dtype: DType,
+    ne: readonly number[],
+    source: FileTensorSource,
+    cache: NeuronCacheOptions,
+  ): TensorHandle {
+    this.check();
+    const bytes = checkShape(dtype, ne);
+    if (ne.length !== 2)
+      throw new BackendError("BAD_TENSOR", `cpu: a cached tensor is 2-d (rows = neurons), got [${ne.join(", ")}]`);
+    if (!Number.isInteger(cache.coldRows) || cache.coldRows < 0)
+      throw new BackendError("BAD_TENSOR", `cpu: coldRows must be an integer ≥ 0, got ${cache.coldRows}`);
+    let id: number;
+    try {
+      id = this.native.mapTensorCached(dtypeCode(dtype), ne, source.path, source.fileOffset, source.byteLength, cache);
+    } catch (e) {
+      throw toBackendError(e, "IO");
+    }
+    const t = new CpuTensor(id, dtype, [...ne], bytes);
+    this.live.set(id, t);
+    return t;
+  }
+
+  /** Counters of this backend's neuron caches (monotonic since creation). */
+  neuronCacheStats(): NeuronCacheStats {
+    this.check();
+    return this.native.cacheStats();
   }
 
   readTensor(t: TensorHandle): Uint8Array {

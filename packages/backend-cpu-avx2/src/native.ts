@@ -5,6 +5,7 @@
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
+import type { NeuronCacheStats } from "@powerinfer/core";
 
 /** What `cpuInfo()` reports: CPU features and the kernel set the backend would choose. */
 export interface NativeCpuInfo {
@@ -31,6 +32,15 @@ export interface NativeBackend {
   readonly kernelReason: string;
   createTensor(dtype: number, ne: readonly number[], data?: ArrayBufferView): number;
   mapTensor(dtype: number, ne: readonly number[], path: string, fileOffset: number, byteLength: number): number;
+  mapTensorCached(
+    dtype: number,
+    ne: readonly number[],
+    path: string,
+    fileOffset: number,
+    byteLength: number,
+    cache: { rowStride?: number; hot?: Int32Array; coldRows: number; group?: number },
+  ): number;
+  cacheStats(): NeuronCacheStats;
   readTensor(id: number): Uint8Array;
   writeTensor(id: number, data: ArrayBufferView, offset: number): void;
   freeTensor(id: number): void;

@@ -7,12 +7,15 @@ import {
   HybridSession,
   type PlacementPlan,
   resolvePlan,
+  type NeuronCacheStats,
   type Session,
 } from "@powerinfer/core";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
 import {
+  cacheDelta,
+  describeCacheStats,
   generateOptionsFromCli,
   int,
   loadModelFromCli,
@@ -126,12 +129,18 @@ export function register(program: Command): void {
         const ac = new AbortController();
         const onSigint = () => ac.abort();
         process.once("SIGINT", onSigint);
+        const cacheStats = () => (model.ramPlan ? backend.neuronCacheStats?.() : undefined);
+        let decodeStart: NeuronCacheStats | undefined;
+        let decodeTokens = 0;
         try {
           for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o),
             maxTokens: o.nPredict,
             signal: ac.signal,
           })) {
+            // counters of decode only: from the first token (the prompt is evaluated by then)
+            if (decodeStart === undefined) decodeStart = cacheStats();
+            else decodeTokens++;
             process.stdout.write(t.text);
           }
         } finally {
@@ -145,6 +154,11 @@ export function register(program: Command): void {
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
             `backend: ${backend.name}, ${backend.threads} threads\n`,
         );
+        const cacheEnd = cacheStats();
+        if (decodeStart && cacheEnd)
+          process.stderr.write(
+            `${describeCacheStats(cacheDelta(decodeStart, cacheEnd), decodeTokens, backend.threads)}\n`,
+          );
         if (!("stats" in session)) {
           // hybrid: the per-layer counters live in the single-backend session only
         } else if (model.sparse !== "off" && session.stats.tokens > 0) {

@@ -357,6 +357,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       n.src[s].dtype = st.dtype;
       for (int d = 0; d < 4; d++) n.src[s].ne[d] = st.ne[d];
       n.src[s].nel = st.nel;
+      n.src[s].cache = st.handle ? st.handle->cache.get() : nullptr;  // scratch sizes depend on it
     }
     // destination
     const int dst = w[1];
@@ -629,7 +630,25 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
   }
 
+  // file-backed weights (neuron caches) are read only by the sparse ops, as their weight
+  for (size_t ni = 0; ni < nn; ni++) {
+    for (int s = 0; s < MAX_SRC; s++) {
+      const int ti = src_of[ni * MAX_SRC + s];
+      if (ti < 0) continue;
+      const TInfo& st = ts[static_cast<size_t>(ti)];
+      if (!st.handle || !st.handle->cache) continue;
+      const int op = ex[ni].op;
+      if (s != 0 || (op != OP_MUL_MAT_SPARSE && op != OP_AXPY_SPARSE)) {
+        bad("node " + std::to_string(ni) + " (" + op_name(op) + "): tensor " + std::to_string(st.handle->id) +
+            " is file-backed (neuron cache) and only mul_mat_sparse/axpy_sparse can read it");
+      }
+      if (ex[ni].has[3]) bad("node " + std::to_string(ni) + ": a file-backed weight cannot be used with a row list");
+    }
+  }
+
   std::lock_guard<std::mutex> lk(mu_);
+  CacheCounters& cc = store_.counters();
+  const int64_t io_errors0 = cc.io_errors.load();
   double work = 0;
   std::vector<char> small(nn, 0);
   for (size_t ni = 0; ni < nn; ni++) {
@@ -691,7 +710,11 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     NodeExec& n = ex[ni];
     n.dst.data = ts[static_cast<size_t>(dst_of[ni])].data;
     for (int s = 0; s < MAX_SRC; s++) {
-      if (n.has[s]) n.src[s].data = ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])].data;
+      if (n.has[s]) {
+        const TInfo& st = ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])];
+        n.src[s].data = st.data;
+        n.src[s].cache = st.handle ? st.handle->cache.get() : nullptr;
+      }
     }
     n.scratch = arena_ + scratch_off;
     n.scratch_bytes = scratch;
@@ -711,6 +734,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
   }
 
+  if (cc.io_errors.load() != io_errors0) {
+    throw BackendErr("IO", std::string("reading weight rows from the model file failed: ") +
+                               std::strerror(cc.last_errno.load()));
+  }
   rows_read.assign(nn, 0.0);
   for (size_t ni = 0; ni < nn; ni++) {
     int64_t s = 0;

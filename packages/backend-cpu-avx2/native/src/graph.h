@@ -15,6 +15,7 @@
 #include "kernels.h"
 #include "tensor_store.h"
 #include "thread_pool.h"
+#include "neuron_cache.h"
 
 namespace pi {
 
@@ -85,6 +86,8 @@ struct TensorView {
   int64_t ne[4] = {1, 1, 1, 1};
   int64_t nel = 0;
   uint8_t* data = nullptr;
+  /// File-backed weight (data null): rows come from this cache (sparse ops' src[0] only).
+  NeuronCache* cache = nullptr;
 
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
   float* f32() const { return reinterpret_cast<float*>(data); }

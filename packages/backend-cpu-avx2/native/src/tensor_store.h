@@ -9,8 +9,14 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 namespace pi {
+
+class NeuronCache;
+class ReaderPool;
+struct CacheCounters;
+struct CacheSpec;
 
 /// An error with one of the interface's BackendErrorCode values ("BAD_GRAPH", "OUT_OF_MEMORY", ...).
 class BackendErr : public std::runtime_error {
@@ -38,6 +44,8 @@ struct Tensor {
   uint8_t* data = nullptr;
   bool mapped = false;
   std::shared_ptr<FileMapping> mapping;  // keeps a mapped tensor's file mapped
+  /// File-backed rows (data == nullptr): only the sparse ops read such a tensor, through the cache.
+  std::shared_ptr<NeuronCache> cache;
   ~Tensor();
 };
 
@@ -52,6 +60,18 @@ class TensorStore {
   TensorPtr create(int dtype, const int64_t ne[4]);
   /// A tensor whose bytes stay in `path` at `offset`. @throws BackendErr BAD_TENSOR, IO.
   TensorPtr map(int dtype, const int64_t ne[4], const std::string& path, uint64_t offset, uint64_t byte_length);
+  /// A tensor whose rows stay in the file and are read on demand into a neuron cache (see
+  /// neuron_cache.h); `group` > 0 links caches of one FFN so that one list prefetches all.
+  /// @throws BackendErr BAD_TENSOR, IO, OUT_OF_MEMORY.
+  TensorPtr map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group);
+  /// Counters of all caches (monotonic).
+  CacheCounters& counters();
+  /// Bytes held by neuron cache slots (hot + cold).
+  size_t cache_bytes() const;
+  /// Number of reader threads (0 before the first cached tensor).
+  int io_threads() const;
+  /// Whether every cache reads with O_DIRECT (false when one fell back to pread + fadvise).
+  bool all_direct() const;
   /// @throws BackendErr BAD_TENSOR when the id is unknown or freed.
   TensorPtr get(int id) const;
   /// Null when the id is unknown.
@@ -64,6 +84,9 @@ class TensorStore {
   mutable std::mutex mu_;
   std::unordered_map<int, TensorPtr> tensors_;
   std::unordered_map<std::string, std::weak_ptr<FileMapping>> files_;
+  std::unordered_map<int, std::vector<std::weak_ptr<NeuronCache>>> groups_;
+  std::shared_ptr<CacheCounters> counters_;
+  std::shared_ptr<ReaderPool> readers_;
   size_t budget_;
   size_t allocated_ = 0;
   int next_id_ = 1;

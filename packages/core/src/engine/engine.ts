@@ -2,7 +2,14 @@
  * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
  * evaluate tokens to logits, or generate text as an async iterator of tokens.
  */
-import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import {
+  type ActivationStats,
+  assertModelFile,
+  type GgufFile,
+  type ModelConfig,
+  openGgufModel,
+  parseModelConfig,
+} from "@powerinfer/gguf";
 import { Graph } from "../backend/graph.js";
 import type { Backend, ComputeResult, DType, OpName, TensorHandle } from "../backend/types.js";
 import { Tokenizer, TokenDecoder } from "../tokenizer/index.js";
@@ -15,8 +22,10 @@ import {
   mapLlamaWeights,
   type SparseMode,
 } from "../model/llama.js";
+import { bindNeuronCaches, planRamBudget, type RamPlan } from "../model/ram-budget.js";
 import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
+import { checkStatsForModel } from "./profile.js";
 import { GrammarConstraint } from "../grammar/constraint.js";
 import type { Grammar } from "../grammar/matcher.js";
 import { generateTokens } from "./generate.js";
@@ -68,6 +77,14 @@ export interface ModelLoadOptions {
   sparse?: SparseMode;
   /** Predictor threshold override (default: the file's `powerinfer.sparse_threshold`, 0 when absent). */
   threshold?: number;
+  /**
+   * Bytes held for weights plus the neuron caches (default: no limit, every weight mapped). Below the
+   * model's size the sparse FFN's up/gate/down rows are read from the file on demand into a neuron
+   * cache; see {@link planRamBudget}. The KV cache is not counted.
+   */
+  ramBudget?: number;
+  /** Activation statistics (`powerinfer profile`): with `ramBudget`, the hottest neurons are pinned. */
+  ramStats?: ActivationStats;
 }
 
 function checkAbort(signal?: AbortSignal): void {
@@ -94,6 +111,8 @@ export class Model {
     readonly sparse: SparseMode,
     /** The predictor threshold in use. */
     readonly threshold: number,
+    /** How `ramBudget` split the weights (undefined: no budget). */
+    readonly ramPlan?: RamPlan,
   ) {}
 
   /**
@@ -130,6 +149,19 @@ export class Model {
       );
     }
     const tokenizer = Tokenizer.fromGguf(file);
+    // the RAM plan is decided (and a budget that is too small refused) before any weight is mapped
+    const sparse0 = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
+    let ramPlan: RamPlan | undefined;
+    if (opts.ramBudget !== undefined) {
+      if (opts.ramStats) checkStatsForModel(opts.ramStats, config);
+      ramPlan = planRamBudget(file, config, opts.ramBudget, sparse0, opts.ramStats);
+      if (ramPlan.tensors.length && !opts.backend.mapTensorCached) {
+        throw new EngineError(
+          "UNSUPPORTED_OP",
+          `backend ${opts.backend.name} cannot serve FFN rows from the model file (no neuron cache); --ram-budget needs the cpu backend`,
+        );
+      }
+    }
     const mapper = new WeightMapper(file, opts.backend);
     const weights = mapLlamaWeights(config, mapper, (l) => {
       opts.onProgress?.((l + 1) / config.n_layer, `layer ${l + 1}/${config.n_layer}`);
@@ -159,6 +191,7 @@ export class Model {
       });
     }
     checkSparseMode(config, weights, sparse);
+    if (ramPlan) bindNeuronCaches(file, weights, opts.backend, ramPlan);
     // yield once so an abort signal raised during mapping is seen
     await new Promise((r) => setImmediate(r));
     checkAbort(opts.signal);
@@ -173,6 +206,7 @@ export class Model {
       performance.now() - t0,
       sparse,
       threshold,
+      ramPlan,
     );
   }
 

@@ -1,3 +1,4 @@
 export * from "./llama.js";
 export * from "./weights.js";
 export * from "./blocks.js";
+export * from "./ram-budget.js";

@@ -1,0 +1,175 @@
+/**
+ * Models larger than memory (`--ram-budget`): which weights stay resident and how the rest of each
+ * sparse FFN is served from the model file through a neuron cache (PowerInfer-2, Xue et al. 2024;
+ * SmallThinker's offloading follows the same idea).
+ *
+ * The budget is the bytes held for weights plus the neuron caches. Resident (mapped, counted in full):
+ * embeddings, attention, norms, the output head, predictors and any FFN tensor that is not cached. Cached
+ * (file-backed): per layer the up, gate and neuron-major down projection (`ffn_down_t`) of a sparse ReLU
+ * FFN; what is left of the budget after the resident part is split over them in proportion to their
+ * bytes, as a pinned hot region (the neurons that fire most often in `powerinfer profile` statistics)
+ * and an LRU region filled on demand. The KV cache and the process's own memory are not part of the
+ * budget (they are reported beside it).
+ *
+ * Tiers with a device (`--vram-budget`): the device holds the planner's hot neurons; the RAM budget
+ * applies to what stays on the CPU backend, so the three tiers are VRAM (hottest) → RAM budget (resident
+ * + neuron cache) → storage (the model file, read on demand).
+ */
+import { type ActivationStats, GGMLType, type GgufFile, type ModelConfig } from "@powerinfer/gguf";
+import type { Backend, TensorHandle } from "../backend/types.js";
+import { EngineError } from "../engine/errors.js";
+import type { LlamaWeights } from "./llama.js";
+import { dtypeOfTensor } from "./weights.js";
+
+/** One FFN tensor served from the file. */
+export interface CachedTensorPlan {
+  layer: number;
+  /** "up" | "gate" | "down_t". */
+  role: "up" | "gate" | "down_t";
+  name: string;
+  rows: number;
+  rowBytes: number;
+  /** Rows pinned (the hottest by profile counts). */
+  hot: Int32Array;
+  /** LRU rows. */
+  coldRows: number;
+}
+
+/** What `--ram-budget` does to a model, decided before anything is mapped. */
+export interface RamPlan {
+  /** The budget (bytes). */
+  budget: number;
+  /** Bytes of weights that stay resident (mapped or copied in memory). */
+  residentBytes: number;
+  /** Bytes of the FFN tensors served from the file. */
+  ffnBytes: number;
+  /** Bytes of neuron-cache slots (pinned + LRU) = budget − resident, at most ffnBytes. */
+  cacheBytes: number;
+  /** cacheBytes / ffnBytes. */
+  cachedShare: number;
+  /** Whether hot rows came from activation statistics. */
+  fromStats: boolean;
+  tensors: CachedTensorPlan[];
+}
+
+/** Rows each cached tensor needs at the least (an LRU region of a few rows makes every token re-read). */
+const MIN_ROWS = 16;
+
+/** Share of a tensor's cache slots pinned for its hottest neurons when statistics are given. */
+export const DEFAULT_HOT_SHARE = 0.5;
+
+/**
+ * Plans the split for `budget` bytes.
+ * @param sparse the FFN mode ("off" cannot serve FFN rows from the file).
+ * @throws EngineError 'RAM_BUDGET' when the resident part (plus a minimal cache) exceeds the budget,
+ *   naming the bytes needed; 'BAD_INPUT' when the model or mode cannot use a budget.
+ */
+export function planRamBudget(
+  file: GgufFile,
+  cfg: ModelConfig,
+  budget: number,
+  sparse: string,
+  stats?: ActivationStats,
+  hotShare = DEFAULT_HOT_SHARE,
+): RamPlan {
+  if (!(budget > 0) || !Number.isFinite(budget))
+    throw new EngineError("BAD_INPUT", `RAM budget must be a positive number of bytes, got ${budget}`);
+  let total = 0;
+  for (const t of file.tensors) total += t.byteLength;
+  const tensors: CachedTensorPlan[] = [];
+  let ffnBytes = 0;
+  let extra = 0; // resident copies made at load (down transposed in memory)
+  const cacheable = sparse !== "off" && !cfg.moe && cfg.ffn.activation === "relu";
+  for (let l = 0; l < cfg.n_layer; l++) {
+    const p = `blk.${l}.`;
+    const downT = file.tensorMap.get(`${p}ffn_down_t.weight`);
+    const down = file.tensorMap.get(`${p}ffn_down.weight`);
+    if (sparse !== "off" && !downT && down && !cfg.moe) {
+      // a plain GGUF: sparse mode keeps a neuron-major copy in memory (F16 stays F16, the rest F32)
+      extra += down.type === GGMLType.F16 ? down.byteLength : down.nElements * 4;
+      extra -= down.byteLength; // the mapped original is freed
+    }
+    if (!cacheable) continue;
+    const gated = file.tensorMap.has(`${p}ffn_gate.weight`);
+    const roles: [CachedTensorPlan["role"], string][] = [];
+    // oracle mode computes its mask densely (from the gate, or from up without a gate): that tensor stays resident
+    if (sparse === "predictor" || gated) roles.push(["up", `${p}ffn_up.weight`]);
+    if (sparse === "predictor" && gated) roles.push(["gate", `${p}ffn_gate.weight`]);
+    if (downT) roles.push(["down_t", `${p}ffn_down_t.weight`]);
+    for (const [role, name] of roles) {
+      const t = file.tensorMap.get(name)!;
+      dtypeOfTensor(t);
+      const rows = t.shape[1] ?? 1;
+      tensors.push({ layer: l, role, name, rows, rowBytes: t.byteLength / rows, hot: new Int32Array(0), coldRows: 0 });
+      ffnBytes += t.byteLength;
+    }
+  }
+  const residentBytes = total + extra - ffnBytes;
+  const minCache = tensors.reduce((s, t) => s + Math.min(t.rows, MIN_ROWS) * t.rowBytes, 0);
+  const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
+  if (residentBytes + minCache > budget) {
+    const why =
+      tensors.length === 0
+        ? sparse === "off"
+          ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
+          : " (no FFN tensor of this model can be served from the file)"
+        : ` (resident: embeddings, attention, norms, output and predictors take ${gib(residentBytes)}; the neuron cache needs at least ${gib(minCache)})`;
+    throw new EngineError(
+      "RAM_BUDGET",
+      `RAM budget ${gib(budget)} is too small for this model: it needs at least ${gib(residentBytes + minCache)} (${residentBytes + minCache} bytes)${why}`,
+    );
+  }
+  const cacheBytes = Math.min(ffnBytes, budget - residentBytes);
+  const share = ffnBytes > 0 ? cacheBytes / ffnBytes : 1;
+  for (const t of tensors) {
+    const cap = Math.min(t.rows, Math.max(Math.min(t.rows, MIN_ROWS), Math.floor(share * t.rows)));
+    const counts = stats?.counts[t.layer];
+    let nHot = 0;
+    if (cap >= t.rows) {
+      nHot = t.rows; // everything fits: pin it all (read once at load)
+    } else if (counts) {
+      nHot = Math.floor(cap * hotShare);
+    }
+    if (nHot > 0) {
+      const order = Int32Array.from({ length: t.rows }, (_, i) => i);
+      if (counts && nHot < t.rows) order.sort((a, b) => counts[b]! - counts[a]! || a - b);
+      t.hot = order.slice(0, nHot).sort();
+    }
+    t.coldRows = cap - nHot;
+  }
+  return { budget, residentBytes, ffnBytes, cacheBytes, cachedShare: share, fromStats: !!stats, tensors };
+}
+
+let nextGroup = 1;
+
+/**
+ * Rebinds the planned FFN tensors of mapped weights as file-backed tensors of `backend` (freeing the
+ * mapped ones), one cache group per layer.
+ * @throws EngineError 'UNSUPPORTED_OP' when the backend has no neuron cache; BackendError from binding.
+ */
+export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend: Backend, plan: RamPlan): void {
+  if (!plan.tensors.length) return;
+  if (!backend.mapTensorCached) {
+    throw new EngineError(
+      "UNSUPPORTED_OP",
+      `backend ${backend.name} cannot serve FFN rows from the model file (no neuron cache); --ram-budget needs the cpu backend`,
+    );
+  }
+  const groups = new Map<number, number>();
+  for (const t of plan.tensors) {
+    const info = file.tensorMap.get(t.name)!;
+    if (!groups.has(t.layer)) groups.set(t.layer, nextGroup++);
+    const L = weights.layers[t.layer]!;
+    const old: TensorHandle | undefined = t.role === "up" ? L.ffnUp : t.role === "gate" ? L.ffnGate : L.ffnDownT;
+    const h = backend.mapTensorCached(
+      dtypeOfTensor(info),
+      old?.ne ?? info.shape,
+      { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength },
+      { hot: t.hot, coldRows: t.coldRows, group: groups.get(t.layer) },
+    );
+    if (old) backend.freeTensor(old);
+    if (t.role === "up") L.ffnUp = h;
+    else if (t.role === "gate") L.ffnGate = h;
+    else L.ffnDownT = h;
+  }
+}
