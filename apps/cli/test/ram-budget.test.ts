@@ -21,7 +21,7 @@ import {
   planRamBudget,
   type SparseMode,
 } from "@powerinfer/core";
-import { openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import { openGgufModel, parseModelConfig, readTensorBytes } from "@powerinfer/gguf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -110,6 +110,52 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       }
     }, 120_000);
   }
+
+  it("the bundled layout (convert --bundle): same greedy ids, fewer reads, inspect names it, convert --to pwri restores the tensors", async () => {
+    const bundled = join(dir, "gen.bundle.gguf");
+    const back = join(dir, "gen.back.gguf");
+    const c = cli(["convert", gen, bundled, "--bundle"]);
+    expect(c.status, c.stderr).toBe(0);
+    expect(c.stderr).toMatch(/bundled FFN \(\d+ layers, \d+ neurons per 4 KiB-aligned bucket\)/);
+    const ins = cli(["inspect", bundled]);
+    expect(ins.stdout).toMatch(/FFN layout: +bundled \(ffn_up \+ ffn_gate \+ ffn_down_t rows/);
+    expect(cli(["inspect", gen]).stdout).toMatch(/FFN layout: +tensors/);
+    const prompt = [1, 20, 30, 40, 50, 60, 70];
+    const full = await Model.load(gen, { backend });
+    const want = greedy(full, prompt, 24);
+    full.dispose();
+    const reads: number[] = [];
+    const misses: number[] = [];
+    for (const [path, budget] of [
+      [bundled, undefined],
+      [bundled, budgetFor(bundled, "predictor", 0.3)],
+      [gen, budgetFor(gen, "predictor", 0.3)],
+    ] as const) {
+      const before = backend.neuronCacheStats!();
+      const m = await Model.load(path, { backend, ramBudget: budget });
+      try {
+        expect(greedy(m, prompt, 24)).toEqual(want);
+      } finally {
+        m.dispose();
+      }
+      reads.push(backend.neuronCacheStats!().reads - before.reads);
+      misses.push(backend.neuronCacheStats!().misses - before.misses);
+    }
+    expect(misses[0]).toBe(0); // no budget: every record pinned at load, nothing read while generating
+    expect(reads[1]).toBeLessThan(reads[2]!); // one read per neuron instead of one per part
+    const r = cli(["convert", bundled, back, "--to", "pwri"]);
+    expect(r.status, r.stderr).toBe(0);
+    const a = openGgufModel(gen);
+    const b = openGgufModel(back);
+    for (const t of a.tensors) {
+      const u = b.tensorMap.get(t.name);
+      expect(u, t.name).toBeDefined();
+      expect(Buffer.compare(readTensorBytes(a, t), readTensorBytes(b, u!)), t.name).toBe(0);
+    }
+    const bad = cli(["convert", bundled, join(dir, "x.gguf"), "--to", "gguf"]);
+    expect(bad.status).not.toBe(0);
+    expect(bad.stderr).toMatch(/converts back to PWRI/);
+  }, 120_000);
 
   it("pins the hottest neurons from activation statistics", async () => {
     const file = openGgufModel(gen);

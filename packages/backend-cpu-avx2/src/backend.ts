@@ -182,7 +182,11 @@ export class CpuBackend implements Backend {
       throw new BackendError("BAD_TENSOR", `cpu: coldRows must be an integer ≥ 0, got ${cache.coldRows}`);
     let id: number;
     try {
-      id = this.native.mapTensorCached(dtypeCode(dtype), ne, source.path, source.fileOffset, source.byteLength, cache);
+      const shareWith = cache.shareWith ? this.own(cache.shareWith).id : undefined;
+      id = this.native.mapTensorCached(dtypeCode(dtype), ne, source.path, source.fileOffset, source.byteLength, {
+        ...cache,
+        shareWith,
+      });
     } catch (e) {
       throw toBackendError(e, "IO");
     }

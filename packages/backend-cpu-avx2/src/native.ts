@@ -38,7 +38,17 @@ export interface NativeBackend {
     path: string,
     fileOffset: number,
     byteLength: number,
-    cache: { rowStride?: number; hot?: Int32Array; coldRows: number; group?: number },
+    cache: {
+      rowStride?: number;
+      hot?: Int32Array;
+      coldRows: number;
+      group?: number;
+      recordBytes?: number;
+      bucketRows?: number;
+      bucketStride?: number;
+      shareWith?: number;
+      partOffset?: number;
+    },
   ): number;
   cacheStats(): NeuronCacheStats;
   readTensor(id: number): Uint8Array;

@@ -263,7 +263,9 @@ export function describeRamPlan(model: Model): string {
       ? `O_DIRECT, ${st.ioThreads} reader threads`
       : `pread + fadvise(DONTNEED), ${st.ioThreads} reader threads`
     : "";
-  return `ram budget ${gib(p.budget)}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
+  const budget =
+    p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
+  return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
 }
 
 /** Differences of two neuron-cache counter snapshots. */

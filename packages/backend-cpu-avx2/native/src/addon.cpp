@@ -323,9 +323,22 @@ class Backend : public Napi::ObjectWrap<Backend> {
     if (!info[5].IsObject()) throw_error(env, "BAD_TENSOR", "cache options must be an object");
     Napi::Object o = info[5].As<Napi::Object>();
     const size_t bytes = guarded(env, [&] { return pi::tensor_bytes(dt, ne); });
-    if (len != bytes) throw_error(env, "BAD_TENSOR", "byteLength " + std::to_string(len) + " != " + std::to_string(bytes));
+    const bool bundled = o.Has("recordBytes") && !o.Get("recordBytes").IsUndefined();
+    if (!bundled && !(o.Has("shareWith") && !o.Get("shareWith").IsUndefined()) && len != bytes) {
+      throw_error(env, "BAD_TENSOR", "byteLength " + std::to_string(len) + " != " + std::to_string(bytes));
+    }
+    if (o.Has("shareWith") && !o.Get("shareWith").IsUndefined()) {
+      // another part of a bundled neuron record: the rows live in that tensor's cache
+      const int with = get_int(o.Get("shareWith"), "shareWith");
+      const uint64_t part = o.Has("partOffset") ? whole(o.Get("partOffset"), "partOffset") : 0;
+      pi::TensorPtr t = guarded(env, [&] { return s.store.share_cached(dt, ne, with, static_cast<size_t>(part)); });
+      return Napi::Number::New(env, t->id);
+    }
     spec.n_rows = ne[1];
     spec.row_bytes = bytes / static_cast<size_t>(ne[1]);
+    if (o.Has("recordBytes") && !o.Get("recordBytes").IsUndefined()) spec.row_bytes = whole(o.Get("recordBytes"), "recordBytes");
+    if (o.Has("bucketRows") && !o.Get("bucketRows").IsUndefined()) spec.bucket_rows = static_cast<int64_t>(whole(o.Get("bucketRows"), "bucketRows"));
+    if (o.Has("bucketStride") && !o.Get("bucketStride").IsUndefined()) spec.bucket_stride = whole(o.Get("bucketStride"), "bucketStride");
     spec.row_stride = o.Has("rowStride") && !o.Get("rowStride").IsUndefined() ? whole(o.Get("rowStride"), "rowStride") : spec.row_bytes;
     spec.cold_slots = static_cast<int64_t>(whole(o.Get("coldRows"), "coldRows"));
     if (o.Has("hot") && o.Get("hot").IsTypedArray()) {
@@ -366,7 +379,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     Napi::Uint8Array out = Napi::Uint8Array::New(env, t->bytes);
     if (t->cache) {
       guarded(env, [&] {
-        t->cache->read_all(out.Data());
+        t->cache->read_all(out.Data(), t->cache_part, t->bytes / static_cast<size_t>(t->ne[1]));
         return 0;
       });
     } else if (t->bytes) {

@@ -358,6 +358,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       for (int d = 0; d < 4; d++) n.src[s].ne[d] = st.ne[d];
       n.src[s].nel = st.nel;
       n.src[s].cache = st.handle ? st.handle->cache.get() : nullptr;  // scratch sizes depend on it
+      if (n.src[s].cache) {
+        n.src[s].cache_part = st.handle->cache_part;
+        n.src[s].cache_counts = st.handle->cache_counts;
+      }
     }
     // destination
     const int dst = w[1];
@@ -713,7 +717,6 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       if (n.has[s]) {
         const TInfo& st = ts[static_cast<size_t>(src_of[ni * MAX_SRC + s])];
         n.src[s].data = st.data;
-        n.src[s].cache = st.handle ? st.handle->cache.get() : nullptr;
       }
     }
     n.scratch = arena_ + scratch_off;

@@ -86,7 +86,7 @@ void ReaderPool::loop() {
       queue_.pop_front();
       if (in_flight_++ == 0) busy_since_ns_ = now_ns();
     }
-    const size_t need = bounce_bytes_for(job.cache->row_bytes_, job.cache->row_stride_);
+    const size_t need = bounce_bytes_for(job.cache->row_bytes_, std::max(job.cache->row_stride_, job.cache->bucket_stride_));
     if (need > bounce_bytes) {
       std::free(bounce);
       bounce = nullptr;
@@ -116,6 +116,8 @@ void ReaderPool::loop() {
 NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, CacheCounters* counters)
     : file_offset_(s.file_offset),
       row_stride_(s.row_stride ? s.row_stride : s.row_bytes),
+      bucket_rows_(s.bucket_rows > 0 ? s.bucket_rows : 1),
+      bucket_stride_(s.bucket_stride ? s.bucket_stride : (s.row_stride ? s.row_stride : s.row_bytes) * (s.bucket_rows > 0 ? s.bucket_rows : 1)),
       row_bytes_(s.row_bytes),
       slot_bytes_((s.row_bytes + 63) / 64 * 64),
       n_rows_(s.n_rows),
@@ -123,6 +125,9 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
       counters_(counters) {
   if (n_rows_ < 1 || row_bytes_ == 0) throw BackendErr("BAD_TENSOR", "neuron cache: empty tensor");
   if (row_stride_ < row_bytes_) throw BackendErr("BAD_TENSOR", "neuron cache: row stride below the row size");
+  if (bucket_stride_ < row_stride_ * static_cast<uint64_t>(bucket_rows_ - 1) + row_bytes_) {
+    throw BackendErr("BAD_TENSOR", "neuron cache: bucket stride below the bucket's rows");
+  }
   if (s.cold_slots < 0) throw BackendErr("BAD_TENSOR", "neuron cache: negative cold slot count");
   fd_ = open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   direct_ = fd_ >= 0;
@@ -138,7 +143,7 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
     close(fd_);
     throw BackendErr("IO", "neuron cache: cannot stat " + s.path + ": " + std::strerror(e));
   }
-  const uint64_t end = file_offset_ + static_cast<uint64_t>(n_rows_ - 1) * row_stride_ + row_bytes_;
+  const uint64_t end = row_off(n_rows_ - 1) + row_bytes_;
   if (end > static_cast<uint64_t>(st.st_size)) {
     close(fd_);
     throw BackendErr("BAD_TENSOR", "neuron cache: rows end at byte " + std::to_string(end) + ", beyond the file size " +
@@ -176,7 +181,7 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
   for (int64_t i = 0; i < n_slots_; i++) state_[i].store(EMPTY);
   // hot rows: read now, on this thread, in runs of adjacent rows
   std::sort(hot.begin(), hot.end());
-  const size_t bb = bounce_bytes_for(row_bytes_, row_stride_);
+  const size_t bb = bounce_bytes_for(row_bytes_, std::max(row_stride_, bucket_stride_));
   void* b = nullptr;
   if (posix_memalign(&b, kBlock, bb) != 0) {
     release();
@@ -214,8 +219,8 @@ void NeuronCache::release() {
 }
 
 bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes) {
-  const uint64_t first = file_offset_ + static_cast<uint64_t>(job.first_row) * row_stride_;
-  const uint64_t last_end = first + static_cast<uint64_t>(job.count - 1) * row_stride_ + row_bytes_;
+  const uint64_t first = row_off(job.first_row);
+  const uint64_t last_end = row_off(job.first_row + job.count - 1) + row_bytes_;
   const uint64_t a0 = first / kBlock * kBlock;
   const uint64_t a1 = (last_end + kBlock - 1) / kBlock * kBlock;
   if (a1 - a0 > bounce_bytes) {
@@ -234,7 +239,7 @@ bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounc
     (void)posix_fadvise(fd_, static_cast<off_t>(a0), static_cast<off_t>(a1 - a0), POSIX_FADV_DONTNEED);
   }
   for (int i = 0; i < job.count; i++) {
-    const uint64_t off = first + static_cast<uint64_t>(i) * row_stride_ - a0;
+    const uint64_t off = row_off(job.first_row + i) - a0;
     std::memcpy(slots_ + static_cast<size_t>(job.slots[i]) * slot_bytes_, bounce + off, row_bytes_);
   }
   return true;
@@ -334,14 +339,13 @@ const uint8_t* NeuronCache::wait(int32_t slot) {
   return slot_data(slot);
 }
 
-void NeuronCache::read_all(uint8_t* dst) const {
+void NeuronCache::read_all(uint8_t* dst, size_t part_off, size_t part_bytes) const {
   // a plain descriptor: O_DIRECT would need aligned destination buffers
   const int fd = open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw BackendErr("IO", std::string("neuron cache: cannot reopen the model file: ") + std::strerror(errno));
   for (int64_t r = 0; r < n_rows_; r++) {
-    const int64_t got = pread_full(fd, dst + static_cast<size_t>(r) * row_bytes_, row_bytes_,
-                                   file_offset_ + static_cast<uint64_t>(r) * row_stride_);
-    if (got != static_cast<int64_t>(row_bytes_)) {
+    const int64_t got = pread_full(fd, dst + static_cast<size_t>(r) * part_bytes, part_bytes, row_off(r) + part_off);
+    if (got != static_cast<int64_t>(part_bytes)) {
       close(fd);
       throw BackendErr("IO", std::string("neuron cache: reading the model file failed: ") +
                                  (got < 0 ? std::strerror(static_cast<int>(-got)) : "short read"));

@@ -79,7 +79,9 @@ struct CacheSpec {
   std::string path;
   uint64_t file_offset = 0;   ///< byte offset of row 0
   uint64_t row_stride = 0;    ///< bytes between rows in the file (= row_bytes for a plain tensor)
-  size_t row_bytes = 0;
+  int64_t bucket_rows = 1;    ///< rows per bucket (bundled layout: buckets start 4 KiB aligned)
+  uint64_t bucket_stride = 0; ///< bytes between bucket starts (default: row_stride × bucket_rows)
+  size_t row_bytes = 0;       ///< bytes of one row (bundled layout: the whole neuron record)
   int64_t n_rows = 0;
   std::vector<int32_t> hot;   ///< rows pinned in memory (read at bind time)
   int64_t cold_slots = 0;     ///< LRU slots
@@ -114,8 +116,14 @@ class NeuronCache {
   const uint8_t* wait(int32_t slot);
   const uint8_t* slot_data(int32_t slot) const { return slots_ + static_cast<size_t>(slot) * slot_bytes_; }
 
-  /// Copies every row (bind-time tools: readTensor). @throws BackendErr IO.
-  void read_all(uint8_t* dst) const;
+  /// Copies bytes [part_off, part_off + part_bytes) of every row (bind-time tools: readTensor).
+  /// @throws BackendErr IO.
+  void read_all(uint8_t* dst, size_t part_off, size_t part_bytes) const;
+  /// File offset of row r.
+  uint64_t row_off(int64_t r) const {
+    return file_offset_ + static_cast<uint64_t>(r / bucket_rows_) * bucket_stride_ +
+           static_cast<uint64_t>(r % bucket_rows_) * row_stride_;
+  }
 
   size_t row_bytes() const { return row_bytes_; }
   int64_t n_rows() const { return n_rows_; }
@@ -139,6 +147,8 @@ class NeuronCache {
   int fd_ = -1;
   bool direct_ = false;
   uint64_t file_offset_, row_stride_;
+  int64_t bucket_rows_;
+  uint64_t bucket_stride_;
   size_t row_bytes_, slot_bytes_;
   int64_t n_rows_, n_hot_ = 0, n_slots_ = 0;
   uint8_t* slots_ = nullptr;

@@ -364,12 +364,13 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
 int64_t cache_round(const NodeExec& n, const SparseLayout& l, int64_t r0, int64_t len, bool prefetch_siblings) {
   NeuronCache* c = n.src[0].cache;
   c->begin();
-  int64_t got = c->request(l.list + 2 * r0 + 1, len - r0, 2, l.slot + r0, true);
+  const bool counts = n.src[0].cache_counts;
+  int64_t got = c->request(l.list + 2 * r0 + 1, len - r0, 2, l.slot + r0, counts);
   if (got == 0 && len > r0) {
     // every free slot is held by rows further down the list: take one row alone (always fits: a cache
     // that does not pin every row has at least one cold slot)
     c->begin();
-    got = c->request(l.list + 2 * r0 + 1, 1, 2, l.slot + r0, true);
+    got = c->request(l.list + 2 * r0 + 1, 1, 2, l.slot + r0, counts);
   }
   if (prefetch_siblings && r0 == 0) {
     for (NeuronCache* sib : c->siblings) {
@@ -385,6 +386,7 @@ void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
   const SparseLayout l = sparse_layout(n, nth, b);
   const TensorView& W = n.src[0];
   NeuronCache* c = W.cache;
+  const size_t part = W.cache_part;
   const int64_t K = W.ne[0], T = n.src[1].rows();
   const int64_t n_out = static_cast<int64_t>(n.p[1]);
   const float thr = static_cast<float>(n.p[0]);
@@ -428,7 +430,7 @@ void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
           const int nr = q + 4 <= e1 ? 4 : static_cast<int>(e1 - q);
           const uint8_t* w[4];
           float out[4];
-          for (int r = 0; r < nr; r++) w[r] = c->wait(l.slot[l.order[q + r]]);
+          for (int r = 0; r < nr; r++) w[r] = c->wait(l.slot[l.order[q + r]]) + part;
           tile(K, nr, 1, w, &xq, out);
           for (int r = 0; r < nr; r++) y[l.list[2 * l.order[q + r]]] = out[r];
         }
@@ -438,7 +440,7 @@ void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
       for (int64_t q = e0; q < e1; q++) {
         const int64_t e = l.order[q];
         const int64_t i = l.list[2 * e];
-        const uint8_t* w = c->wait(l.slot[e]);
+        const uint8_t* w = c->wait(l.slot[e]) + part;
         for (int64_t t = 0; t < T; t++) {
           if (logits && !(logits[i + t * n_out] >= thr)) continue;
           y[i + t * n_out] = dot(K, w, xq + t * xrb);
@@ -457,6 +459,7 @@ void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
   const SparseLayout l = sparse_layout(n, nth, b);
   const TensorView& W = n.src[0];
   NeuronCache* c = W.cache;
+  const size_t part = W.cache_part;
   const int64_t E = W.ne[0], T = n.src[1].rows();
   const int64_t n_out = static_cast<int64_t>(n.p[1]);
   const float thr = static_cast<float>(n.p[0]);
@@ -486,7 +489,7 @@ void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
         const uint8_t* wr[4];
         for (int r = 0; r < nr; r++) {
           av[r] = a[l.list[2 * (e + r)]];
-          wr[r] = c->wait(l.slot[e + r]);
+          wr[r] = c->wait(l.slot[e + r]) + part;
         }
         rows(E, nr, av, wr, acc);
       }
@@ -494,7 +497,7 @@ void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
     } else {
       for (int64_t e = e0; e < e1; e++) {
         const int64_t i = l.list[2 * e];
-        const uint8_t* w = c->wait(l.slot[e]);
+        const uint8_t* w = c->wait(l.slot[e]) + part;
         int64_t nact = 0;
         for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
         const bool deq = tmp && nact >= 2 && (W.dtype == DT_F32 || W.dtype == DT_F16 || W.dtype == DT_BF16);

@@ -131,7 +131,7 @@ TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpe
   const size_t bytes = tensor_bytes(dtype, ne);
   if (ne[2] != 1 || ne[3] != 1) throw BackendErr("BAD_TENSOR", "mapTensorCached: only 2-d tensors (one row per neuron)");
   const size_t rb = bytes / static_cast<size_t>(ne[1]);
-  if (spec.row_bytes != rb || spec.n_rows != ne[1]) {
+  if (spec.row_bytes < rb || spec.n_rows != ne[1]) {
     throw BackendErr("BAD_TENSOR", "mapTensorCached: row size/count differ from the tensor's shape");
   }
   char resolved[PATH_MAX];
@@ -182,11 +182,37 @@ TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpe
   return t;
 }
 
+TensorPtr TensorStore::share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset) {
+  const size_t bytes = tensor_bytes(dtype, ne);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tensors_.find(with);
+  if (it == tensors_.end() || !it->second->cache) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: shareWith " + std::to_string(with) + " is not a cached tensor");
+  }
+  const std::shared_ptr<NeuronCache>& c = it->second->cache;
+  const size_t rb = bytes / static_cast<size_t>(ne[1]);
+  if (ne[2] != 1 || ne[3] != 1 || ne[1] != c->n_rows() || part_offset + rb > c->row_bytes()) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: part [" + std::to_string(part_offset) + ", +" + std::to_string(rb) +
+                                       ") does not fit the shared cache's rows of " + std::to_string(c->row_bytes()) + " bytes");
+  }
+  auto t = std::make_shared<Tensor>();
+  t->id = next_id_++;
+  t->dtype = dtype;
+  for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+  t->bytes = bytes;
+  t->mapped = true;
+  t->cache = c;
+  t->cache_part = part_offset;
+  t->cache_counts = false;
+  tensors_[t->id] = t;
+  return t;
+}
+
 size_t TensorStore::cache_bytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   size_t b = 0;
   for (auto& kv : tensors_) {
-    if (kv.second->cache) b += kv.second->cache->resident_bytes();
+    if (kv.second->cache && kv.second->cache_counts) b += kv.second->cache->resident_bytes();
   }
   return b;
 }

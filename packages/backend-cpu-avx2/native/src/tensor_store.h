@@ -46,6 +46,8 @@ struct Tensor {
   std::shared_ptr<FileMapping> mapping;  // keeps a mapped tensor's file mapped
   /// File-backed rows (data == nullptr): only the sparse ops read such a tensor, through the cache.
   std::shared_ptr<NeuronCache> cache;
+  size_t cache_part = 0;      ///< byte offset of this tensor's row within a cache row (bundled layout)
+  bool cache_counts = true;   ///< whether this tensor's requests count hits/misses (one per cache)
   ~Tensor();
 };
 
@@ -64,6 +66,9 @@ class TensorStore {
   /// neuron_cache.h); `group` > 0 links caches of one FFN so that one list prefetches all.
   /// @throws BackendErr BAD_TENSOR, IO, OUT_OF_MEMORY.
   TensorPtr map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group);
+  /// Another tensor over the cache of tensor `with` (bundled layout): its rows are bytes
+  /// [part_offset, part_offset + row size) of that cache's rows. @throws BackendErr BAD_TENSOR.
+  TensorPtr share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset);
   /// Counters of all caches (monotonic).
   CacheCounters& counters();
   /// Bytes held by neuron cache slots (hot + cold).

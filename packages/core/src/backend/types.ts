@@ -142,6 +142,21 @@ export interface FileTensorSource {
 export interface NeuronCacheOptions {
   /** Bytes between row starts in the file (default: the row size, i.e. a plain row-major tensor). */
   rowStride?: number;
+  /**
+   * Bundled layout: bytes of one neuron record in the file (all parts: up, gate, down rows); the cache
+   * holds whole records and this tensor is the part at offset 0. Default: the tensor's row size.
+   */
+  recordBytes?: number;
+  /** Bundled layout: records per bucket (buckets start 4 KiB aligned; default 1). */
+  bucketRows?: number;
+  /** Bundled layout: bytes between bucket starts (default rowStride × bucketRows). */
+  bucketStride?: number;
+  /**
+   * Bundled layout: this tensor is another part of the records of `shareWith`'s cache, at byte
+   * `partOffset` of each record (the other options are then ignored; its requests are not counted).
+   */
+  shareWith?: TensorHandle;
+  partOffset?: number;
   /** Rows pinned in memory for the tensor's lifetime (read at bind time): the hot neurons. */
   hot?: Int32Array;
   /** Further rows held in a least-recently-used region, filled from the file on demand. */

@@ -22,6 +22,7 @@ import {
   mapLlamaWeights,
   type SparseMode,
 } from "../model/llama.js";
+import { isBundled } from "../model/bundle.js";
 import { bindNeuronCaches, planRamBudget, type RamPlan } from "../model/ram-budget.js";
 import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
 import { EngineError } from "./errors.js";
@@ -152,9 +153,10 @@ export class Model {
     // the RAM plan is decided (and a budget that is too small refused) before any weight is mapped
     const sparse0 = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
     let ramPlan: RamPlan | undefined;
-    if (opts.ramBudget !== undefined) {
+    if (opts.ramBudget !== undefined || isBundled(file)) {
       if (opts.ramStats) checkStatsForModel(opts.ramStats, config);
-      ramPlan = planRamBudget(file, config, opts.ramBudget, sparse0, opts.ramStats);
+      // a bundled file is always read through the neuron cache: without a budget, every record pinned
+      ramPlan = planRamBudget(file, config, opts.ramBudget ?? Number.MAX_SAFE_INTEGER, sparse0, opts.ramStats);
       if (ramPlan.tensors.length && !opts.backend.mapTensorCached) {
         throw new EngineError(
           "UNSUPPORTED_OP",
@@ -190,8 +192,8 @@ export class Model {
         }
       });
     }
-    checkSparseMode(config, weights, sparse);
     if (ramPlan) bindNeuronCaches(file, weights, opts.backend, ramPlan);
+    checkSparseMode(config, weights, sparse);
     // yield once so an abort signal raised during mapping is seen
     await new Promise((r) => setImmediate(r));
     checkAbort(opts.signal);

@@ -19,13 +19,16 @@ import { type ActivationStats, GGMLType, type GgufFile, type ModelConfig } from 
 import type { Backend, TensorHandle } from "../backend/types.js";
 import { EngineError } from "../engine/errors.js";
 import type { LlamaWeights } from "./llama.js";
+import { type BundleLayout, bundleLayout, isBundled } from "./bundle.js";
 import { dtypeOfTensor } from "./weights.js";
 
 /** One FFN tensor served from the file. */
 export interface CachedTensorPlan {
   layer: number;
-  /** "up" | "gate" | "down_t". */
-  role: "up" | "gate" | "down_t";
+  /** "up" | "gate" | "down_t", or "bundle": a layer's neuron records (bundled layout, all parts). */
+  role: "up" | "gate" | "down_t" | "bundle";
+  /** The bundle's layout (role "bundle"). */
+  bundle?: BundleLayout;
   name: string;
   rows: number;
   rowBytes: number;
@@ -80,8 +83,30 @@ export function planRamBudget(
   let ffnBytes = 0;
   let extra = 0; // resident copies made at load (down transposed in memory)
   const cacheable = sparse !== "off" && !cfg.moe && cfg.ffn.activation === "relu";
+  const bundled = isBundled(file);
+  if (bundled && sparse !== "predictor") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `a bundled model (convert --bundle) runs in predictor mode only (sparse mode "${sparse}" reads FFN tensors densely); convert it back with \`powerinfer convert IN OUT --to pwri\``,
+    );
+  }
   for (let l = 0; l < cfg.n_layer; l++) {
     const p = `blk.${l}.`;
+    const b = bundleLayout(file, l, cfg.n_embd, cfg.n_ff);
+    if (b) {
+      tensors.push({
+        layer: l,
+        role: "bundle",
+        name: b.info.name,
+        rows: b.nFf,
+        rowBytes: b.recordBytes,
+        hot: new Int32Array(0),
+        coldRows: 0,
+        bundle: b,
+      });
+      ffnBytes += b.info.byteLength;
+      continue;
+    }
     const downT = file.tensorMap.get(`${p}ffn_down_t.weight`);
     const down = file.tensorMap.get(`${p}ffn_down.weight`);
     if (sparse !== "off" && !downT && down && !cfg.moe) {
@@ -120,7 +145,7 @@ export function planRamBudget(
     );
   }
   const cacheBytes = Math.min(ffnBytes, budget - residentBytes);
-  const share = ffnBytes > 0 ? cacheBytes / ffnBytes : 1;
+  const share = ffnBytes > 0 ? Math.min(1, cacheBytes / ffnBytes) : 1;
   for (const t of tensors) {
     const cap = Math.min(t.rows, Math.max(Math.min(t.rows, MIN_ROWS), Math.floor(share * t.rows)));
     const counts = stats?.counts[t.layer];
@@ -160,6 +185,32 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
     const info = file.tensorMap.get(t.name)!;
     if (!groups.has(t.layer)) groups.set(t.layer, nextGroup++);
     const L = weights.layers[t.layer]!;
+    if (t.bundle) {
+      // one cache of whole neuron records; up is its owner (the first op of the FFN, which counts), the
+      // other parts share it at their offsets
+      const b = t.bundle;
+      const dtype = dtypeOfTensor({ ...info, type: b.type });
+      const ne = [b.nEmbd, b.nFf];
+      const src = { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength };
+      const owner = backend.mapTensorCached(dtype, ne, src, {
+        recordBytes: b.recordBytes,
+        rowStride: b.recordBytes,
+        bucketRows: b.bucketRows,
+        bucketStride: b.bucketStride,
+        hot: t.hot,
+        coldRows: t.coldRows,
+      });
+      b.parts.forEach((part, j) => {
+        const h =
+          j === 0
+            ? owner
+            : backend.mapTensorCached!(dtype, ne, src, { coldRows: 0, shareWith: owner, partOffset: j * b.rowBytes });
+        if (part === "ffn_up") L.ffnUp = h;
+        else if (part === "ffn_gate") L.ffnGate = h;
+        else L.ffnDownT = h;
+      });
+      continue;
+    }
     const old: TensorHandle | undefined = t.role === "up" ? L.ffnUp : t.role === "gate" ? L.ffnGate : L.ffnDownT;
     const h = backend.mapTensorCached(
       dtypeOfTensor(info),
