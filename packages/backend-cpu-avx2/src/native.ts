@@ -43,6 +43,7 @@ export interface NativeBackend {
       hot?: Int32Array;
       coldRows: number;
       group?: number;
+      pool?: number;
       recordBytes?: number;
       bucketRows?: number;
       bucketStride?: number;

@@ -348,7 +348,8 @@ class Backend : public Napi::ObjectWrap<Backend> {
       spec.hot.assign(h.Data(), h.Data() + h.ElementLength());
     }
     const int group = o.Has("group") && o.Get("group").IsNumber() ? get_int(o.Get("group"), "group") : 0;
-    pi::TensorPtr t = guarded(env, [&] { return s.store.map_cached(dt, ne, spec, group); });
+    const int pool = o.Has("pool") && o.Get("pool").IsNumber() ? get_int(o.Get("pool"), "pool") : 0;
+    pi::TensorPtr t = guarded(env, [&] { return s.store.map_cached(dt, ne, spec, group, pool); });
     return Napi::Number::New(env, t->id);
   }
 

@@ -101,7 +101,9 @@ void ReaderPool::loop() {
         std::memset(const_cast<uint8_t*>(job.cache->slot_data(job.slots[i])), 0, job.cache->row_bytes_);
       }
     }
-    for (int i = 0; i < job.count; i++) job.cache->state_[job.slots[i]].store(NeuronCache::READY, std::memory_order_release);
+    for (int i = 0; i < job.count; i++) {
+      job.cache->slots_->state_[static_cast<size_t>(job.slots[i])].store(NeuronCache::READY, std::memory_order_release);
+    }
     job.cache->in_flight_.fetch_sub(job.count, std::memory_order_acq_rel);
     {
       std::lock_guard<std::mutex> lk(mu_);
@@ -111,19 +113,50 @@ void ReaderPool::loop() {
   std::free(bounce);
 }
 
+// ---- slot pool ------------------------------------------------------------------------------
+
+SlotPool::~SlotPool() {
+  for (void* c : chunks_) std::free(c);
+}
+
+int32_t SlotPool::add(int64_t n, bool pinned) {
+  const int32_t first = static_cast<int32_t>(ptr_.size());
+  if (n <= 0) return first;
+  if (static_cast<int64_t>(ptr_.size()) + n > (int64_t{1} << 31) - 1) throw BackendErr("OUT_OF_MEMORY", "neuron cache: too many slots");
+  void* p = nullptr;
+  if (posix_memalign(&p, 64, static_cast<size_t>(n) * slot_bytes_) != 0) {
+    throw BackendErr("OUT_OF_MEMORY", "neuron cache: cannot allocate " + std::to_string(static_cast<size_t>(n) * slot_bytes_) +
+                                          " bytes of slots");
+  }
+  chunks_.push_back(p);
+  for (int64_t i = 0; i < n; i++) {
+    ptr_.push_back(static_cast<uint8_t*>(p) + static_cast<size_t>(i) * slot_bytes_);
+    owner_.push_back(nullptr);
+    row_.push_back(-1);
+    stamp_.push_back(0);
+    ref_.push_back(0);
+    fresh_.push_back(0);
+    pinned_.push_back(pinned ? 1 : 0);
+    state_.emplace_back(NeuronCache::EMPTY);
+  }
+  return first;
+}
+
 // ---- cache ----------------------------------------------------------------------------------
 
-NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, CacheCounters* counters)
+NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, std::shared_ptr<SlotPool> slots,
+                         CacheCounters* counters)
     : file_offset_(s.file_offset),
       row_stride_(s.row_stride ? s.row_stride : s.row_bytes),
       bucket_rows_(s.bucket_rows > 0 ? s.bucket_rows : 1),
       bucket_stride_(s.bucket_stride ? s.bucket_stride : (s.row_stride ? s.row_stride : s.row_bytes) * (s.bucket_rows > 0 ? s.bucket_rows : 1)),
       row_bytes_(s.row_bytes),
-      slot_bytes_((s.row_bytes + 63) / 64 * 64),
       n_rows_(s.n_rows),
       pool_(std::move(pool)),
+      slots_(std::move(slots)),
       counters_(counters) {
   if (n_rows_ < 1 || row_bytes_ == 0) throw BackendErr("BAD_TENSOR", "neuron cache: empty tensor");
+  if (slots_->slot_bytes() < row_bytes_) throw BackendErr("BAD_TENSOR", "neuron cache: slot pool of smaller rows");
   if (row_stride_ < row_bytes_) throw BackendErr("BAD_TENSOR", "neuron cache: row stride below the row size");
   if (bucket_stride_ < row_stride_ * static_cast<uint64_t>(bucket_rows_ - 1) + row_bytes_) {
     throw BackendErr("BAD_TENSOR", "neuron cache: bucket stride below the bucket's rows");
@@ -165,20 +198,15 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
   if (cold < 1) cold = 1;  // a row that is not pinned needs somewhere to land
   if (cold > n_rows_ - n_hot_) cold = n_rows_ - n_hot_;
   n_slots_ = n_hot_ + cold;
-  const size_t total = static_cast<size_t>(n_slots_ > 0 ? n_slots_ : 1) * slot_bytes_;
-  void* p = nullptr;
-  if (posix_memalign(&p, 64, total) != 0) {
-    close(fd_);
-    throw BackendErr("OUT_OF_MEMORY", "neuron cache: cannot allocate " + std::to_string(total) + " bytes of slots");
-  }
-  slots_ = static_cast<uint8_t*>(p);
   slot_of_.assign(static_cast<size_t>(n_rows_), -1);
-  row_of_.assign(static_cast<size_t>(n_slots_), -1);
-  stamp_of_.assign(static_cast<size_t>(n_slots_), 0);
-  ref_.assign(static_cast<size_t>(n_slots_), 0);
-  fresh_.assign(static_cast<size_t>(n_slots_), 0);
-  state_.reset(new std::atomic<uint8_t>[static_cast<size_t>(n_slots_ > 0 ? n_slots_ : 1)]);
-  for (int64_t i = 0; i < n_slots_; i++) state_[i].store(EMPTY);
+  int32_t hot0 = 0;
+  try {
+    hot0 = slots_->add(n_hot_, true);
+    slots_->add(cold, false);
+  } catch (...) {
+    close(fd_);
+    throw;
+  }
   // hot rows: read now, on this thread, in runs of adjacent rows
   std::sort(hot.begin(), hot.end());
   const size_t bb = bounce_bytes_for(row_bytes_, std::max(row_stride_, bucket_stride_));
@@ -190,10 +218,11 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
   for (size_t i = 0; i < hot.size();) {
     ReaderPool::Job job{this, hot[i], 0, {}};
     while (i < hot.size() && job.count < 16 && hot[i] == job.first_row + job.count) {
-      const int32_t slot = static_cast<int32_t>(i);
+      const int32_t slot = hot0 + static_cast<int32_t>(i);
       job.slots[job.count++] = slot;
       slot_of_[static_cast<size_t>(hot[i])] = slot;
-      row_of_[static_cast<size_t>(slot)] = hot[i];
+      slots_->owner_[static_cast<size_t>(slot)] = this;
+      slots_->row_[static_cast<size_t>(slot)] = hot[i];
       i++;
     }
     if (!load(job, static_cast<uint8_t*>(b), bb)) {
@@ -202,7 +231,7 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, C
       release();
       throw BackendErr("IO", "neuron cache: reading hot rows of " + s.path + " failed: " + std::strerror(e));
     }
-    for (int k = 0; k < job.count; k++) state_[job.slots[k]].store(READY);
+    for (int k = 0; k < job.count; k++) slots_->state_[static_cast<size_t>(job.slots[k])].store(READY);
   }
   std::free(b);
 }
@@ -214,8 +243,16 @@ void NeuronCache::release() {
   while (in_flight_.load(std::memory_order_acquire) > 0) sched_yield();
   if (fd_ >= 0) close(fd_);
   fd_ = -1;
-  std::free(slots_);
-  slots_ = nullptr;
+  // our slots go back to the pool: pinned ones stay out of circulation (their memory is the pool's)
+  if (slots_) {
+    for (size_t i = 0; i < slots_->owner_.size(); i++) {
+      if (slots_->owner_[i] == this) {
+        slots_->owner_[i] = nullptr;
+        slots_->row_[i] = -1;
+        slots_->state_[i].store(EMPTY);
+      }
+    }
+  }
 }
 
 bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes) {
@@ -240,49 +277,51 @@ bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounc
   }
   for (int i = 0; i < job.count; i++) {
     const uint64_t off = row_off(job.first_row + i) - a0;
-    std::memcpy(slots_ + static_cast<size_t>(job.slots[i]) * slot_bytes_, bounce + off, row_bytes_);
+    std::memcpy(slots_->ptr_[static_cast<size_t>(job.slots[i])], bounce + off, row_bytes_);
   }
   return true;
 }
 
 int32_t NeuronCache::victim() {
-  const int64_t cold = n_slots_ - n_hot_;
-  if (cold <= 0) return -1;
-  for (int64_t step = 0; step < 2 * cold + 1; step++) {
-    const int32_t s = static_cast<int32_t>(n_hot_ + hand_);
-    hand_ = hand_ + 1 == cold ? 0 : hand_ + 1;
-    if (stamp_of_[static_cast<size_t>(s)] == stamp_) continue;                 // used by this request
-    if (state_[s].load(std::memory_order_acquire) == PENDING) continue;       // being read
-    if (ref_[static_cast<size_t>(s)]) {
-      ref_[static_cast<size_t>(s)] = 0;
+  SlotPool& P = *slots_;
+  const int64_t n = P.size();
+  for (int64_t step = 0; step < 2 * n + 1; step++) {
+    const size_t s = static_cast<size_t>(P.hand_);
+    P.hand_ = P.hand_ + 1 == n ? 0 : P.hand_ + 1;
+    if (P.pinned_[s]) continue;
+    if (P.stamp_[s] == P.gen_) continue;                                   // used by this request
+    if (P.state_[s].load(std::memory_order_acquire) == PENDING) continue;  // being read
+    if (P.ref_[s]) {
+      P.ref_[s] = 0;
       continue;
     }
-    return s;
+    return static_cast<int32_t>(s);
   }
   return -1;
 }
 
 int64_t NeuronCache::request(const int32_t* rows, int64_t n, int stride, int32_t* slot_out, bool own) {
+  SlotPool& P = *slots_;
   // pass 1: rows present (or being read) are protected first, so pass 2 never evicts one of them
-  int64_t hits = 0;
   for (int64_t e = 0; e < n; e++) {
     const int32_t s = slot_of_[static_cast<size_t>(rows[e * stride])];
     if (s >= 0) {
-      stamp_of_[static_cast<size_t>(s)] = stamp_;
-      ref_[static_cast<size_t>(s)] = 1;
+      P.stamp_[static_cast<size_t>(s)] = P.gen_;
+      P.ref_[static_cast<size_t>(s)] = 1;
     }
   }
   // pass 2: misses get a slot each; adjacent rows become one read
   jobs_.clear();
   int64_t e = 0;
-  int64_t misses = 0;
+  int64_t hits = 0, misses = 0;
   for (; e < n; e++) {
     const int32_t r = rows[e * stride];
     int32_t s = slot_of_[static_cast<size_t>(r)];
     if (s >= 0) {
-      stamp_of_[static_cast<size_t>(s)] = stamp_;
-      if (own && fresh_[static_cast<size_t>(s)]) {
-        fresh_[static_cast<size_t>(s)] = 0;
+      const size_t si = static_cast<size_t>(s);
+      P.stamp_[si] = P.gen_;
+      if (own && P.fresh_[si]) {
+        P.fresh_[si] = 0;
         misses++;  // read for this token by the prefetch
       } else if (own) {
         hits++;
@@ -294,18 +333,22 @@ int64_t NeuronCache::request(const int32_t* rows, int64_t n, int stride, int32_t
     if (s < 0 && e == 0) {
       // only slots still being read are free: wait for them once
       while (in_flight_.load(std::memory_order_acquire) > 0) sched_yield();
+      for (NeuronCache* c : siblings) {
+        while (c->in_flight_.load(std::memory_order_acquire) > 0) sched_yield();
+      }
       s = victim();
     }
     if (s < 0) break;
-    const int32_t old = row_of_[static_cast<size_t>(s)];
-    if (old >= 0) slot_of_[static_cast<size_t>(old)] = -1;
-    row_of_[static_cast<size_t>(s)] = r;
+    const size_t si = static_cast<size_t>(s);
+    if (NeuronCache* old = P.owner_[si]) old->slot_of_[static_cast<size_t>(P.row_[si])] = -1;
+    P.owner_[si] = this;
+    P.row_[si] = r;
     slot_of_[static_cast<size_t>(r)] = s;
-    stamp_of_[static_cast<size_t>(s)] = stamp_;
-    ref_[static_cast<size_t>(s)] = 1;
-    state_[s].store(PENDING, std::memory_order_release);
+    P.stamp_[si] = P.gen_;
+    P.ref_[si] = 1;
+    P.state_[si].store(PENDING, std::memory_order_release);
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
-    fresh_[static_cast<size_t>(s)] = own ? 0 : 1;
+    P.fresh_[si] = own ? 0 : 1;
     if (own) misses++;
     if (slot_out) slot_out[e] = s;
     ReaderPool::Job* last = jobs_.empty() ? nullptr : &jobs_.back();
@@ -322,10 +365,11 @@ int64_t NeuronCache::request(const int32_t* rows, int64_t n, int stride, int32_t
 }
 
 const uint8_t* NeuronCache::wait(int32_t slot) {
-  if (state_[slot].load(std::memory_order_acquire) != READY) {
+  const std::atomic<uint8_t>& st = slots_->state_[static_cast<size_t>(slot)];
+  if (st.load(std::memory_order_acquire) != READY) {
     const int64_t t0 = now_ns();
     int spins = 0;
-    while (state_[slot].load(std::memory_order_acquire) != READY) {
+    while (st.load(std::memory_order_acquire) != READY) {
       if (++spins < 64) {
         __builtin_ia32_pause();
       } else if (spins < 1024) {

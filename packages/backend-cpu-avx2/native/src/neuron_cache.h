@@ -74,6 +74,38 @@ class ReaderPool {
   CacheCounters* counters_;
 };
 
+/// Slots of one row size shared by several caches (all FFN tensors of a model with that row size): the
+/// LRU region is one CLOCK over all of them, so a layer can use what others are not using and a token's
+/// working set of one layer fits even when the budget is a small share of the FFN. Pinned (hot) slots
+/// belong to one cache and are never evicted. Grows only while tensors are bound (no compute running).
+class SlotPool {
+ public:
+  explicit SlotPool(size_t slot_bytes) : slot_bytes_(slot_bytes) {}
+  ~SlotPool();
+  SlotPool(const SlotPool&) = delete;
+  SlotPool& operator=(const SlotPool&) = delete;
+  /// Adds n slots (pinned or LRU); returns the first id. @throws BackendErr OUT_OF_MEMORY.
+  int32_t add(int64_t n, bool pinned);
+  size_t slot_bytes() const { return slot_bytes_; }
+  int64_t size() const { return static_cast<int64_t>(ptr_.size()); }
+
+ private:
+  friend class NeuronCache;
+  friend class ReaderPool;
+  size_t slot_bytes_;
+  std::vector<void*> chunks_;
+  std::vector<uint8_t*> ptr_;
+  std::vector<NeuronCache*> owner_;  // cache whose row the slot holds (null: empty)
+  std::vector<int32_t> row_;
+  std::vector<uint32_t> stamp_;      // generation of the last request that used the slot
+  std::vector<uint8_t> ref_;         // CLOCK reference bits
+  std::vector<uint8_t> fresh_;       // read by a prefetch, not yet asked for by its own op
+  std::vector<uint8_t> pinned_;
+  std::deque<std::atomic<uint8_t>> state_;
+  uint32_t gen_ = 1;
+  int64_t hand_ = 0;
+};
+
 /// How a cache is bound (see addon mapTensorCached).
 struct CacheSpec {
   std::string path;
@@ -90,7 +122,8 @@ struct CacheSpec {
 class NeuronCache {
  public:
   /// Opens the file and reads the hot rows. @throws BackendErr IO / BAD_TENSOR / OUT_OF_MEMORY.
-  NeuronCache(const CacheSpec& spec, std::shared_ptr<ReaderPool> pool, CacheCounters* counters);
+  NeuronCache(const CacheSpec& spec, std::shared_ptr<ReaderPool> pool, std::shared_ptr<SlotPool> slots,
+              CacheCounters* counters);
   ~NeuronCache();
   NeuronCache(const NeuronCache&) = delete;
   NeuronCache& operator=(const NeuronCache&) = delete;
@@ -100,7 +133,7 @@ class NeuronCache {
 
   /// Starts a new request generation: rows requested from now on are protected from eviction until the
   /// next begin(). Called once per op (by the op's own cache) before request().
-  void begin() { stamp_++; }
+  void begin() { slots_->gen_++; }
   /**
    * Assigns slots to rows[0..n) (stride `stride` int32 words between entries), queuing reads for the
    * rows not present; writes each entry's slot to slot_out (may be null). Stops at the first row for
@@ -111,10 +144,10 @@ class NeuronCache {
    */
   int64_t request(const int32_t* rows, int64_t n, int stride, int32_t* slot_out, bool own);
   /// Whether `slot` was READY at request time (a hit), for ordering work.
-  bool ready(int32_t slot) const { return state_[slot].load(std::memory_order_acquire) == READY; }
+  bool ready(int32_t slot) const { return slots_->state_[slot].load(std::memory_order_acquire) == READY; }
   /// The bytes of a slot, waiting (spin, then yield, then sleep) until its read has landed.
   const uint8_t* wait(int32_t slot);
-  const uint8_t* slot_data(int32_t slot) const { return slots_ + static_cast<size_t>(slot) * slot_bytes_; }
+  const uint8_t* slot_data(int32_t slot) const { return slots_->ptr_[static_cast<size_t>(slot)]; }
 
   /// Copies bytes [part_off, part_off + part_bytes) of every row (bind-time tools: readTensor).
   /// @throws BackendErr IO.
@@ -128,9 +161,8 @@ class NeuronCache {
   size_t row_bytes() const { return row_bytes_; }
   int64_t n_rows() const { return n_rows_; }
   int64_t hot_rows() const { return n_hot_; }
-  int64_t cold_rows() const { return n_slots_ - n_hot_; }
-  /// Bytes of slot memory (hot + cold).
-  size_t resident_bytes() const { return static_cast<size_t>(n_slots_) * slot_bytes_; }
+  /// Bytes of slot memory this cache added to its pool (pinned + its share of the LRU region).
+  size_t resident_bytes() const { return static_cast<size_t>(n_slots_) * slots_->slot_bytes(); }
   bool direct() const { return direct_; }
 
   /// Other caches of the same FFN (gate/up/down): their rows are prefetched with this one's list.
@@ -149,19 +181,12 @@ class NeuronCache {
   uint64_t file_offset_, row_stride_;
   int64_t bucket_rows_;
   uint64_t bucket_stride_;
-  size_t row_bytes_, slot_bytes_;
+  size_t row_bytes_;
   int64_t n_rows_, n_hot_ = 0, n_slots_ = 0;
-  uint8_t* slots_ = nullptr;
-  std::vector<int32_t> slot_of_;      // row → slot (−1 absent)
-  std::vector<int32_t> row_of_;       // slot → row (−1 empty)
-  std::vector<uint32_t> stamp_of_;    // slot → generation of its last request
-  std::vector<uint8_t> ref_;          // CLOCK reference bits
-  std::vector<uint8_t> fresh_;        // slot read by a prefetch and not yet asked for by its own op
-  std::unique_ptr<std::atomic<uint8_t>[]> state_;
+  std::vector<int32_t> slot_of_;      // row → pool slot (−1 absent)
   std::atomic<int64_t> in_flight_{0};
-  uint32_t stamp_ = 1;
-  int64_t hand_ = 0;
   std::shared_ptr<ReaderPool> pool_;
+  std::shared_ptr<SlotPool> slots_;
   CacheCounters* counters_;
   std::vector<ReaderPool::Job> jobs_;  // reused by request()
 };

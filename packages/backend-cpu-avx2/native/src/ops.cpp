@@ -373,10 +373,9 @@ int64_t cache_round(const NodeExec& n, const SparseLayout& l, int64_t r0, int64_
     got = c->request(l.list + 2 * r0 + 1, 1, 2, l.slot + r0, counts);
   }
   if (prefetch_siblings && r0 == 0) {
-    for (NeuronCache* sib : c->siblings) {
-      sib->begin();
-      sib->request(l.list + 1, len, 2, nullptr, false);
-    }
+    // no begin() here: caches of one FFN may share a slot pool, and a new generation would expose this
+    // op's own rows to eviction by the prefetch
+    for (NeuronCache* sib : c->siblings) sib->request(l.list + 1, len, 2, nullptr, false);
   }
   return r0 + got;
 }

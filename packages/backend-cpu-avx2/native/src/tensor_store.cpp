@@ -127,7 +127,7 @@ CacheCounters& TensorStore::counters() {
   return *counters_;
 }
 
-TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group) {
+TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group, int pool_id) {
   const size_t bytes = tensor_bytes(dtype, ne);
   if (ne[2] != 1 || ne[3] != 1) throw BackendErr("BAD_TENSOR", "mapTensorCached: only 2-d tensors (one row per neuron)");
   const size_t rb = bytes / static_cast<size_t>(ne[1]);
@@ -156,7 +156,20 @@ TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpe
     pool = readers_;
     ctr = counters_.get();
   }
-  auto cache = std::make_shared<NeuronCache>(s, pool, ctr);
+  const size_t slot_bytes = (s.row_bytes + 63) / 64 * 64;
+  std::shared_ptr<SlotPool> slots;
+  if (pool_id > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::string key = std::to_string(pool_id) + ":" + std::to_string(slot_bytes);
+    slots = pools_[key].lock();
+    if (!slots) {
+      slots = std::make_shared<SlotPool>(slot_bytes);
+      pools_[key] = slots;
+    }
+  } else {
+    slots = std::make_shared<SlotPool>(slot_bytes);
+  }
+  auto cache = std::make_shared<NeuronCache>(s, pool, slots, ctr);
   std::lock_guard<std::mutex> lk(mu_);
   if (group > 0) {
     auto& g = groups_[group];
@@ -265,6 +278,7 @@ void TensorStore::clear() {
   }
   tensors_.clear();
   groups_.clear();
+  pools_.clear();
   files_.clear();
   allocated_ = 0;
 }

@@ -15,6 +15,7 @@ namespace pi {
 
 class NeuronCache;
 class ReaderPool;
+class SlotPool;
 struct CacheCounters;
 struct CacheSpec;
 
@@ -65,7 +66,7 @@ class TensorStore {
   /// A tensor whose rows stay in the file and are read on demand into a neuron cache (see
   /// neuron_cache.h); `group` > 0 links caches of one FFN so that one list prefetches all.
   /// @throws BackendErr BAD_TENSOR, IO, OUT_OF_MEMORY.
-  TensorPtr map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group);
+  TensorPtr map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group, int pool = 0);
   /// Another tensor over the cache of tensor `with` (bundled layout): its rows are bytes
   /// [part_offset, part_offset + row size) of that cache's rows. @throws BackendErr BAD_TENSOR.
   TensorPtr share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset);
@@ -90,6 +91,7 @@ class TensorStore {
   std::unordered_map<int, TensorPtr> tensors_;
   std::unordered_map<std::string, std::weak_ptr<FileMapping>> files_;
   std::unordered_map<int, std::vector<std::weak_ptr<NeuronCache>>> groups_;
+  std::unordered_map<std::string, std::weak_ptr<SlotPool>> pools_;  // "pool id:slot bytes"
   std::shared_ptr<CacheCounters> counters_;
   std::shared_ptr<ReaderPool> readers_;
   size_t budget_;

@@ -157,6 +157,11 @@ export interface NeuronCacheOptions {
    */
   shareWith?: TensorHandle;
   partOffset?: number;
+  /**
+   * Tensors with the same pool > 0 and row size share one LRU region (the sum of their coldRows): one
+   * layer can use slots another is not using. 0: a region of its own.
+   */
+  pool?: number;
   /** Rows pinned in memory for the tensor's lifetime (read at bind time): the hot neurons. */
   hot?: Int32Array;
   /** Further rows held in a least-recently-used region, filled from the file on demand. */

@@ -181,6 +181,8 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
     );
   }
   const groups = new Map<number, number>();
+  // one LRU region per row size for the whole model (see NeuronCacheOptions.pool)
+  const pool = nextGroup++;
   for (const t of plan.tensors) {
     const info = file.tensorMap.get(t.name)!;
     if (!groups.has(t.layer)) groups.set(t.layer, nextGroup++);
@@ -199,6 +201,7 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
         bucketStride: b.bucketStride,
         hot: t.hot,
         coldRows: t.coldRows,
+        pool,
       });
       b.parts.forEach((part, j) => {
         const h =
@@ -216,7 +219,7 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
       dtypeOfTensor(info),
       old?.ne ?? info.shape,
       { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength },
-      { hot: t.hot, coldRows: t.coldRows, group: groups.get(t.layer) },
+      { hot: t.hot, coldRows: t.coldRows, group: groups.get(t.layer), pool },
     );
     if (old) backend.freeTensor(old);
     if (t.role === "up") L.ffnUp = h;
