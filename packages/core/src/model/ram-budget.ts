@@ -58,8 +58,8 @@ export interface RamPlan {
 /** Rows each cached tensor needs at the least (an LRU region of a few rows makes every token re-read). */
 const MIN_ROWS = 16;
 
-/** Share of a tensor's cache slots pinned for its hottest neurons when statistics are given. */
-export const DEFAULT_HOT_SHARE = 0.5;
+/** Largest share of the cache slots pinned for the hottest neurons when statistics are given. */
+export const DEFAULT_HOT_SHARE = 0.8;
 
 /**
  * Plans the split for `budget` bytes.
@@ -146,21 +146,44 @@ export function planRamBudget(
   }
   const cacheBytes = Math.min(ffnBytes, budget - residentBytes);
   const share = ffnBytes > 0 ? Math.min(1, cacheBytes / ffnBytes) : 1;
-  for (const t of tensors) {
-    const cap = Math.min(t.rows, Math.max(Math.min(t.rows, MIN_ROWS), Math.floor(share * t.rows)));
-    const counts = stats?.counts[t.layer];
-    let nHot = 0;
-    if (cap >= t.rows) {
-      nHot = t.rows; // everything fits: pin it all (read once at load)
-    } else if (counts) {
-      nHot = Math.floor(cap * hotShare);
+  // Rows each tensor may hold, then how many of them are pinned. The LRU region is one pool per row size
+  // (all layers), and it must hold one layer's working set — the rows one token reads in a layer, every
+  // part of the FFN — or the parts of a layer evict each other and are read again within the token. So
+  // only what is left above that working set (with a 1.3× margin for mispredicted rows) is pinned.
+  const caps = tensors.map((t) => Math.min(t.rows, Math.max(Math.min(t.rows, MIN_ROWS), Math.floor(share * t.rows))));
+  const pools = new Map<number, number[]>(); // row bytes → tensor indices
+  tensors.forEach((t, i) => {
+    if (!pools.has(t.rowBytes)) pools.set(t.rowBytes, []);
+    pools.get(t.rowBytes)!.push(i);
+  });
+  const activeRows = (l: number): number => {
+    const c = stats?.counts[l];
+    if (!c || !(stats!.tokenCount > 0)) return 0.15 * cfg.n_ff; // no statistics: assume 15 % fire
+    let s = 0;
+    for (const v of c) s += v;
+    return s / stats!.tokenCount;
+  };
+  for (const idx of pools.values()) {
+    const slots = idx.reduce((s, i) => s + caps[i]!, 0);
+    const perLayer = new Map<number, number>();
+    for (const i of idx) {
+      const t = tensors[i]!;
+      perLayer.set(t.layer, (perLayer.get(t.layer) ?? 0) + Math.ceil(1.3 * activeRows(t.layer)));
     }
-    if (nHot > 0) {
-      const order = Int32Array.from({ length: t.rows }, (_, i) => i);
-      if (counts && nHot < t.rows) order.sort((a, b) => counts[b]! - counts[a]! || a - b);
-      t.hot = order.slice(0, nHot).sort();
+    const working = Math.max(0, ...perLayer.values());
+    const pinnable = stats ? Math.max(0, Math.min(slots * hotShare, slots - working)) : 0;
+    for (const i of idx) {
+      const t = tensors[i]!;
+      const cap = caps[i]!;
+      const counts = stats?.counts[t.layer];
+      const nHot = cap >= t.rows ? t.rows : counts && slots > 0 ? Math.floor((cap * pinnable) / slots) : 0;
+      if (nHot > 0) {
+        const order = Int32Array.from({ length: t.rows }, (_, r) => r);
+        if (counts && nHot < t.rows) order.sort((a, b) => counts[b]! - counts[a]! || a - b);
+        t.hot = order.slice(0, nHot).sort();
+      }
+      t.coldRows = cap - nHot;
     }
-    t.coldRows = cap - nHot;
   }
   return { budget, residentBytes, ffnBytes, cacheBytes, cachedShare: share, fromStats: !!stats, tensors };
 }
