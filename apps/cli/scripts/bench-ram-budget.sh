@@ -86,7 +86,11 @@ echo "== disk (O_DIRECT): $disk"
 prompt="once upon a time there was a little girl who"
 llama_tps=""
 if [ "$llama" = 1 ]; then
+  ooms=$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")
   out=$(in_group "$llama_bench" -m "$gguf" -p 0 -n "$n" -t "$threads" -r 1 --no-warmup -o json 2>/dev/null) || true
+  if [ "$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")" != "$ooms" ]; then
+    echo "== llama.cpp was killed by the OOM killer in the group (its anonymous allocations, e.g. repacked weights, exceed the limit)"
+  fi
   llama_tps=$(printf '%s' "$out" | python3 -c "import json,sys
 try:
   rows=json.load(sys.stdin); print(round(rows[0]['avg_ts'],3))
@@ -127,8 +131,11 @@ echo "== powerinfer-ts --ram-budget $budget under the limit: $(ours "$log"); pea
 limited=$(ours "$log" | cut -d' ' -f1)
 
 if [ "$with_mmap" = 1 ]; then
-  in_group node "$bin" "${args[@]}" >/dev/null 2>"$log" || true
-  echo "== powerinfer-ts mapped (no --ram-budget) under the limit: $(ours "$log")"
+  if in_group node "$bin" "${args[@]}" >/dev/null 2>"$log"; then
+    echo "== powerinfer-ts mapped (no --ram-budget) under the limit: $(ours "$log")"
+  else
+    echo "== powerinfer-ts mapped (no --ram-budget) under the limit failed: $(tail -1 "$log")"
+  fi
 fi
 
 # unlimited: page cache warm (read once), no group
