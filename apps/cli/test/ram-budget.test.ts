@@ -15,6 +15,7 @@ import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import {
   argmax,
   type Backend,
+  DEFAULT_HOT_SHARE,
   EngineError,
   Model,
   type NeuronCacheStats,
@@ -157,6 +158,33 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
     expect(bad.stderr).toMatch(/converts back to PWRI/);
   }, 120_000);
 
+  it("with a device (hybrid split, the CPU standing in for it): same text with and without --ram-budget", () => {
+    const args = ["run", "-m", gen, "-p", "once upon a time", "-n", "12", "--temp", "0", "-t", "2"];
+    const dev = ["--device-backend", "cpu", "--vram-budget", "0.0005"];
+    const p = cli([
+      "profile",
+      "-m",
+      gen,
+      "-f",
+      relu.replace(/\.f32\.gguf$/, ".eval.txt"),
+      "--tokens",
+      "96",
+      "-c",
+      "96",
+      "-o",
+      join(dir, "gen.activations.gguf"),
+    ]);
+    expect(p.status, p.stderr).toBe(0);
+    const free = cli([...args, ...dev, "--stats", join(dir, "gen.activations.gguf")]);
+    expect(free.status, free.stderr).toBe(0);
+    expect(free.stderr).toMatch(/hybrid: \d+ hot neurons/);
+    const budget = budgetFor(gen, "predictor", 0.3) / 2 ** 30;
+    const r = cli([...args, ...dev, "--stats", join(dir, "gen.activations.gguf"), "--ram-budget", String(budget)]);
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/hybrid: \d+ hot neurons/);
+    expect(r.stdout).toBe(free.stdout);
+  }, 120_000);
+
   it("pins the hottest neurons from activation statistics", async () => {
     const file = openGgufModel(gen);
     const cfg = parseModelConfig(file);
@@ -171,8 +199,22 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
     const b = budgetFor(gen, "predictor", 0.3);
     const p = planRamBudget(file, cfg, b, "predictor", stats);
     for (const t of p.tensors) {
-      expect(t.hot.length).toBe(Math.floor(Math.floor(0.3 * t.rows) * 0.5));
+      // few neurons fire, so the working set is small: the pinned share is the cap, DEFAULT_HOT_SHARE
+      expect(t.hot.length).toBe(Math.floor(Math.floor(0.3 * t.rows) * DEFAULT_HOT_SHARE));
       expect([...t.hot]).toEqual(expect.arrayContaining([1, 5, 7]));
+    }
+  });
+
+  it("pins nothing when one layer's working set fills the LRU region", () => {
+    const file = openGgufModel(gen);
+    const cfg = parseModelConfig(file);
+    // half of the neurons fire on every token: 1.3 × that × 3 parts is more than 30 % of the rows
+    const counts = Array.from({ length: cfg.n_layer }, () => new Int32Array(cfg.n_ff).fill(50));
+    const stats = { counts, nFf: cfg.n_ff, tokenCount: 100 } as never;
+    const p = planRamBudget(file, cfg, budgetFor(gen, "predictor", 0.3), "predictor", stats);
+    for (const t of p.tensors) {
+      expect(t.hot.length).toBe(0);
+      expect(t.coldRows).toBe(Math.floor(0.3 * t.rows));
     }
   });
 

@@ -646,7 +646,6 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         bad("node " + std::to_string(ni) + " (" + op_name(op) + "): tensor " + std::to_string(st.handle->id) +
             " is file-backed (neuron cache) and only mul_mat_sparse/axpy_sparse can read it");
       }
-      if (ex[ni].has[3]) bad("node " + std::to_string(ni) + ": a file-backed weight cannot be used with a row list");
     }
   }
 
