@@ -260,7 +260,7 @@ void TensorStore::release(int id) {
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
-  if (NeuronCache* c = it->second->cache.get()) {
+  if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
     // siblings hold plain pointers: unlink before the cache can go
     for (NeuronCache* o : c->siblings) {
       auto& v = o->siblings;
