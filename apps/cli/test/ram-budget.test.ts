@@ -268,6 +268,22 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       expect(r.stderr).toMatch(/neuron cache over \d+ tokens: .* MiB read per token/);
       const peak = Number(readFileSync(join(group, "memory.max_usage_in_bytes"), "utf8"));
       expect(peak).toBeLessThanOrEqual(limit);
+      // the limit the CLI compares with the model's size (its note suggesting --ram-budget)
+      const common = join(dirname(bin), "commands", "common.js");
+      const probe = spawnSync(
+        "sh",
+        [
+          "-c",
+          `echo $$ > ${join(group, "cgroup.procs")} && exec "$0" "$@"`,
+          process.execPath,
+          "--input-type=module",
+          "-e",
+          `import { cgroupMemoryLimit } from ${JSON.stringify(common)}; console.log(cgroupMemoryLimit());`,
+        ],
+        { encoding: "utf8", timeout: 60_000 },
+      );
+      expect(probe.status, probe.stderr).toBe(0);
+      expect(Number(probe.stdout.trim())).toBe(limit);
     } finally {
       rmdirSync(group);
     }

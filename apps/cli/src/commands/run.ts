@@ -159,6 +159,13 @@ export function register(program: Command): void {
           process.stderr.write(
             `${describeCacheStats(cacheDelta(decodeStart, cacheEnd), decodeTokens, backend.threads)}\n`,
           );
+        if (model.ramPlan && "kv" in session) {
+          // beside the budget: the KV cache and the whole process (peak resident set; mapped weights included)
+          const kvBytes = [...session.kv.k, ...session.kv.v].reduce((n, t) => n + t.byteLength, 0);
+          process.stderr.write(
+            `memory beside the RAM budget: KV cache ${(kvBytes / 2 ** 20).toFixed(1)} MiB; process peak resident set ${(process.resourceUsage().maxRSS / 1024).toFixed(1)} MiB (mapped resident weights and the neuron cache included)\n`,
+          );
+        }
         if (!("stats" in session)) {
           // hybrid: the per-layer counters live in the single-backend session only
         } else if (model.sparse !== "off" && session.stats.tokens > 0) {
