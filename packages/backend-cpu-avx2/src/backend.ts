@@ -163,7 +163,7 @@ export class CpuBackend implements Backend {
   /**
    * A file-backed sparse FFN weight: its rows are read on demand (O_DIRECT, or pread +
    * posix_fadvise(DONTNEED) where O_DIRECT is refused) into a neuron cache of `cache.hot` pinned rows
-   * and `cache.coldRows` LRU rows, by a pool of reader threads (POWERINFER_IO_THREADS, default 8). Counts 0
+   * and `cache.coldRows` LRU rows, by a pool of reader threads (POWERINFER_IO_THREADS, default 16). Counts 0
    * toward `allocatedBytes`; its slots are reported by {@link neuronCacheStats}.
    * @throws BackendError 'BAD_TENSOR' (shape, range beyond the file, hot row out of range), 'IO' (open/read),
    *   'OUT_OF_MEMORY' (slots).

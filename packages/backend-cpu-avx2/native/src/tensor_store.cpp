@@ -146,7 +146,7 @@ TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpe
     std::lock_guard<std::mutex> lk(mu_);
     if (!counters_) counters_ = std::make_shared<CacheCounters>();
     if (!readers_) {
-      int n = 8;  // reads are latency-bound: more in flight than cores (POWERINFER_IO_THREADS overrides)
+      int n = 16;  // reads are latency-bound: more in flight than cores (POWERINFER_IO_THREADS overrides)
       if (const char* v = std::getenv("POWERINFER_IO_THREADS")) {
         const int x = std::atoi(v);
         if (x >= 1 && x <= 256) n = x;
