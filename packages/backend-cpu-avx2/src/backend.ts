@@ -1,12 +1,18 @@
 /**
  * The loaded CPU backend: core's native adapter ({@link NativeBackend}) over the CPU addon, plus what the
- * CPU has beyond the contract (the kernel set in use).
+ * CPU has beyond the contract (the kernel set in use, file-backed weights with a neuron cache).
  */
 import {
-  type BackendError,
+  BackendError,
   type BackendErrorCode,
   type DeviceInfo,
+  DTYPE_CODES,
+  type DType,
+  type FileTensorSource,
   NativeBackend,
+  type NeuronCacheOptions,
+  type NeuronCacheStats,
+  type TensorHandle,
   toBackendError as coreToBackendError,
 } from "@powerinfer/core";
 import type { NativeCpuBackend } from "./native.js";
@@ -33,5 +39,44 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
   /** Why that kernel set: "avx2+fma+f16c", "scalar (forced by forceScalar)", "scalar (CPU lacks AVX2)". */
   get kernelReason(): string {
     return this.native.kernelReason;
+  }
+
+  /**
+   * A file-backed sparse FFN weight: its rows are read on demand (O_DIRECT, or pread +
+   * posix_fadvise(DONTNEED) where O_DIRECT is refused) into a neuron cache of `cache.hot` pinned rows
+   * and `cache.coldRows` LRU rows, by a pool of reader threads (POWERINFER_IO_THREADS, default 16). Counts 0
+   * toward `allocatedBytes`; its slots are reported by {@link neuronCacheStats}.
+   * @throws BackendError 'BAD_TENSOR' (shape, range beyond the file, hot row out of range), 'IO' (open/read),
+   *   'OUT_OF_MEMORY' (slots).
+   */
+  mapTensorCached(
+    dtype: DType,
+    ne: readonly number[],
+    source: FileTensorSource,
+    cache: NeuronCacheOptions,
+  ): TensorHandle {
+    this.check();
+    const bytes = this.shape(dtype, ne);
+    if (ne.length !== 2)
+      throw new BackendError("BAD_TENSOR", `cpu: a cached tensor is 2-d (rows = neurons), got [${ne.join(", ")}]`);
+    if (!Number.isInteger(cache.coldRows) || cache.coldRows < 0)
+      throw new BackendError("BAD_TENSOR", `cpu: coldRows must be an integer ≥ 0, got ${cache.coldRows}`);
+    let id: number;
+    try {
+      const shareWith = cache.shareWith ? this.own(cache.shareWith).id : undefined;
+      id = this.native.mapTensorCached(DTYPE_CODES[dtype], ne, source.path, source.fileOffset, source.byteLength, {
+        ...cache,
+        shareWith,
+      });
+    } catch (e) {
+      throw this.fail(e, "IO");
+    }
+    return this.track(id, dtype, ne, bytes);
+  }
+
+  /** Counters of this backend's neuron caches (monotonic since creation). */
+  neuronCacheStats(): NeuronCacheStats {
+    this.check();
+    return this.native.cacheStats();
   }
 }

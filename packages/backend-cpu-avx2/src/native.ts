@@ -5,7 +5,7 @@
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
-import type { NativeBackendInstance } from "@powerinfer/core";
+import type { NativeBackendInstance, NeuronCacheStats } from "@powerinfer/core";
 
 /** What `cpuInfo()` reports: CPU features and the kernel set the backend would choose. */
 export interface NativeCpuInfo {
@@ -24,6 +24,26 @@ export interface NativeCpuBackend extends NativeBackendInstance {
   readonly threads: number;
   readonly kernel: string;
   readonly kernelReason: string;
+  mapTensorCached(
+    dtype: number,
+    ne: readonly number[],
+    path: string,
+    fileOffset: number,
+    byteLength: number,
+    cache: {
+      rowStride?: number;
+      hot?: Int32Array;
+      coldRows: number;
+      group?: number;
+      pool?: number;
+      recordBytes?: number;
+      bucketRows?: number;
+      bucketStride?: number;
+      shareWith?: number;
+      partOffset?: number;
+    },
+  ): number;
+  cacheStats(): NeuronCacheStats;
 }
 
 export interface NativeAddon {

@@ -9,6 +9,7 @@ export type EngineErrorCode =
   | "BAD_INPUT"
   | "ABORTED"
   | "QUEUE_FULL"
+  | "RAM_BUDGET"
   | "DISPOSED";
 
 /** Every error the engine throws on purpose; `message` is one line naming the problem. */

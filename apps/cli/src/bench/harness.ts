@@ -16,13 +16,20 @@
  * counters) and the share of this machine's measured memory bandwidth that implies.
  */
 import { execFileSync } from "node:child_process";
-import { statSync } from "node:fs";
+import { existsSync, statSync } from "node:fs";
 import { availableParallelism, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
-import { Model, type Session, type SparseMode } from "@powerinfer/engine";
-import { type GgufFile, getOptionalNumber, getOptionalString, ggmlTypeName, openGguf } from "@powerinfer/gguf";
+import { defaultStatsPath, Model, type Session, type SparseMode } from "@powerinfer/engine";
+import {
+  type GgufFile,
+  getOptionalNumber,
+  getOptionalString,
+  ggmlTypeName,
+  openGguf,
+  readActivationStats,
+} from "@powerinfer/gguf";
 import { bytesPerToken } from "./bytes.js";
 import { type LlamaCppInfo, type LlamaCppPeer, type LlamaCppRunner, loadLlamaCpp } from "./llama-cpp.js";
 import {
@@ -65,6 +72,8 @@ export interface BenchOptions {
   sparse: "auto" | SparseMode[];
   /** Run llama.cpp. Default true. */
   llamaCpp?: boolean;
+  /** Bytes: our sparse modes run with this RAM budget (neuron cache; see ModelLoadOptions.ramBudget). */
+  ramBudget?: number;
   /** Which llama.cpp (see LlamaCppPeerChoice). Default "auto". */
   llamaCppPeer?: LlamaCppPeerChoice;
   /** Folder of the native build (default: resolveLlamaCppDir()). */
@@ -462,7 +471,14 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             // dense runs the GGUF twin when there is one (the file llama.cpp runs)
             const path = mode === "off" && m.twin ? m.twin : m.path;
             try {
-              const model = await Model.load(path, { backend, sparse: mode });
+              const budget = mode === "off" ? undefined : o.ramBudget;
+              const statsPath = defaultStatsPath(path);
+              const model = await Model.load(path, {
+                backend,
+                sparse: mode,
+                ramBudget: budget,
+                ramStats: budget !== undefined && existsSync(statsPath) ? readActivationStats(statsPath) : undefined,
+              });
               engines.push(ourEngine(model, path, mode));
             } catch (e) {
               const why = (e as Error).message.split("\n")[0];

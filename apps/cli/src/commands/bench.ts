@@ -11,7 +11,7 @@ import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
 import { LLAMA_CPP_DIR_ENV } from "../bench/native-llama-cpp.js";
 import { action } from "../errors.js";
-import { checkInputFile, int } from "./common.js";
+import { checkInputFile, float, int } from "./common.js";
 
 /** "512,1024" → [512, 1024] (llama-bench's list syntax); "" or "0" → []. */
 export function intList(name: string, min = 1) {
@@ -61,6 +61,8 @@ export interface BenchCliOptions {
   seed: number;
   json?: boolean;
   quiet?: boolean;
+  /** GiB (see run --ram-budget). */
+  ramBudget?: number;
 }
 
 export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
@@ -79,6 +81,7 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     ours: o.ours,
     bandwidthMiB: o.bandwidthMib,
     seed: o.seed,
+    ramBudget: o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined,
     log,
   };
 }
@@ -124,6 +127,11 @@ export function register(program: Command): void {
       512,
     )
     .option("--seed <n>", "seed of the random token ids", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
+    .option(
+      "--ram-budget <GiB>",
+      "our sparse modes: GiB held for weights + the neuron cache (rows beyond it are read from the file on demand; see run --ram-budget); the dense mode runs without it",
+      float("ram-budget", { above: 0 }),
+    )
     .option("--json", "print llama-bench-style JSON rows")
     .option("-q, --quiet", "no progress lines on stderr")
     .action(

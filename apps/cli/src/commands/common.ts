@@ -1,9 +1,10 @@
 /** Options and helpers shared by the commands that load a model. */
-import { readFileSync, type Stats, statSync } from "node:fs";
+import { existsSync, readFileSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
-import type { Backend } from "@powerinfer/core";
-import { type GenerateOptions, Model, type SparseMode } from "@powerinfer/engine";
+import type { Backend, NeuronCacheStats } from "@powerinfer/core";
+import { defaultStatsPath, type GenerateOptions, Model, type SparseMode } from "@powerinfer/engine";
+import { type ActivationStats, readActivationStats } from "@powerinfer/gguf";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -125,6 +126,11 @@ export function modelOptions(cmd: Command): Command {
       "--sparse-threshold <x>",
       "predictor threshold (default: the model's powerinfer.sparse_threshold)",
       float("sparse-threshold"),
+    )
+    .option(
+      "--ram-budget <GiB>",
+      "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
+      float("ram-budget", { above: 0 }),
     );
 }
 
@@ -138,6 +144,10 @@ export interface ModelCliOptions {
   verbose?: boolean;
   sparse?: string;
   sparseThreshold?: number;
+  /** GiB (see --ram-budget). */
+  ramBudget?: number;
+  /** Activation statistics (`profile` output) used to pin hot neurons under --ram-budget. */
+  stats?: string;
 }
 
 /**
@@ -200,17 +210,116 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
         )
       : undefined;
   bar?.start(100, 0, { what: "" });
+  const budget = o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined;
+  let ramStats: ActivationStats | undefined;
+  if (budget !== undefined) {
+    const statsPath = o.stats ?? defaultStatsPath(o.model);
+    if (existsSync(statsPath)) ramStats = readActivationStats(statsPath);
+    else if (!quiet)
+      process.stderr.write(
+        `note: no activation statistics (${statsPath}): the neuron cache is all LRU, no neuron is pinned; run \`powerinfer profile\` first\n`,
+      );
+  } else if (!quiet) {
+    const limit = cgroupMemoryLimit();
+    const size = statSync(o.model).size;
+    if (limit !== undefined && limit < size) {
+      process.stderr.write(
+        `note: this process runs under a memory limit of ${(limit / 2 ** 30).toFixed(2)} GiB, below the model's ${(size / 2 ** 30).toFixed(2)} GiB: the mapped weights will be re-read from storage over and over; --ram-budget ${Math.max(0.01, (limit * 0.8) / 2 ** 30).toFixed(2)} keeps the hot part in memory and reads the rest on demand\n`,
+      );
+    }
+  }
   try {
     const model = await Model.load(o.model, {
       backend,
       sparse: o.sparse as SparseMode | undefined,
       threshold: o.sparseThreshold,
       onProgress: (f, what) => bar?.update(Math.round(f * 100), { what }),
+      ramBudget: budget,
+      ramStats,
     });
+    bar?.stop();
+    if (model.ramPlan && !quiet) process.stderr.write(`${describeRamPlan(model)}\n`);
     return { backend, model };
   } finally {
     bar?.stop();
   }
+}
+
+/** One line: how --ram-budget split the weights. */
+export function describeRamPlan(model: Model): string {
+  const p = model.ramPlan;
+  if (!p) return "";
+  const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
+  const hot = p.tensors.reduce((s, t) => s + t.hot.length * t.rowBytes, 0);
+  const st = model.backend.neuronCacheStats?.();
+  const io = st
+    ? st.direct
+      ? `O_DIRECT, ${st.ioThreads} reader threads`
+      : `pread + fadvise(DONTNEED), ${st.ioThreads} reader threads`
+    : "";
+  const budget =
+    p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
+  return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
+}
+
+/** Differences of two neuron-cache counter snapshots. */
+export function cacheDelta(a: NeuronCacheStats, b: NeuronCacheStats): NeuronCacheStats {
+  return {
+    hits: b.hits - a.hits,
+    misses: b.misses - a.misses,
+    reads: b.reads - a.reads,
+    bytesRead: b.bytesRead - a.bytesRead,
+    stallMs: b.stallMs - a.stallMs,
+    ioBusyMs: b.ioBusyMs - a.ioBusyMs,
+    ioErrors: b.ioErrors - a.ioErrors,
+    cacheBytes: b.cacheBytes,
+    ioThreads: b.ioThreads,
+    direct: b.direct,
+  };
+}
+
+/**
+ * Share of read time hidden behind computation: 1 − (time compute threads waited, per thread) / (wall
+ * time with a read in flight), in [0, 1]; 1 when nothing was read.
+ */
+export function hiddenShare(d: NeuronCacheStats, threads: number): number {
+  if (d.ioBusyMs <= 0) return 1;
+  return Math.min(1, Math.max(0, 1 - d.stallMs / Math.max(1, threads) / d.ioBusyMs));
+}
+
+/** One line of per-token neuron-cache counters over `tokens` tokens. */
+export function describeCacheStats(d: NeuronCacheStats, tokens: number, threads: number): string {
+  const n = Math.max(1, tokens);
+  const rows = d.hits + d.misses;
+  return `neuron cache over ${tokens} tokens: ${(d.bytesRead / n / 2 ** 20).toFixed(2)} MiB read per token in ${(d.reads / n).toFixed(1)} reads, hit rate ${rows ? ((d.hits / rows) * 100).toFixed(1) : "100.0"} %, read time hidden ${(hiddenShare(d, threads) * 100).toFixed(1)} % (stall ${(d.stallMs / Math.max(1, threads) / n).toFixed(2)} ms per token per thread, reads in flight ${(d.ioBusyMs / n).toFixed(2)} ms per token)${d.ioErrors ? `, ${d.ioErrors} failed reads` : ""}`;
+}
+
+/**
+ * The memory limit of this process's cgroup (v2 memory.max, or v1 memory.limit_in_bytes), undefined when
+ * there is none or it cannot be read.
+ */
+export function cgroupMemoryLimit(): number | undefined {
+  try {
+    const lines = readFileSync("/proc/self/cgroup", "utf8").split("\n");
+    for (const line of lines) {
+      const [, ctrl, path] = line.split(":");
+      if (path === undefined) continue;
+      const file =
+        ctrl === ""
+          ? `/sys/fs/cgroup${path}/memory.max`
+          : ctrl!.split(",").includes("memory")
+            ? `/sys/fs/cgroup/memory${path}/memory.limit_in_bytes`
+            : undefined;
+      if (!file || !existsSync(file)) continue;
+      const v = readFileSync(file, "utf8").trim();
+      if (v === "max") continue;
+      const n = Number(v);
+      if (Number.isFinite(n) && n > 0 && n < 2 ** 60) return n;
+    }
+  } catch {
+    return undefined;
+  }
+  return undefined;
 }
 
 /** Text files up to 1 GiB; a device, a directory or a larger file is refused with a clear message. */

@@ -6,7 +6,8 @@ import { openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkInputFile, checkOutputPath, choice, float } from "./common.js";
+import { isBundled, writeBundled, writeUnbundled } from "@powerinfer/engine";
+import { checkInputFile, checkOutputPath, choice, float, int } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 
 interface ConvertOptions {
@@ -15,6 +16,8 @@ interface ConvertOptions {
   keepPredictors?: boolean;
   sparseThreshold?: number;
   splitMaxSize?: number;
+  bundle?: boolean;
+  bucketSize?: number;
 }
 
 export function register(program: Command): void {
@@ -31,6 +34,15 @@ export function register(program: Command): void {
     )
     .option("--sparse-threshold <x>", "set powerinfer.sparse_threshold (needs predictors)", float("sparse-threshold"))
     .option(
+      "--bundle",
+      "write the bundled layout: each neuron's up, gate and down_t rows together, in 4 KiB-aligned buckets (read by --ram-budget in one read per neuron; PowerInfer/llama.cpp cannot read it: `convert --to pwri` turns it back)",
+    )
+    .option(
+      "--bucket-size <n>",
+      "with --bundle: neurons per 4 KiB-aligned bucket (default: the fewest that fill whole 4 KiB blocks)",
+      int("bucket-size", { min: 1, max: 4096 }),
+    )
+    .option(
       "--split-max-size <size>",
       "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
       (v) => parseSplitSize(v),
@@ -44,6 +56,34 @@ export function register(program: Command): void {
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         const cfg = parseModelConfig(file);
+        if (o.bucketSize !== undefined && !o.bundle) throw new InvalidArgumentError("--bucket-size needs --bundle");
+        if (isBundled(file) || o.bundle) {
+          if (o.predictors || o.sparseThreshold !== undefined || o.splitMaxSize !== undefined || o.keepPredictors)
+            throw new InvalidArgumentError(
+              "--bundle and bundled inputs take no other option: bundle a finished PWRI file, or convert back first",
+            );
+          if (to !== "pwri")
+            throw new InvalidArgumentError(
+              isBundled(file)
+                ? "a bundled model converts back to PWRI (--to pwri); convert that to GGUF afterwards"
+                : "--bundle writes a PowerInfer file: use --to pwri",
+            );
+          if (isBundled(file)) {
+            if (o.bundle) throw new InvalidArgumentError(`${input} is bundled already`);
+            await writeUnbundled(file, output, cfg.n_embd, cfg.n_ff);
+            process.stderr.write(`wrote ${output}: PWRI (ffn_up, ffn_gate, ffn_down_t per layer), unbundled\n`);
+            return;
+          }
+          if (file.format !== "PWRI")
+            throw new InvalidArgumentError(
+              `${input} is plain GGUF: convert it to PWRI first (\`powerinfer convert ${input} OUT.gguf --to pwri\`), then bundle that`,
+            );
+          const r = await writeBundled(file, output, { bucketSize: o.bucketSize });
+          process.stderr.write(
+            `wrote ${output}: PWRI, bundled FFN (${r.layers} layers, ${r.bucketSize} neurons per 4 KiB-aligned bucket)\n`,
+          );
+          return;
+        }
         let preds: ReturnType<typeof readPredictors> | undefined;
         if (o.predictors) {
           preds = readPredictors(openGguf(o.predictors), { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });

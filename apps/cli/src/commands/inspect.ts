@@ -62,6 +62,12 @@ export interface InspectReport {
   /** What the file holds: a model, or a file of another kind (vocabulary-only, GPU index, …). */
   kind: string;
   /**
+   * How the sparse FFN rows are laid out: "tensors" (ffn_up/ffn_gate/ffn_down(_t) matrices, as
+   * llama.cpp/PowerInfer write them) or "bundled" (convert --bundle: per-neuron records in 4 KiB-aligned
+   * buckets), with the bucket size and parts.
+   */
+  ffnLayout: { kind: "tensors" } | { kind: "bundled"; bucketSize: number; parts: string[]; type: string };
+  /**
    * For a split model (or one shard of it): the shard number (1-based) of this file, the shard count,
    * the shards found (path, bytes, tensors) and, when the model cannot be opened from this file, why.
    */
@@ -179,6 +185,14 @@ export function inspectFile(path: string): InspectReport {
     config,
     configError,
     kind: ggufFileKind(file),
+    ffnLayout: file.metadata.has("powerinfer.bundle.version")
+      ? {
+          kind: "bundled",
+          bucketSize: Number(file.metadata.get("powerinfer.bundle.bucket_size")),
+          parts: (file.metadata.get("powerinfer.bundle.parts") as string[]) ?? [],
+          type: ggmlTypeName(Number(file.metadata.get("powerinfer.bundle.type"))),
+        }
+      : { kind: "tensors" },
     ...(si
       ? {
           split: {
@@ -270,6 +284,11 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
   out.push(
     `format:        ${r.format}${pwri} v${r.version}, alignment ${r.alignment}, tensor data at byte ${num(r.dataOffset)}`,
   );
+  out.push(
+    r.ffnLayout.kind === "bundled"
+      ? `FFN layout:    bundled (${r.ffnLayout.parts.join(" + ")} rows of each neuron together, ${r.ffnLayout.type}, ${r.ffnLayout.bucketSize} neurons per 4 KiB-aligned bucket; \`convert --to pwri\` unbundles)`
+      : "FFN layout:    tensors (one matrix per projection)",
+  );
   const sp = r.split;
   if (sp) {
     const total = sp.shards.reduce((n, s) => n + s.fileSize, 0);
@@ -320,7 +339,7 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
     if (c.format === "PWRI" || c.has_predictors || c.down_transposed) {
       const pred = c.has_predictors ? `predictors rank ${[...new Set(c.predictor_ranks)].join("/")}` : "no predictors";
       out.push(
-        `  ${pred}, sparse_threshold ${c.sparse_threshold}, ffn_down ${c.down_transposed ? "transposed (ffn_down_t)" : "as stored"}`,
+        `  ${pred}, sparse_threshold ${c.sparse_threshold}, ffn_down ${r.ffnLayout.kind === "bundled" ? "transposed, in the bundle" : c.down_transposed ? "transposed (ffn_down_t)" : "as stored"}`,
       );
     }
     for (const w of c.warnings) out.push(`  warning: ${w}`);

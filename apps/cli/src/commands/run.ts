@@ -1,12 +1,15 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
 import { existsSync } from "node:fs";
+import type { NeuronCacheStats } from "@powerinfer/core";
 import type { PlacementPlan } from "@powerinfer/core/placement";
 import { defaultGpuIndexPath, defaultStatsPath, HybridSession, resolvePlan, type Session } from "@powerinfer/engine";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
 import {
+  cacheDelta,
+  describeCacheStats,
   generateOptionsFromCli,
   int,
   loadModelFromCli,
@@ -120,12 +123,18 @@ export function register(program: Command): void {
         const ac = new AbortController();
         const onSigint = () => ac.abort();
         process.once("SIGINT", onSigint);
+        const cacheStats = () => (model.ramPlan ? backend.neuronCacheStats?.() : undefined);
+        let decodeStart: NeuronCacheStats | undefined;
+        let decodeTokens = 0;
         try {
           for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o),
             maxTokens: o.nPredict,
             signal: ac.signal,
           })) {
+            // counters of decode only: from the first token (the prompt is evaluated by then)
+            if (decodeStart === undefined) decodeStart = cacheStats();
+            else decodeTokens++;
             process.stdout.write(t.text);
           }
         } finally {
@@ -139,6 +148,18 @@ export function register(program: Command): void {
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
             `backend: ${backend.name}, ${backend.threads} threads\n`,
         );
+        const cacheEnd = cacheStats();
+        if (decodeStart && cacheEnd)
+          process.stderr.write(
+            `${describeCacheStats(cacheDelta(decodeStart, cacheEnd), decodeTokens, backend.threads)}\n`,
+          );
+        if (model.ramPlan && "kv" in session) {
+          // beside the budget: the KV cache and the whole process (peak resident set; mapped weights included)
+          const kvBytes = [...session.kv.k, ...session.kv.v].reduce((n, t) => n + t.byteLength, 0);
+          process.stderr.write(
+            `memory beside the RAM budget: KV cache ${(kvBytes / 2 ** 20).toFixed(1)} MiB; process peak resident set ${(process.resourceUsage().maxRSS / 1024).toFixed(1)} MiB (mapped resident weights and the neuron cache included)\n`,
+          );
+        }
         if (!("stats" in session)) {
           // hybrid: the per-layer counters live in the single-backend session only
         } else if (model.sparse !== "off" && session.stats.tokens > 0) {

@@ -36,6 +36,8 @@ interface ServeOptions {
   kvType: string;
   sparse?: string;
   sparseThreshold?: number;
+  /** GiB (--ram-budget). */
+  ramBudget?: number;
   log?: boolean;
   /** Generation defaults (llama-server's options of the same names). */
   seed?: number;
@@ -140,6 +142,11 @@ export function register(program: Command): void {
       choice("sparse", ["predictor", "oracle", "off"]),
     )
     .option("--sparse-threshold <x>", "predictor threshold", float("sparse-threshold"))
+    .option(
+      "--ram-budget <GiB>",
+      "GiB held for weights + the neuron cache (default: no limit); the sparse FFN's other rows are read from the file on demand (see run --ram-budget)",
+      float("ram-budget", { above: 0 }),
+    )
     .option("--log", "log every request (JSON lines on stdout)")
     // generation defaults of requests that leave them out, as llama-server's options
     .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", int("seed", SEED_RULE))

@@ -28,6 +28,7 @@
 #include "executor.h"
 #include "kernels.h"
 #include "tensor_store.h"
+#include "neuron_cache.h"
 
 namespace {
 
@@ -212,6 +213,8 @@ class Backend : public Napi::ObjectWrap<Backend> {
                        {
                            InstanceMethod<&Backend::CreateTensor>("createTensor"),
                            InstanceMethod<&Backend::MapTensor>("mapTensor"),
+                           InstanceMethod<&Backend::MapTensorCached>("mapTensorCached"),
+                           InstanceMethod<&Backend::CacheStats>("cacheStats"),
                            InstanceMethod<&Backend::ReadTensor>("readTensor"),
                            InstanceMethod<&Backend::WriteTensor>("writeTensor"),
                            InstanceMethod<&Backend::FreeTensor>("freeTensor"),
@@ -298,12 +301,91 @@ class Backend : public Napi::ObjectWrap<Backend> {
     return Napi::Number::New(env, t->id);
   }
 
+  // mapTensorCached(dtype, ne[], path, fileOffset, byteLength, { rowStride, hot: Int32Array, coldRows, group }) → id
+  Napi::Value MapTensorCached(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    State& s = live(env);
+    const int dt = get_int(info[0], "dtype");
+    int64_t ne[4];
+    get_shape(info[1], ne);
+    if (!info[2].IsString()) throw_error(env, "BAD_TENSOR", "path must be a string");
+    auto whole = [&](const Napi::Value& v, const char* what) -> uint64_t {
+      const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+      if (!(d >= 0) || d != static_cast<double>(static_cast<uint64_t>(d))) {
+        throw_error(env, "BAD_TENSOR", std::string(what) + " must be a non-negative integer");
+      }
+      return static_cast<uint64_t>(d);
+    };
+    pi::CacheSpec spec;
+    spec.path = info[2].As<Napi::String>().Utf8Value();
+    spec.file_offset = whole(info[3], "fileOffset");
+    const uint64_t len = whole(info[4], "byteLength");
+    if (!info[5].IsObject()) throw_error(env, "BAD_TENSOR", "cache options must be an object");
+    Napi::Object o = info[5].As<Napi::Object>();
+    const size_t bytes = guarded(env, [&] { return pi::tensor_bytes(dt, ne); });
+    const bool bundled = o.Has("recordBytes") && !o.Get("recordBytes").IsUndefined();
+    if (!bundled && !(o.Has("shareWith") && !o.Get("shareWith").IsUndefined()) && len != bytes) {
+      throw_error(env, "BAD_TENSOR", "byteLength " + std::to_string(len) + " != " + std::to_string(bytes));
+    }
+    if (o.Has("shareWith") && !o.Get("shareWith").IsUndefined()) {
+      // another part of a bundled neuron record: the rows live in that tensor's cache
+      const int with = get_int(o.Get("shareWith"), "shareWith");
+      const uint64_t part = o.Has("partOffset") ? whole(o.Get("partOffset"), "partOffset") : 0;
+      pi::TensorPtr t = guarded(env, [&] { return s.store.share_cached(dt, ne, with, static_cast<size_t>(part)); });
+      return Napi::Number::New(env, t->id);
+    }
+    spec.n_rows = ne[1];
+    spec.row_bytes = bytes / static_cast<size_t>(ne[1]);
+    if (o.Has("recordBytes") && !o.Get("recordBytes").IsUndefined()) spec.row_bytes = whole(o.Get("recordBytes"), "recordBytes");
+    if (o.Has("bucketRows") && !o.Get("bucketRows").IsUndefined()) spec.bucket_rows = static_cast<int64_t>(whole(o.Get("bucketRows"), "bucketRows"));
+    if (o.Has("bucketStride") && !o.Get("bucketStride").IsUndefined()) spec.bucket_stride = whole(o.Get("bucketStride"), "bucketStride");
+    spec.row_stride = o.Has("rowStride") && !o.Get("rowStride").IsUndefined() ? whole(o.Get("rowStride"), "rowStride") : spec.row_bytes;
+    spec.cold_slots = static_cast<int64_t>(whole(o.Get("coldRows"), "coldRows"));
+    if (o.Has("hot") && o.Get("hot").IsTypedArray()) {
+      Napi::TypedArray ta = o.Get("hot").As<Napi::TypedArray>();
+      if (ta.TypedArrayType() != napi_int32_array) throw_error(env, "BAD_TENSOR", "hot must be an Int32Array");
+      Napi::Int32Array h = ta.As<Napi::Int32Array>();
+      spec.hot.assign(h.Data(), h.Data() + h.ElementLength());
+    }
+    const int group = o.Has("group") && o.Get("group").IsNumber() ? get_int(o.Get("group"), "group") : 0;
+    const int pool = o.Has("pool") && o.Get("pool").IsNumber() ? get_int(o.Get("pool"), "pool") : 0;
+    pi::TensorPtr t = guarded(env, [&] { return s.store.map_cached(dt, ne, spec, group, pool); });
+    return Napi::Number::New(env, t->id);
+  }
+
+  // cacheStats() → monotonic counters of every neuron cache of this backend
+  Napi::Value CacheStats(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    State& s = live(env);
+    pi::CacheCounters& c = s.store.counters();
+    Napi::Object o = Napi::Object::New(env);
+    auto num = [&](const char* k, double v) { o.Set(k, Napi::Number::New(env, v)); };
+    num("hits", static_cast<double>(c.hits.load()));
+    num("misses", static_cast<double>(c.misses.load()));
+    num("reads", static_cast<double>(c.reads.load()));
+    num("bytesRead", static_cast<double>(c.bytes_read.load()));
+    num("stallMs", static_cast<double>(c.stall_ns.load()) / 1e6);
+    num("ioBusyMs", static_cast<double>(c.io_busy_ns.load()) / 1e6);
+    num("ioErrors", static_cast<double>(c.io_errors.load()));
+    num("cacheBytes", static_cast<double>(s.store.cache_bytes()));
+    num("ioThreads", s.store.io_threads());
+    o.Set("direct", Napi::Boolean::New(env, s.store.all_direct()));
+    return o;
+  }
+
   Napi::Value ReadTensor(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     State& s = live(env);
     pi::TensorPtr t = guarded(env, [&] { return s.store.get(get_int(info[0], "id")); });
     Napi::Uint8Array out = Napi::Uint8Array::New(env, t->bytes);
-    if (t->bytes) std::memcpy(out.Data(), t->data, t->bytes);
+    if (t->cache) {
+      guarded(env, [&] {
+        t->cache->read_all(out.Data(), t->cache_part, t->bytes / static_cast<size_t>(t->ne[1]));
+        return 0;
+      });
+    } else if (t->bytes) {
+      std::memcpy(out.Data(), t->data, t->bytes);
+    }
     return out;
   }
 

@@ -192,6 +192,16 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       n.src[s].dtype = st.dtype;
       for (int d = 0; d < 4; d++) n.src[s].ne[d] = st.ne[d];
       n.src[s].nel = st.nel;
+      n.src[s].cache = st.handle ? st.handle->cache.get() : nullptr;  // scratch sizes depend on it
+      if (n.src[s].cache) {
+        n.src[s].cache_part = st.handle->cache_part;
+        n.src[s].cache_counts = st.handle->cache_counts;
+      }
+      // file-backed weights (neuron caches) are read only by the sparse ops, as their weight
+      if (n.src[s].cache && (s != 0 || (c.op != OP_MUL_MAT_SPARSE && c.op != OP_AXPY_SPARSE))) {
+        bad("node " + std::to_string(ni) + " (" + op_name(c.op) + "): tensor " + std::to_string(st.handle->id) +
+            " is file-backed (neuron cache) and only mul_mat_sparse/axpy_sparse can read it");
+      }
     }
     const TInfo& dt = ts[static_cast<size_t>(c.dst)];
     dst_of[ni] = c.dst;
@@ -201,6 +211,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
 
   std::lock_guard<std::mutex> lk(mu_);
+  CacheCounters& cc = store_.counters();
+  const int64_t io_errors0 = cc.io_errors.load();
   double work = 0;
   std::vector<char> small(nn, 0);
   for (size_t ni = 0; ni < nn; ni++) {
@@ -282,6 +294,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
   }
 
+  if (cc.io_errors.load() != io_errors0) {
+    throw BackendErr("IO", std::string("reading weight rows from the model file failed: ") +
+                               std::strerror(cc.last_errno.load()));
+  }
   rows_read.assign(nn, 0.0);
   for (size_t ni = 0; ni < nn; ni++) {
     int64_t s = 0;

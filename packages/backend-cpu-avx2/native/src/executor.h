@@ -13,6 +13,7 @@
 #include "powerinfer/wire.h"
 #include "tensor_store.h"
 #include "thread_pool.h"
+#include "neuron_cache.h"
 
 namespace pi {
 
@@ -37,6 +38,10 @@ struct TensorView {
   int64_t ne[4] = {1, 1, 1, 1};
   int64_t nel = 0;
   uint8_t* data = nullptr;
+  /// File-backed weight (data null): rows come from this cache (sparse ops' src[0] only).
+  NeuronCache* cache = nullptr;
+  size_t cache_part = 0;     ///< byte offset of the tensor's row within the cache's row
+  bool cache_counts = true;  ///< this op's requests count hits and misses
 
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
   float* f32() const { return reinterpret_cast<float*>(data); }

@@ -166,6 +166,10 @@ struct SparseLayout {
   uint8_t* mark = nullptr;     // n_out flags (duplicates in rows are taken once)
   float* acc = nullptr;        // axpy_sparse: nth accumulators of E·T floats (nth > 1)
   float* tmp = nullptr;        // axpy_sparse: nth rows of E floats (dequantized weight row)
+  // file-backed weight (neuron cache) only
+  int32_t* slot = nullptr;     // cache slot of each list entry
+  int32_t* order = nullptr;    // mul_mat_sparse: entries of the round, rows already loaded first
+  int64_t* round = nullptr;    // end of the current round (entries [r0, round[0]) hold slots)
 };
 
 SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
@@ -185,6 +189,11 @@ SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
     const size_t E = static_cast<size_t>(W.ne[0]);
     if (nth > 1) l.acc = static_cast<float*>(b.take(sizeof(float) * E * static_cast<size_t>(T) * nth));
     if (T > 1 && is_quantized(W.dtype)) l.tmp = static_cast<float*>(b.take(sizeof(float) * E * nth));
+  }
+  if (W.cache) {
+    l.slot = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(ncand)));
+    l.order = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(ncand)));
+    l.round = static_cast<int64_t*>(b.take(sizeof(int64_t) * 2));
   }
   return l;
 }
@@ -333,6 +342,181 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   n.rows_read[ith] += read;
   if (nth == 1) return;
   sync(n);
+  const int64_t ny = E * T;
+  for (int64_t e = lo(ny, ith, nth); e < hi(ny, ith, nth); e++) {
+    float s = l.acc[e];
+    for (int th = 1; th < nth; th++) s += l.acc[static_cast<size_t>(th) * static_cast<size_t>(ny) + e];
+    y[e] = s;
+  }
+}
+
+// ---- sparse ops over a file-backed weight (neuron cache) --------------------------------------
+//
+// Thread 0 asks the cache for slots of the active rows (queuing reads for the missing ones) and, for
+// mul_mat_sparse, queues the same rows of the other weights of this FFN (gate/up/down) at once, so
+// their reads overlap this op and the next. Rows already loaded are computed first; a row still being
+// read is waited for. When the cache cannot hold every active row at once (a long prompt), the list is
+// done in rounds, each as many rows as fit. Each output element is computed exactly as on the mapped
+// path, so results equal the unlimited run's (axpy_sparse: the same per-thread order of rows; rounds
+// only change where a thread's groups of four rows start).
+
+/// Thread 0: assigns slots to entries [r0, len); returns the end of the round.
+int64_t cache_round(const NodeExec& n, const SparseLayout& l, int64_t r0, int64_t len, bool prefetch_siblings) {
+  NeuronCache* c = n.src[0].cache;
+  c->begin();
+  const bool counts = n.src[0].cache_counts;
+  int64_t got = c->request(l.list + 2 * r0 + 1, len - r0, 2, l.slot + r0, counts);
+  if (got == 0 && len > r0) {
+    // every free slot is held by rows further down the list: take one row alone (always fits: a cache
+    // that does not pin every row has at least one cold slot)
+    c->begin();
+    got = c->request(l.list + 2 * r0 + 1, 1, 2, l.slot + r0, counts);
+  }
+  if (prefetch_siblings && r0 == 0) {
+    // no begin() here: caches of one FFN may share a slot pool, and a new generation would expose this
+    // op's own rows to eviction by the prefetch
+    for (NeuronCache* sib : c->siblings) sib->request(l.list + 1, len, 2, nullptr, false);
+  }
+  return r0 + got;
+}
+
+void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const SparseLayout l = sparse_layout(n, nth, b);
+  const TensorView& W = n.src[0];
+  NeuronCache* c = W.cache;
+  const size_t part = W.cache_part;
+  const int64_t K = W.ne[0], T = n.src[1].rows();
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  float* y = n.dst.f32();
+  if (ith == 0) build_active_list(n, l);
+  const uint8_t* xq = convert_x(n, l.xq, ith, nth);
+  const int64_t ny = n.dst.nel;
+  std::memset(y + lo(ny, ith, nth), 0, sizeof(float) * static_cast<size_t>(hi(ny, ith, nth) - lo(ny, ith, nth)));
+  sync(n);
+  const int64_t len = *l.count;
+  const size_t xrb = x_row_bytes(x_format(W.dtype), K);
+  const DotFn dot = n.k->dot[W.dtype];
+  const DotTileFn tile = n.k->dot_tile[W.dtype];
+  int64_t read = 0;
+  int64_t r0 = 0;
+  while (r0 < len) {
+    if (ith == 0) {
+      const int64_t r1 = cache_round(n, l, r0, len, true);
+      // rows already loaded first, then the rest in the order their reads were queued (mark[] holds
+      // one snapshot of each row's state, so both passes agree)
+      for (int64_t e = r0; e < r1; e++) l.mark[l.list[2 * e]] = c->ready(l.slot[e]) ? 2 : 3;
+      int64_t k = 0;
+      for (int64_t e = r0; e < r1; e++) {
+        if (l.mark[l.list[2 * e]] == 2) l.order[k++] = static_cast<int32_t>(e);
+      }
+      for (int64_t e = r0; e < r1; e++) {
+        if (l.mark[l.list[2 * e]] == 3) l.order[k++] = static_cast<int32_t>(e);
+      }
+      l.round[0] = r1;
+      n.chunk->store(0, std::memory_order_relaxed);
+    }
+    sync(n);
+    const int64_t r1 = l.round[0];
+    const int64_t cnt = r1 - r0;
+    const int64_t chunk = chunk_size(cnt, nth, 4);
+    int64_t e0, e1;
+    while (next_chunk(n, cnt, chunk, &e0, &e1)) {
+      if (T == 1) {
+        for (int64_t q = e0; q < e1; q += 4) {
+          const int nr = q + 4 <= e1 ? 4 : static_cast<int>(e1 - q);
+          const uint8_t* w[4];
+          float out[4];
+          for (int r = 0; r < nr; r++) w[r] = c->wait(l.slot[l.order[q + r]]) + part;
+          tile(K, nr, 1, w, &xq, out);
+          for (int r = 0; r < nr; r++) y[l.list[2 * l.order[q + r]]] = out[r];
+        }
+        read += e1 - e0;
+        continue;
+      }
+      for (int64_t q = e0; q < e1; q++) {
+        const int64_t e = l.order[q];
+        const int64_t i = l.list[2 * e];
+        const uint8_t* w = c->wait(l.slot[e]) + part;
+        for (int64_t t = 0; t < T; t++) {
+          if (logits && !(logits[i + t * n_out] >= thr)) continue;
+          y[i + t * n_out] = dot(K, w, xq + t * xrb);
+          read++;
+        }
+      }
+    }
+    sync(n);
+    r0 = r1;
+  }
+  n.rows_read[ith] += read;
+}
+
+void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
+  Bump b(n.scratch);
+  const SparseLayout l = sparse_layout(n, nth, b);
+  const TensorView& W = n.src[0];
+  NeuronCache* c = W.cache;
+  const size_t part = W.cache_part;
+  const int64_t E = W.ne[0], T = n.src[1].rows();
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  const float* a = n.src[1].f32();
+  float* y = n.dst.f32();
+  if (ith == 0) build_active_list(n, l);
+  sync(n);
+  const int64_t len = *l.count;
+  const AxpyFn axpy = n.k->axpy[W.dtype];
+  const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
+  float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
+  std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
+  float* tmp = l.tmp ? l.tmp + static_cast<size_t>(ith) * static_cast<size_t>(E) : nullptr;
+  int64_t read = 0;
+  const int64_t s0 = lo(len, ith, nth), s1 = hi(len, ith, nth);
+  int64_t r0 = 0;
+  while (r0 < len) {
+    if (ith == 0) l.round[0] = cache_round(n, l, r0, len, false);
+    sync(n);
+    const int64_t r1 = l.round[0];
+    const int64_t e0 = s0 > r0 ? s0 : r0, e1 = s1 < r1 ? s1 : r1;
+    if (T == 1) {
+      for (int64_t e = e0; e < e1; e += 4) {
+        const int nr = static_cast<int>(e1 - e < 4 ? e1 - e : 4);
+        float av[4];
+        const uint8_t* wr[4];
+        for (int r = 0; r < nr; r++) {
+          av[r] = a[l.list[2 * (e + r)]];
+          wr[r] = c->wait(l.slot[e + r]) + part;
+        }
+        rows(E, nr, av, wr, acc);
+      }
+      if (e1 > e0) read += e1 - e0;
+    } else {
+      for (int64_t e = e0; e < e1; e++) {
+        const int64_t i = l.list[2 * e];
+        const uint8_t* w = c->wait(l.slot[e]) + part;
+        int64_t nact = 0;
+        for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
+        const bool deq = tmp && nact >= 2 && (W.dtype == DT_F32 || W.dtype == DT_F16 || W.dtype == DT_BF16);
+        if (deq) n.k->dequant[W.dtype](w, tmp, E);
+        for (int64_t t = 0; t < T; t++) {
+          if (logits && !(logits[i + t * n_out] >= thr)) continue;
+          if (deq) {
+            n.k->axpy_f32(E, a[i + t * n_out], tmp, acc + t * E);
+          } else {
+            axpy(E, a[i + t * n_out], w, acc + t * E);
+          }
+        }
+        read += nact;
+      }
+    }
+    sync(n);
+    r0 = r1;
+  }
+  n.rows_read[ith] += read;
+  if (nth == 1) return;
   const int64_t ny = E * T;
   for (int64_t e = lo(ny, ith, nth); e < hi(ny, ith, nth); e++) {
     float s = l.acc[e];
@@ -906,8 +1090,20 @@ void exec_node(const NodeExec& n, int ith, int nth) {
     case OP_CPY: op_cpy(n, ith, nth); break;
     case OP_SLICE: op_slice(n, ith, nth); break;
     case OP_RESHAPE: op_reshape(n, ith, nth); break;
-    case OP_MUL_MAT_SPARSE: op_mul_mat_sparse(n, ith, nth); break;
-    case OP_AXPY_SPARSE: op_axpy_sparse(n, ith, nth); break;
+    case OP_MUL_MAT_SPARSE:
+      if (n.src[0].cache) {
+        op_mul_mat_sparse_cached(n, ith, nth);
+      } else {
+        op_mul_mat_sparse(n, ith, nth);
+      }
+      break;
+    case OP_AXPY_SPARSE:
+      if (n.src[0].cache) {
+        op_axpy_sparse_cached(n, ith, nth);
+      } else {
+        op_axpy_sparse(n, ith, nth);
+      }
+      break;
     default: break;
   }
 }

@@ -5,12 +5,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 
 #include "common.h"
+#include "neuron_cache.h"
 
 namespace pi {
 
@@ -119,6 +121,128 @@ TensorPtr TensorStore::map(int dtype, const int64_t ne[4], const std::string& pa
   return t;
 }
 
+CacheCounters& TensorStore::counters() {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (!counters_) counters_ = std::make_shared<CacheCounters>();
+  return *counters_;
+}
+
+TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group, int pool_id) {
+  const size_t bytes = tensor_bytes(dtype, ne);
+  if (ne[2] != 1 || ne[3] != 1) throw BackendErr("BAD_TENSOR", "mapTensorCached: only 2-d tensors (one row per neuron)");
+  const size_t rb = bytes / static_cast<size_t>(ne[1]);
+  if (spec.row_bytes < rb || spec.n_rows != ne[1]) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: row size/count differ from the tensor's shape");
+  }
+  char resolved[PATH_MAX];
+  if (!realpath(spec.path.c_str(), resolved)) {
+    throw BackendErr("IO", "mapTensorCached: cannot open " + spec.path + ": " + std::strerror(errno));
+  }
+  CacheSpec s = spec;
+  s.path = resolved;
+  std::shared_ptr<ReaderPool> pool;
+  CacheCounters* ctr;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!counters_) counters_ = std::make_shared<CacheCounters>();
+    if (!readers_) {
+      int n = 16;  // reads are latency-bound: more in flight than cores (POWERINFER_IO_THREADS overrides)
+      if (const char* v = std::getenv("POWERINFER_IO_THREADS")) {
+        const int x = std::atoi(v);
+        if (x >= 1 && x <= 256) n = x;
+      }
+      readers_ = std::make_shared<ReaderPool>(n, counters_.get());
+    }
+    pool = readers_;
+    ctr = counters_.get();
+  }
+  const size_t slot_bytes = (s.row_bytes + 63) / 64 * 64;
+  std::shared_ptr<SlotPool> slots;
+  if (pool_id > 0) {
+    std::lock_guard<std::mutex> lk(mu_);
+    const std::string key = std::to_string(pool_id) + ":" + std::to_string(slot_bytes);
+    slots = pools_[key].lock();
+    if (!slots) {
+      slots = std::make_shared<SlotPool>(slot_bytes);
+      pools_[key] = slots;
+    }
+  } else {
+    slots = std::make_shared<SlotPool>(slot_bytes);
+  }
+  auto cache = std::make_shared<NeuronCache>(s, pool, slots, ctr);
+  std::lock_guard<std::mutex> lk(mu_);
+  if (group > 0) {
+    auto& g = groups_[group];
+    std::vector<NeuronCache*> live;
+    for (auto& w : g) {
+      if (auto c = w.lock()) live.push_back(c.get());
+    }
+    for (NeuronCache* c : live) {
+      c->siblings.push_back(cache.get());
+      cache->siblings.push_back(c);
+    }
+    g.push_back(cache);
+  }
+  auto t = std::make_shared<Tensor>();
+  t->id = next_id_++;
+  t->dtype = dtype;
+  for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+  t->bytes = bytes;
+  t->data = nullptr;
+  t->mapped = true;
+  t->cache = cache;
+  tensors_[t->id] = t;
+  return t;
+}
+
+TensorPtr TensorStore::share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset) {
+  const size_t bytes = tensor_bytes(dtype, ne);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = tensors_.find(with);
+  if (it == tensors_.end() || !it->second->cache) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: shareWith " + std::to_string(with) + " is not a cached tensor");
+  }
+  const std::shared_ptr<NeuronCache>& c = it->second->cache;
+  const size_t rb = bytes / static_cast<size_t>(ne[1]);
+  if (ne[2] != 1 || ne[3] != 1 || ne[1] != c->n_rows() || part_offset + rb > c->row_bytes()) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: part [" + std::to_string(part_offset) + ", +" + std::to_string(rb) +
+                                       ") does not fit the shared cache's rows of " + std::to_string(c->row_bytes()) + " bytes");
+  }
+  auto t = std::make_shared<Tensor>();
+  t->id = next_id_++;
+  t->dtype = dtype;
+  for (int i = 0; i < 4; i++) t->ne[i] = ne[i];
+  t->bytes = bytes;
+  t->mapped = true;
+  t->cache = c;
+  t->cache_part = part_offset;
+  t->cache_counts = false;
+  tensors_[t->id] = t;
+  return t;
+}
+
+size_t TensorStore::cache_bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t b = 0;
+  for (auto& kv : tensors_) {
+    if (kv.second->cache && kv.second->cache_counts) b += kv.second->cache->resident_bytes();
+  }
+  return b;
+}
+
+int TensorStore::io_threads() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return readers_ ? readers_->size() : 0;
+}
+
+bool TensorStore::all_direct() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  for (auto& kv : tensors_) {
+    if (kv.second->cache && !kv.second->cache->direct()) return false;
+  }
+  return true;
+}
+
 TensorPtr TensorStore::find(int id) const {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = tensors_.find(id);
@@ -136,12 +260,25 @@ void TensorStore::release(int id) {
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
+  if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
+    // siblings hold plain pointers: unlink before the cache can go
+    for (NeuronCache* o : c->siblings) {
+      auto& v = o->siblings;
+      v.erase(std::remove(v.begin(), v.end(), c), v.end());
+    }
+    c->siblings.clear();
+  }
   tensors_.erase(it);
 }
 
 void TensorStore::clear() {
   std::lock_guard<std::mutex> lk(mu_);
+  for (auto& kv : tensors_) {
+    if (kv.second->cache) kv.second->cache->siblings.clear();
+  }
   tensors_.clear();
+  groups_.clear();
+  pools_.clear();
   files_.clear();
   allocated_ = 0;
 }

@@ -9,10 +9,17 @@
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "powerinfer/wire.h"
 
 namespace pi {
+
+class NeuronCache;
+class ReaderPool;
+class SlotPool;
+struct CacheCounters;
+struct CacheSpec;
 
 /// Errors carry one of the interface's BackendErrorCode values (the wire header's BackendErr).
 using ::powerinfer::wire::BackendErr;
@@ -33,6 +40,10 @@ struct Tensor {
   uint8_t* data = nullptr;
   bool mapped = false;
   std::shared_ptr<FileMapping> mapping;  // keeps a mapped tensor's file mapped
+  /// File-backed rows (data == nullptr): only the sparse ops read such a tensor, through the cache.
+  std::shared_ptr<NeuronCache> cache;
+  size_t cache_part = 0;      ///< byte offset of this tensor's row within a cache row (bundled layout)
+  bool cache_counts = true;   ///< whether this tensor's requests count hits/misses (one per cache)
   ~Tensor();
 };
 
@@ -47,6 +58,21 @@ class TensorStore {
   TensorPtr create(int dtype, const int64_t ne[4]);
   /// A tensor whose bytes stay in `path` at `offset`. @throws BackendErr BAD_TENSOR, IO.
   TensorPtr map(int dtype, const int64_t ne[4], const std::string& path, uint64_t offset, uint64_t byte_length);
+  /// A tensor whose rows stay in the file and are read on demand into a neuron cache (see
+  /// neuron_cache.h); `group` > 0 links caches of one FFN so that one list prefetches all.
+  /// @throws BackendErr BAD_TENSOR, IO, OUT_OF_MEMORY.
+  TensorPtr map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group, int pool = 0);
+  /// Another tensor over the cache of tensor `with` (bundled layout): its rows are bytes
+  /// [part_offset, part_offset + row size) of that cache's rows. @throws BackendErr BAD_TENSOR.
+  TensorPtr share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset);
+  /// Counters of all caches (monotonic).
+  CacheCounters& counters();
+  /// Bytes held by neuron cache slots (hot + cold).
+  size_t cache_bytes() const;
+  /// Number of reader threads (0 before the first cached tensor).
+  int io_threads() const;
+  /// Whether every cache reads with O_DIRECT (false when one fell back to pread + fadvise).
+  bool all_direct() const;
   /// @throws BackendErr BAD_TENSOR when the id is unknown or freed.
   TensorPtr get(int id) const;
   /// Null when the id is unknown.
@@ -59,6 +85,10 @@ class TensorStore {
   mutable std::mutex mu_;
   std::unordered_map<int, TensorPtr> tensors_;
   std::unordered_map<std::string, std::weak_ptr<FileMapping>> files_;
+  std::unordered_map<int, std::vector<std::weak_ptr<NeuronCache>>> groups_;
+  std::unordered_map<std::string, std::weak_ptr<SlotPool>> pools_;  // "pool id:slot bytes"
+  std::shared_ptr<CacheCounters> counters_;
+  std::shared_ptr<ReaderPool> readers_;
   size_t budget_;
   size_t allocated_ = 0;
   int next_id_ = 1;

@@ -135,6 +135,68 @@ export interface FileTensorSource {
   byteLength: number;
 }
 
+/**
+ * How a file-backed sparse FFN weight is cached (see {@link Backend.mapTensorCached}). Rows are neurons
+ * (ne[1] rows of ne[0] elements).
+ */
+export interface NeuronCacheOptions {
+  /** Bytes between row starts in the file (default: the row size, i.e. a plain row-major tensor). */
+  rowStride?: number;
+  /**
+   * Bundled layout: bytes of one neuron record in the file (all parts: up, gate, down rows); the cache
+   * holds whole records and this tensor is the part at offset 0. Default: the tensor's row size.
+   */
+  recordBytes?: number;
+  /** Bundled layout: records per bucket (buckets start 4 KiB aligned; default 1). */
+  bucketRows?: number;
+  /** Bundled layout: bytes between bucket starts (default rowStride × bucketRows). */
+  bucketStride?: number;
+  /**
+   * Bundled layout: this tensor is another part of the records of `shareWith`'s cache, at byte
+   * `partOffset` of each record (the other options are then ignored; its requests are not counted).
+   */
+  shareWith?: TensorHandle;
+  partOffset?: number;
+  /**
+   * Tensors with the same pool > 0 and row size share one LRU region (the sum of their coldRows): one
+   * layer can use slots another is not using. 0: a region of its own.
+   */
+  pool?: number;
+  /** Rows pinned in memory for the tensor's lifetime (read at bind time): the hot neurons. */
+  hot?: Int32Array;
+  /** Further rows held in a least-recently-used region, filled from the file on demand. */
+  coldRows: number;
+  /**
+   * Tensors with the same group > 0 are the weights of one FFN: the active list of the first sparse op
+   * queues the reads of all of them.
+   */
+  group?: number;
+}
+
+/** Counters of a backend's neuron caches, monotonic since the backend was created (take differences). */
+export interface NeuronCacheStats {
+  /** Rows asked for that were already in memory (pinned, cached, or read ahead by an earlier op of the FFN's own step are misses). */
+  hits: number;
+  /** Rows read from the file for the step that asked for them. */
+  misses: number;
+  /** Read calls issued (adjacent rows are read together). */
+  reads: number;
+  /** Bytes transferred from the file (whole 4 KiB blocks). */
+  bytesRead: number;
+  /** Compute threads' time waiting for rows, summed over threads (ms). */
+  stallMs: number;
+  /** Wall time with at least one read in flight (ms). */
+  ioBusyMs: number;
+  /** Failed reads (the compute that needed them threw BackendError 'IO'). */
+  ioErrors: number;
+  /** Bytes held by the caches' slots now (pinned + LRU). */
+  cacheBytes: number;
+  /** Reader threads. */
+  ioThreads: number;
+  /** Whether every cache reads with O_DIRECT (false: pread + posix_fadvise(DONTNEED) after each read). */
+  direct: boolean;
+}
+
 /** Op names of the interface. See {@link Graph} for each op's contract. */
 export type OpName =
   | "get_rows"
@@ -199,6 +261,19 @@ export interface Backend {
   createTensor(dtype: DType, ne: readonly number[], data?: ArrayBufferView): TensorHandle;
   /** A tensor whose bytes stay in the file: mmapped zero-copy on the CPU, uploaded on a device. */
   mapTensor(dtype: DType, ne: readonly number[], source: FileTensorSource): TensorHandle;
+  /**
+   * Optional: a weight whose rows stay in the file and are read on demand into a neuron cache (pinned
+   * hot rows + an LRU region), bypassing the page cache. Only the sparse ops (mul_mat_sparse,
+   * axpy_sparse, without a row list) may read it; any other use is a BAD_GRAPH error at compute.
+   */
+  mapTensorCached?(
+    dtype: DType,
+    ne: readonly number[],
+    source: FileTensorSource,
+    cache: NeuronCacheOptions,
+  ): TensorHandle;
+  /** Optional: counters of the neuron caches (backends with {@link mapTensorCached}). */
+  neuronCacheStats?(): NeuronCacheStats;
   /** Copies a tensor's bytes out (for tests and tools). */
   readTensor(t: TensorHandle): Uint8Array;
   /** Overwrites bytes of a tensor starting at byte `offset`. */

@@ -98,7 +98,7 @@ export class NativeBackend<N extends NativeBackendInstance = NativeBackendInstan
     return toBackendError(this.name, e, fallback);
   }
 
-  private own(t: TensorHandle): NativeTensor {
+  protected own(t: TensorHandle): TensorHandle {
     this.check();
     const mine = this.live.get(t?.id);
     if (!mine || mine !== t) {
@@ -111,7 +111,7 @@ export class NativeBackend<N extends NativeBackendInstance = NativeBackendInstan
   }
 
   /** Bytes of `dtype[ne]`. @throws BackendError 'BAD_TENSOR' for an unknown dtype or a bad shape. */
-  private shape(dtype: DType, ne: readonly number[]): number {
+  protected shape(dtype: DType, ne: readonly number[]): number {
     if (DTYPE_CODES[dtype] === undefined) {
       throw new BackendError("BAD_TENSOR", `${this.name}: unknown dtype ${String(dtype)}`);
     }
@@ -129,7 +129,7 @@ export class NativeBackend<N extends NativeBackendInstance = NativeBackendInstan
     }
   }
 
-  private track(id: number, dtype: DType, ne: readonly number[], bytes: number): TensorHandle {
+  protected track(id: number, dtype: DType, ne: readonly number[], bytes: number): TensorHandle {
     const t = new NativeTensor(this.name, id, dtype, [...ne], bytes);
     this.live.set(id, t);
     return t;

@@ -2,7 +2,14 @@
  * The engine API the apps use: load a GGUF model onto a backend, open a session (a KV cache),
  * evaluate tokens to logits, or generate text as an async iterator of tokens.
  */
-import { assertModelFile, type GgufFile, type ModelConfig, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import {
+  type ActivationStats,
+  assertModelFile,
+  type GgufFile,
+  type ModelConfig,
+  openGgufModel,
+  parseModelConfig,
+} from "@powerinfer/gguf";
 import { Graph } from "@powerinfer/core";
 import type { Backend, ComputeResult, DType, OpName, TensorHandle } from "@powerinfer/core";
 import { Tokenizer } from "@powerinfer/tokenizer";
@@ -15,8 +22,11 @@ import {
   mapLlamaWeights,
   type SparseMode,
 } from "../model/llama.js";
+import { isBundled } from "../model/bundle.js";
+import { bindNeuronCaches, planRamBudget, type RamPlan } from "../model/ram-budget.js";
 import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
 import { EngineError } from "../errors.js";
+import { checkStatsForModel } from "./profile.js";
 import { generateTokens } from "./generate.js";
 import type { GeneratedToken, GenerateOptions, Timings } from "./generation.js";
 import { KvCache, type KvCacheType } from "../model/kv-cache.js";
@@ -66,6 +76,14 @@ export interface ModelLoadOptions {
   sparse?: SparseMode;
   /** Predictor threshold override (default: the file's `powerinfer.sparse_threshold`, 0 when absent). */
   threshold?: number;
+  /**
+   * Bytes held for weights plus the neuron caches (default: no limit, every weight mapped). Below the
+   * model's size the sparse FFN's up/gate/down rows are read from the file on demand into a neuron
+   * cache; see {@link planRamBudget}. The KV cache is not counted.
+   */
+  ramBudget?: number;
+  /** Activation statistics (`powerinfer profile`): with `ramBudget`, the hottest neurons are pinned. */
+  ramStats?: ActivationStats;
 }
 
 function checkAbort(signal?: AbortSignal): void {
@@ -92,6 +110,8 @@ export class Model {
     readonly sparse: SparseMode,
     /** The predictor threshold in use. */
     readonly threshold: number,
+    /** How `ramBudget` split the weights (undefined: no budget). */
+    readonly ramPlan?: RamPlan,
   ) {}
 
   /**
@@ -128,6 +148,20 @@ export class Model {
       );
     }
     const tokenizer = Tokenizer.fromGguf(file);
+    // the RAM plan is decided (and a budget that is too small refused) before any weight is mapped
+    const sparse0 = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
+    let ramPlan: RamPlan | undefined;
+    if (opts.ramBudget !== undefined || isBundled(file)) {
+      if (opts.ramStats) checkStatsForModel(opts.ramStats, config);
+      // a bundled file is always read through the neuron cache: without a budget, every record pinned
+      ramPlan = planRamBudget(file, config, opts.ramBudget ?? Number.MAX_SAFE_INTEGER, sparse0, opts.ramStats);
+      if (ramPlan.tensors.length && !opts.backend.mapTensorCached) {
+        throw new EngineError(
+          "UNSUPPORTED_OP",
+          `backend ${opts.backend.name} cannot serve FFN rows from the model file (no neuron cache); --ram-budget needs the cpu backend`,
+        );
+      }
+    }
     const mapper = new WeightMapper(file, opts.backend);
     const weights = mapLlamaWeights(config, mapper, (l) => {
       opts.onProgress?.((l + 1) / config.n_layer, `layer ${l + 1}/${config.n_layer}`);
@@ -156,6 +190,7 @@ export class Model {
         }
       });
     }
+    if (ramPlan) bindNeuronCaches(file, weights, opts.backend, ramPlan);
     checkSparseMode(config, weights, sparse);
     // yield once so an abort signal raised during mapping is seen
     await new Promise((r) => setImmediate(r));
@@ -171,6 +206,7 @@ export class Model {
       performance.now() - t0,
       sparse,
       threshold,
+      ramPlan,
     );
   }
 

@@ -123,6 +123,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
   for (let l = 0; l < n_layer; l++) {
     const p = `blk.${l}.`;
     const hasDownT = m.has(`${p}ffn_down_t.weight`);
+    // bundled layout: up/gate/down_t live in blk.N.ffn_bundle.weight, bound later through a neuron cache
+    const bundled = m.has(`${p}ffn_bundle.weight`);
     if (cfg.moe) {
       const { n_expert: nx, n_ff_exp: fx } = cfg.moe;
       layers.push({
@@ -150,10 +152,10 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
       bo: opt ? m.map(`${p}attn_output.bias`, [e]) : undefined,
       ffnNorm: falcon ? undefined : m.map(`${p}ffn_norm.weight`, [e]),
       ffnNormB: opt ? m.map(`${p}ffn_norm.bias`, [e]) : undefined,
-      ffnGate: cfg.ffn.gated ? m.map(`${p}ffn_gate.weight`, [e, f]) : undefined,
-      ffnUp: m.map(`${p}ffn_up.weight`, [e, f]),
+      ffnGate: cfg.ffn.gated && !bundled ? m.map(`${p}ffn_gate.weight`, [e, f]) : undefined,
+      ffnUp: bundled ? undefined : m.map(`${p}ffn_up.weight`, [e, f]),
       bUp: opt ? m.map(`${p}ffn_up.bias`, [f]) : undefined,
-      ffnDown: hasDownT ? undefined : m.map(`${p}ffn_down.weight`, [f, e]),
+      ffnDown: hasDownT || bundled ? undefined : m.map(`${p}ffn_down.weight`, [f, e]),
       bDown: opt ? m.map(`${p}ffn_down.bias`, [e]) : undefined,
       ffnDownT: hasDownT ? m.map(`${p}ffn_down_t.weight`, [e, f]) : undefined,
       fc1: cfg.has_predictors ? m.map(`${p}fc1.weight`, [e, cfg.predictor_ranks[l]!]) : undefined,
