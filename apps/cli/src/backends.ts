@@ -5,6 +5,7 @@
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { cudaBackend } from "@powerinfer/backend-cuda";
 import { rocmBackend } from "@powerinfer/backend-rocm";
+import { InvalidArgumentError } from "commander";
 import {
   type Backend,
   type BackendLoadOptions,
@@ -55,7 +56,15 @@ export async function loadBackend(
   log: (line: string) => void,
 ): Promise<Backend> {
   const reg = await registerAllBackends();
-  const prefer = choice === "auto" ? "auto" : choice.split(",").map((s) => s.trim());
+  const names = choice
+    .split(",")
+    .map((s) => s.trim())
+    .filter(Boolean);
+  if (choice !== "auto" && names.length === 0)
+    throw new InvalidArgumentError(
+      `--backend must be "auto" or a comma-separated list of backend names, got "${choice}"`,
+    );
+  const prefer = choice === "auto" ? "auto" : names;
   const exclude = prefer === "auto" ? [REFERENCE_BACKEND_NAME] : [];
   const quiet = (line: string) => {
     if (line !== `${REFERENCE_BACKEND_NAME}: excluded`) log(line);
@@ -77,7 +86,13 @@ export async function loadDeviceBackend(
   if (choice !== "auto") return (await reg.load({ prefer: [choice], log, env: {} }, options)).backend;
   for (const b of await reg.list()) {
     if (b.probe.usable && b.probe.devices.some((d) => d.kind === "gpu")) {
-      return (await reg.load({ prefer: [b.name], env: {} }, options)).backend;
+      try {
+        return (await reg.load({ prefer: [b.name], env: {} }, options)).backend;
+      } catch (e) {
+        // an automatic choice that fails to load is skipped: the run goes on with the next one, or on the CPU
+        log(`${b.name}: unavailable: ${(e as Error).message}`);
+        continue;
+      }
     }
     if (!b.probe.usable) log(`${b.name}: ${b.probe.reason}`);
   }

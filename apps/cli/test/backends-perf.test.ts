@@ -56,6 +56,6 @@ describe("backends --perf", () => {
     );
     const bad = cli(["backends", "--perf", "cpu", "--perf-size", "100"]);
     expect(bad.status).toBe(1);
-    expect(bad.stderr).toMatch(/--perf-size must be a multiple of 256, got 100/);
+    expect(bad.stderr).toMatch(/--perf-size must be a positive multiple of 256, at most 16384, got 100/);
   });
 });

@@ -40,8 +40,10 @@ export function register(program: Command): void {
         if (o.perf !== undefined) {
           const size = Number(o.perfSize);
           const repeats = Number(o.perfRepeats);
-          if (!Number.isInteger(size) || size < 256 || size % 256 !== 0)
-            throw new InvalidArgumentError(`--perf-size must be a multiple of 256, got ${o.perfSize}`);
+          if (!Number.isInteger(size) || size < 256 || size > 16384 || size % 256 !== 0)
+            throw new InvalidArgumentError(
+              `--perf-size must be a positive multiple of 256, at most 16384, got ${o.perfSize}`,
+            );
           if (!Number.isInteger(repeats) || repeats < 1)
             throw new InvalidArgumentError(`--perf-repeats must be an integer ≥ 1, got ${o.perfRepeats}`);
           const names = o.perf

@@ -11,7 +11,9 @@
  * A package is imported through its `exports["."]` (`import` or `default` condition, or a string), else
  * `main`, else `index.js`; every export that is a {@link BackendDescriptor} (its default export first) is
  * registered. An entry that cannot be imported, or exports no descriptor, is registered as an unavailable
- * backend named after the entry, whose probe gives the error, so `powerinfer backends` lists it.
+ * backend named after the entry, whose probe gives the error, so `powerinfer backends` lists it. A discovered
+ * backend never replaces one already registered (the built-in ones): its name must be new. Importing and
+ * probing each have a 10 s limit.
  */
 import { existsSync, readFileSync, statSync } from "node:fs";
 import { homedir } from "node:os";
@@ -112,6 +114,9 @@ function findPackage(name: string, cwd: string): string | undefined {
   }
 }
 
+/** How long importing one entry may take (ms). */
+const IMPORT_TIMEOUT_MS = 10_000;
+
 /** True for an object with the shape of a {@link BackendDescriptor}. */
 export function isBackendDescriptor(x: unknown): x is BackendDescriptor {
   const d = x as BackendDescriptor;
@@ -137,7 +142,15 @@ export async function importBackendEntry(entry: string, from: string, baseDir: s
       if (!found) throw new Error(`package ${entry} is not installed (looked in node_modules from ${baseDir} up)`);
       dir = found;
     }
-    const mod = (await import(pathToFileURL(packageEntryFile(dir)).href)) as Record<string, unknown>;
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const imported = await Promise.race([
+      import(pathToFileURL(packageEntryFile(dir)).href),
+      new Promise<"timeout">((resolve) => {
+        timer = setTimeout(() => resolve("timeout"), IMPORT_TIMEOUT_MS);
+      }),
+    ]).finally(() => clearTimeout(timer));
+    if (imported === "timeout") throw new Error(`importing it did not finish within ${IMPORT_TIMEOUT_MS / 1000} s`);
+    const mod = imported as Record<string, unknown>;
     const descriptors: BackendDescriptor[] = [];
     const seen = new Set<string>();
     for (const value of [mod["default"], ...Object.values(mod)]) {
@@ -149,7 +162,8 @@ export async function importBackendEntry(entry: string, from: string, baseDir: s
     if (descriptors.length === 0) throw new Error("it exports no backend descriptor (name, apiVersion, probe, load)");
     return { entry, from, descriptors };
   } catch (e) {
-    return { entry, from, descriptors: [], error: (e as Error).message.split("\n")[0] };
+    const message = e instanceof Error ? e.message : String(e);
+    return { entry, from, descriptors: [], error: message.split("\n")[0] };
   }
 }
 
@@ -187,9 +201,26 @@ export async function discoverBackends(
   for (const entry of fromEnv) out.push(await importBackendEntry(entry, "POWERINFER_BACKENDS", cwd));
   const config = readBackendConfig({ env, cwd });
   for (const entry of config.backends) out.push(await importBackendEntry(entry, config.path!, dirname(config.path!)));
+  // a discovered backend never replaces one registered before discovery (a built-in) or an earlier entry's
+  const taken = new Set(registry.names());
   for (const d of out) {
-    if (d.error) registry.register(unavailable(d));
-    for (const desc of d.descriptors) registry.register(desc);
+    for (const desc of d.descriptors) {
+      if (taken.has(desc.name) || desc.name.trim() === "") {
+        d.error =
+          desc.name.trim() === ""
+            ? "it exports a backend with an empty name"
+            : `it exports backend "${desc.name}", a name already taken (rename it)`;
+        continue;
+      }
+      taken.add(desc.name);
+      registry.register(desc);
+    }
+    if (d.error) {
+      const placeholder = unavailable(d);
+      const name = taken.has(d.entry) ? `${d.entry} (${d.from})` : d.entry;
+      taken.add(name);
+      registry.register({ ...placeholder, name });
+    }
   }
   return out;
 }

@@ -5,7 +5,8 @@
  * Every intermediate tensor is contiguous F32 (ids are I32). Shapes follow ggml (ne[0] innermost).
  * `T` below is the number of tokens (columns) in the batch.
  *
- * Op contracts (all outputs F32 unless stated; "any" = any {@link DType} the backend claims):
+ * Op contracts (all outputs F32 unless stated; "any" = any {@link DType} the backend claims). After the
+ * semicolon: the node's `params`, in order.
  * - `get_rows(W[K,R] any, ids i32[T])` → [K,T]: column t = row ids[t] of W, dequantized.
  * - `mul_mat(W[K,N] any, x[K,T])` → [N,T]: y[n,t] = Σ_k W[k,n]·x[k,t]. Backends may round x the way
  *   llama.cpp does for the weight type (F16 for F16/BF16 weights, Q8_0 blocks for Q4/Q5/Q8 weights, Q8_K for K-quants).
@@ -16,10 +17,10 @@
  *   (adjacent pairs (2i, 2i+1) rotate), mode 2 = NeoX (pairs (i, i+n_dims/2)); θ_i = pos·freq_scale·freq_base^(−2i/n_dims)
  *   (Su et al. 2021, RoFormer). Dimensions ≥ n_dims pass through.
  * - `softmax(x[n,R]; scale)` → softmax(scale·x) per column.
- * - `attention(q[d·H,T], k_cache[d·H_kv, C], v_cache[d·H_kv, C]; n_past, n_head_kv, scale)` → [d·H, T]:
+ * - `attention(q[d·H,T], k_cache[d·H_kv, C], v_cache[d·H_kv, C]; n_past, n_head_kv, scale, head_dim, n_head)` → [d·H, T]:
  *   query t (absolute position n_past+t) attends cache positions 0..n_past+t (causal), head h reads KV head
  *   h / (H / H_kv) (GQA). Caches are F32 or F16 handles.
- * - `attention_swa(…; n_past, n_head_kv, scale, window)`: as attention, but query t sees only the cache
+ * - `attention_swa(…; n_past, n_head_kv, scale, head_dim, n_head, window)`: as attention, but query t sees only the cache
  *   positions p with (n_past + t) − p < window (a sliding window, llama.cpp's LLAMA_SWA_TYPE_STANDARD).
  * - `add(a[n,T], b[n,T|1])`, `mul(a, b)`: elementwise, b broadcast over columns when b.ne[1] == 1.
  * - `scale(a; s)`, `silu(a)`, `relu(a)`, `gelu(a)` (tanh approximation, as ggml).

@@ -38,19 +38,60 @@ export interface SelectedBackend {
   skipped: string[];
 }
 
-async function safeProbe(d: BackendDescriptor): Promise<ProbeResult> {
-  if (d.apiVersion !== BACKEND_API_VERSION) {
-    return {
-      usable: false,
-      score: 0,
-      reason: `unavailable: implements backend API v${d.apiVersion}, core expects v${BACKEND_API_VERSION}`,
-      devices: [],
-    };
+/** How long a probe may take before its backend is reported unavailable (ms). */
+export const PROBE_TIMEOUT_MS = 10_000;
+
+const describe = (e: unknown) => (e instanceof Error ? e.message : String(e));
+
+/** Why a probe's result is not a {@link ProbeResult}, or undefined when it is one. */
+function badProbeResult(r: unknown): string | undefined {
+  if (typeof r !== "object" || r === null) return `returned ${r === null ? "null" : typeof r}`;
+  const p = r as Partial<ProbeResult>;
+  if (typeof p.usable !== "boolean") return `"usable" is ${JSON.stringify(p.usable) ?? "missing"}, not a boolean`;
+  if (typeof p.score !== "number" || !Number.isFinite(p.score)) return `"score" is not a finite number`;
+  if (typeof p.reason !== "string") return `"reason" is not a string`;
+  if (!Array.isArray(p.devices)) return `"devices" is not a list`;
+  for (const d of p.devices) {
+    if (
+      typeof d !== "object" ||
+      d === null ||
+      (d.kind !== "cpu" && d.kind !== "gpu") ||
+      typeof d.name !== "string" ||
+      !Number.isFinite(d.freeMemory) ||
+      !Number.isFinite(d.totalMemory)
+    ) {
+      return "a device is not { kind: cpu|gpu, name, freeMemory, totalMemory }";
+    }
   }
+  return undefined;
+}
+
+/** A descriptor's probe, never throwing, never hanging: a fault or a malformed result is "unavailable". */
+async function safeProbe(d: BackendDescriptor): Promise<ProbeResult> {
+  const unavailable = (reason: string): ProbeResult => ({
+    usable: false,
+    score: 0,
+    reason: `unavailable: ${reason}`,
+    devices: [],
+  });
+  if (d.apiVersion !== BACKEND_API_VERSION) {
+    return unavailable(`implements backend API v${d.apiVersion}, core expects v${BACKEND_API_VERSION}`);
+  }
+  let timer: ReturnType<typeof setTimeout> | undefined;
   try {
-    return await d.probe();
+    const r = await Promise.race([
+      Promise.resolve().then(() => d.probe()),
+      new Promise<"timeout">((resolve) => {
+        timer = setTimeout(() => resolve("timeout"), PROBE_TIMEOUT_MS);
+      }),
+    ]);
+    if (r === "timeout") return unavailable(`probe did not answer within ${PROBE_TIMEOUT_MS / 1000} s`);
+    const bad = badProbeResult(r);
+    return bad ? unavailable(`probe result is malformed: ${bad}`) : r;
   } catch (e) {
-    return { usable: false, score: 0, reason: `unavailable: probe failed: ${(e as Error).message}`, devices: [] };
+    return unavailable(`probe failed: ${describe(e)}`);
+  } finally {
+    clearTimeout(timer);
   }
 }
 
@@ -97,10 +138,19 @@ export class BackendRegistry {
     const envPref = env["POWERINFER_BACKEND"]?.trim();
     const prefer =
       envPref && envPref !== "auto"
-        ? envPref.split(",").map((s) => s.trim())
+        ? envPref
+            .split(",")
+            .map((s) => s.trim())
+            .filter(Boolean)
         : envPref
           ? "auto"
           : (sel.prefer ?? "auto");
+    if (prefer !== "auto" && prefer.length === 0) {
+      throw new BackendError(
+        "BAD_CONFIG",
+        `${envPref !== undefined && envPref !== "" ? "POWERINFER_BACKEND" : "the backend choice"} names no backend (give "auto" or a comma-separated list of names)`,
+      );
+    }
     const exclude = new Set(sel.exclude ?? []);
     const skipped: string[] = [];
     const skip = (line: string) => {
@@ -145,7 +195,36 @@ export class BackendRegistry {
     options?: BackendLoadOptions,
   ): Promise<{ backend: Backend } & SelectedBackend> {
     const s = await this.select(sel);
-    return { ...s, backend: await s.descriptor.load(options) };
+    let backend: Backend;
+    try {
+      backend = await s.descriptor.load(options);
+    } catch (e) {
+      if (e instanceof BackendError) {
+        throw e.message.startsWith(`${s.descriptor.name}:`)
+          ? e
+          : new BackendError(e.code, `${s.descriptor.name}: ${e.message}`);
+      }
+      throw new BackendError("UNAVAILABLE", `${s.descriptor.name}: load failed: ${describe(e)}`);
+    }
+    const missing = [
+      "createTensor",
+      "mapTensor",
+      "readTensor",
+      "writeTensor",
+      "freeTensor",
+      "supportsOp",
+      "compute",
+      "computeAsync",
+      "dispose",
+      "allocatedBytes",
+    ].filter((m) => typeof (backend as unknown as Record<string, unknown>)?.[m] !== "function");
+    if (missing.length > 0) {
+      throw new BackendError(
+        "UNAVAILABLE",
+        `${s.descriptor.name}: load() did not return a Backend (missing ${missing.join(", ")})`,
+      );
+    }
+    return { ...s, backend };
   }
 }
 

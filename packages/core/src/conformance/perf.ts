@@ -44,6 +44,8 @@ export interface ConformancePerfRow {
   baselineUs?: number;
   /** Weight and activation bytes the graph reads once (for bandwidth figures). */
   bytes: number;
+  /** Why the backend's (or the baseline's) measurement failed, when it did (the run goes on). */
+  error?: string;
 }
 
 export interface ConformancePerfReport {
@@ -213,7 +215,21 @@ function buildCase(backend: Backend, op: OpName, dtype: DType, n: number): PerfC
 }
 
 /** Median µs per compute of the pair's graph on `backend`, or undefined when it does not claim the pair. */
-function timePair(backend: Backend, op: OpName, dtype: DType, n: number, repeats: number) {
+function timePair(
+  backend: Backend,
+  op: OpName,
+  dtype: DType,
+  n: number,
+  repeats: number,
+): { us?: number; shape: string; bytes: number; error?: string } | undefined {
+  try {
+    return timeClaimed(backend, op, dtype, n, repeats);
+  } catch (e) {
+    return { shape: "", bytes: 0, error: `${backend.name}: ${e instanceof Error ? e.message : String(e)}` };
+  }
+}
+
+function timeClaimed(backend: Backend, op: OpName, dtype: DType, n: number, repeats: number) {
   if (!backend.supportsOp(op, [dtype])) return undefined;
   if (op === "top_k" && !backend.supportsOp("mul_mat_id", ["f32"])) return undefined;
   const c = buildCase(backend, op, dtype, n);
@@ -243,24 +259,27 @@ export async function runConformancePerf(
 ): Promise<ConformancePerfReport> {
   const n = opts.size ?? 1024;
   const repeats = opts.repeats ?? 5;
-  if (!Number.isInteger(n) || n < 256 || n % 256 !== 0)
-    throw new RangeError(`size must be a multiple of 256, got ${n}`);
+  if (!Number.isInteger(n) || n < 256 || n > 16384 || n % 256 !== 0)
+    throw new RangeError(`size must be a positive multiple of 256, at most 16384, got ${n}`);
   if (!Number.isInteger(repeats) || repeats < 1) throw new RangeError(`repeats must be ≥ 1, got ${repeats}`);
   const rows: ConformancePerfRow[] = [];
   for (const op of opts.ops ?? CONFORMANCE_OPS) {
     for (const dtype of conformanceDtypes(op)) {
       if (opts.dtypes && !opts.dtypes.includes(dtype)) continue;
       const mine = timePair(backend, op, dtype, n, repeats);
+      // rows are the backend's claims; the baseline is measured beside them
+      if (!mine) continue;
       const base = opts.baseline ? timePair(opts.baseline, op, dtype, n, repeats) : undefined;
-      if (!mine && !base) continue;
       const row: ConformancePerfRow = {
         op,
         dtype,
-        shape: (mine ?? base)!.shape,
-        us: mine?.us,
+        shape: mine.shape || base?.shape || "",
+        us: mine.us,
         baselineUs: base?.us,
-        bytes: (mine ?? base)!.bytes,
+        bytes: mine.bytes || base?.bytes || 0,
       };
+      const error = [mine.error, base?.error].filter(Boolean).join("; ");
+      if (error) row.error = error;
       rows.push(row);
       opts.log?.(formatRow(row));
       await new Promise((r) => setImmediate(r));
@@ -276,7 +295,8 @@ function formatRow(r: ConformancePerfRow): string {
   const num = (v: number) => (v < 0.1 ? v.toPrecision(2) : v.toFixed(2));
   const ratio = r.us !== undefined && r.baselineUs !== undefined ? `${num(r.baselineUs / r.us)}×` : "—";
   const gbs = r.us !== undefined ? num(r.bytes / (r.us * 1e3)) : "—";
-  return `| ${r.op} | ${r.dtype} | ${r.shape} | ${fmtUs(r.us)} | ${fmtUs(r.baselineUs)} | ${ratio} | ${gbs} |`;
+  const note = r.error ? ` failed: ${r.error}` : "";
+  return `| ${r.op} | ${r.dtype} | ${r.shape} | ${fmtUs(r.us)} | ${fmtUs(r.baselineUs)} | ${ratio} | ${gbs}${note} |`;
 }
 
 /** The report as a markdown table: per op × dtype, time per call, the baseline's, speed ratio, GB/s. */
@@ -284,7 +304,7 @@ export function formatConformancePerf(report: ConformancePerfReport): string {
   const base = report.baseline ?? "baseline";
   const lines = [
     `perf of backend "${report.backend}"${report.baseline ? ` beside "${report.baseline}"` : ""} (median per compute call)`,
-    `| op | dtype | shape | ${report.backend} | ${base} | speed vs ${base} | GB/s |`,
+    `| op | dtype | shape | ${report.backend} | ${base} | speed vs ${base} | GB/s (${report.backend}) |`,
     "| --- | --- | --- | ---: | ---: | ---: | ---: |",
     ...report.rows.map(formatRow),
   ];

@@ -61,6 +61,43 @@ function checkExpertOps(backend: Backend, file: GgufFile, nLayer: number): void 
   }
 }
 
+/**
+ * The ops and weight dtypes the dense forward graph of `config` uses, checked against the backend's claims
+ * before anything is loaded, so a backend that lacks one is told so by name instead of failing mid-generation.
+ * @throws EngineError 'UNSUPPORTED_OP' listing every missing (op, dtype) pair.
+ */
+function checkGraphOps(backend: Backend, file: GgufFile, config: ModelConfig): void {
+  const need = new Map<string, [OpName, DType]>();
+  const add = (op: OpName, dtype: DType) => need.set(`${op}/${dtype}`, [op, dtype]);
+  add(config.norm.type === "rms" ? "rms_norm" : "norm", "f32");
+  add("mul", "f32");
+  add("add", "f32");
+  if (config.rope.type !== "none") add("rope", "f32");
+  add(config.ffn.activation === "silu" ? "silu" : config.ffn.activation === "gelu" ? "gelu" : "relu", "f32");
+  if (config.ffn.up_activation === "relu") add("relu", "f32");
+  for (const t of file.tensors) {
+    const name = t.name;
+    if (!name.endsWith(".weight") || t.shape.length < 2) continue;
+    if (name === "token_embd.weight" || name === "position_embd.weight") add("get_rows", dtypeOfTensor(t));
+    if (name === "output.weight") add("mul_mat", dtypeOfTensor(t));
+    const m = /^blk\.\d+\.(attn_(q|k|v|qkv|output)|ffn_(gate|up|down|down_t))\.weight$/.exec(name);
+    if (!m) continue;
+    if (m[1] === "attn_qkv") add("slice", "f32");
+    add(m[1] === "ffn_down_t" ? "axpy_sparse" : "mul_mat", dtypeOfTensor(t));
+  }
+  if (!file.tensorMap.has("output.weight")) {
+    const emb = file.tensorMap.get("token_embd.weight");
+    if (emb) add("mul_mat", dtypeOfTensor(emb)); // tied output
+  }
+  const missing = [...need.values()].filter(([op, dtype]) => !backend.supportsOp(op, [dtype]));
+  if (missing.length > 0) {
+    throw new EngineError(
+      "UNSUPPORTED_OP",
+      `backend ${backend.name} does not implement ${missing.map(([op, d]) => `${op} for ${d}`).join(", ")}, which this ${config.arch} model needs`,
+    );
+  }
+}
+
 /** Options of {@link Model.load}. */
 export interface ModelLoadOptions {
   /** The loaded backend to run on. */
@@ -134,6 +171,7 @@ export class Model {
         `architecture ${config.arch} is not supported yet (supported: ${[...SUPPORTED_ARCHS].join(", ")})`,
       );
     }
+    checkGraphOps(opts.backend, file, config);
     if (config.moe) checkExpertOps(opts.backend, file, config.n_layer);
     if (config.layer_attention?.some((a) => a.window > 0) && !opts.backend.supportsOp("attention_swa", ["f16"])) {
       throw new EngineError(
