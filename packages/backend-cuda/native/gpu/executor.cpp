@@ -98,6 +98,7 @@ Executor::Executor(int device, uint64_t budget) : device_(device), budget_(budge
   try {
     set_device(device_);
     stream_ = stream_create();
+    check_warp_size(stream_);
   } catch (const GpuError& e) {
     throw as_backend_error(e);
   }
@@ -113,6 +114,7 @@ Executor::~Executor() {
   }
   tensors_.clear();
   dev_free(arena_);
+  host_free_pinned(staging_);
   stream_destroy(stream_);
 }
 
@@ -261,6 +263,19 @@ void Executor::free(int id) {
   tensors_.erase(it);
 }
 
+uint8_t* Executor::ensure_staging(uint64_t bytes) {
+  if (bytes > staging_size_) {
+    stream_sync(stream_);  // an earlier copy may still read it
+    host_free_pinned(staging_);
+    staging_ = nullptr;
+    staging_size_ = 0;
+    const uint64_t grow = (std::max<uint64_t>(bytes, 1 << 16) + (uint64_t{1} << 16) - 1) >> 16 << 16;
+    staging_ = host_alloc_pinned(grow);
+    staging_size_ = grow;
+  }
+  return static_cast<uint8_t*>(staging_);
+}
+
 void Executor::ensure_arena(uint64_t bytes) {
   if (bytes <= arena_size_) return;
   uint64_t grow = std::max<uint64_t>(bytes, arena_size_ + arena_size_ / 2);
@@ -318,15 +333,30 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     }
     return s;
   };
+  // attention parameters of a node (pointers bound when it runs)
+  auto attn = [&](const GNode& n) {
+    AttentionArgs a{};
+    a.window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
+    a.kv_dtype = cg.tensors[static_cast<size_t>(n.src[1])].dtype;
+    a.head_dim = static_cast<int>(n.p[3]);
+    a.n_head = static_cast<int>(n.p[4]);
+    a.n_head_kv = static_cast<int>(n.p[1]);
+    a.t = cg.tensors[static_cast<size_t>(n.src[0])].ne[1];
+    a.n_past = static_cast<int64_t>(n.p[0]);
+    a.scale = static_cast<float>(n.p[2]);
+    return a;
+  };
   uint64_t scratch = 0;
   for (size_t ni = 0; ni < nn; ni++) {
     const GNode& n = cg.nodes[ni];
     if (n.op != OP_CPY) off[static_cast<size_t>(n.dst)] = plan.take(static_cast<uint64_t>(cg.tensors[static_cast<size_t>(n.dst)].nel) * 4);
-    if (n.op == OP_AXPY_SPARSE) {
+    if (n.op == OP_AXPY_SPARSE || n.op == OP_MUL_MAT || n.op == OP_MUL_MAT_SPARSE) {
       const GTensor& w = cg.tensors[static_cast<size_t>(n.src[0])];
       const int64_t t = cg.tensors[static_cast<size_t>(n.src[1])].ne[1];
-      scratch = std::max(scratch, axpy_sparse_scratch_bytes(weights_of(w, nullptr), t, sel(n)));
+      scratch = std::max(scratch, n.op == OP_AXPY_SPARSE ? axpy_sparse_scratch_bytes(weights_of(w, nullptr), t, sel(n))
+                                                         : mul_mat_scratch_bytes(weights_of(w, nullptr), t));
     }
+    if (n.op == OP_ATTENTION || n.op == OP_ATTENTION_SWA) scratch = std::max(scratch, attention_scratch_bytes(attn(n)));
     for (size_t i : dies[ni]) plan.give(off[i], static_cast<uint64_t>(cg.tensors[i].nel) * 4);
   }
   const uint64_t scratch_off = align_up(plan.top());
@@ -346,12 +376,27 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     auto f32 = [&](int id) { return static_cast<float*>(ptr(id)); };
     auto i32 = [&](int id) { return static_cast<const int32_t*>(ptr(id)); };
     unsigned long long* counters = reinterpret_cast<unsigned long long*>(base + counters_off);
+    // Inputs lie together at the start of the arena (taken first, in tensor order): gathered into
+    // pinned staging and sent in one DMA copy.
+    uint64_t in_end = 0;
     for (size_t i = 0; i < nt; i++) {
       const GTensor& t = cg.tensors[i];
-      if (t.kind == KIND_INPUT) {
+      if (t.kind == KIND_INPUT) in_end = std::max(in_end, off[i] + g.inputs[static_cast<size_t>(t.ref)].bytes);
+    }
+    uint64_t out_bytes = 0;
+    for (size_t i = 0; i < nt; i++) {
+      const GTensor& t = cg.tensors[i];
+      if (t.out >= 0) out_bytes = align_up(out_bytes + g.outputs[static_cast<size_t>(t.out)].bytes);
+    }
+    uint8_t* stage = ensure_staging(std::max(in_end, out_bytes + 8 * (nn ? nn : 1)));
+    if (in_end) {
+      for (size_t i = 0; i < nt; i++) {
+        const GTensor& t = cg.tensors[i];
+        if (t.kind != KIND_INPUT) continue;
         const WireGraph::In& in = g.inputs[static_cast<size_t>(t.ref)];
-        copy_h2d(base + off[i], in.data, in.bytes, stream_);
+        if (in.bytes) std::memcpy(stage + off[i], in.data, in.bytes);
       }
+      copy_h2d(base, stage, in_end, stream_);
     }
     zero_async(counters, 8 * nn, stream_);
 
@@ -368,7 +413,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           break;
         case OP_MUL_MAT:
           launch_mul_mat(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), cg.tensors[static_cast<size_t>(n.src[1])].ne[1],
-                         y, stream_);
+                         y, base + scratch_off, stream_);
           break;
         case OP_MUL_MAT_SPARSE:
         case OP_AXPY_SPARSE: {
@@ -378,7 +423,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           s.rows_read = counters + ni;
           const int64_t t = cg.tensors[static_cast<size_t>(n.src[1])].ne[1];
           if (n.op == OP_MUL_MAT_SPARSE)
-            launch_mul_mat_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, stream_);
+            launch_mul_mat_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, base + scratch_off, stream_);
           else
             launch_axpy_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, base + scratch_off, stream_);
           break;
@@ -392,20 +437,12 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           break;
         case OP_ATTENTION:
         case OP_ATTENTION_SWA: {
-          AttentionArgs a{};
-          a.window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
+          AttentionArgs a = attn(n);
           a.q = f32(n.src[0]);
           a.k = ptr(n.src[1]);
           a.v = ptr(n.src[2]);
-          a.kv_dtype = cg.tensors[static_cast<size_t>(n.src[1])].dtype;
-          a.head_dim = static_cast<int>(n.p[3]);
-          a.n_head = static_cast<int>(n.p[4]);
-          a.n_head_kv = static_cast<int>(n.p[1]);
-          a.t = s0.ne[1];
-          a.n_past = static_cast<int64_t>(n.p[0]);
-          a.scale = static_cast<float>(n.p[2]);
           a.y = y;
-          launch_attention(a, stream_);
+          launch_attention(a, base + scratch_off, stream_);
           break;
         }
         case OP_ADD:
@@ -459,15 +496,26 @@ std::vector<double> Executor::compute(const WireGraph& g) {
       }
     }
 
+    std::vector<uint64_t> out_at(nt, 0);  // outputs come back through pinned staging, then the counters
+    uint64_t o_off = 0;
     for (size_t i = 0; i < nt; i++) {
       const GTensor& t = cg.tensors[i];
       if (t.out < 0) continue;
       const WireGraph::Out& o = g.outputs[static_cast<size_t>(t.out)];
-      copy_d2h(o.data, ptr(static_cast<int>(i)), o.bytes, stream_);
+      out_at[i] = o_off;
+      copy_d2h(stage + o_off, ptr(static_cast<int>(i)), o.bytes, stream_);
+      o_off = align_up(o_off + o.bytes);
     }
     std::vector<unsigned long long> counts(nn ? nn : 1, 0);
-    copy_d2h(counts.data(), counters, 8 * nn, stream_);
+    copy_d2h(stage + o_off, counters, 8 * nn, stream_);
     stream_sync(stream_);
+    for (size_t i = 0; i < nt; i++) {
+      const GTensor& t = cg.tensors[i];
+      if (t.out < 0) continue;
+      const WireGraph::Out& o = g.outputs[static_cast<size_t>(t.out)];
+      if (o.bytes) std::memcpy(o.data, stage + out_at[i], o.bytes);
+    }
+    if (nn) std::memcpy(counts.data(), stage + o_off, 8 * nn);
     for (size_t ni = 0; ni < nn; ni++) rows_read[ni] = static_cast<double>(counts[ni]);
   } catch (const GpuError& e) {
     try {

@@ -32,11 +32,23 @@ struct Selection {
 enum UnaryOp { UNARY_SCALE, UNARY_SILU, UNARY_RELU, UNARY_GELU, UNARY_SIGMOID };
 enum BinaryOp { BINARY_ADD, BINARY_MUL };
 
-void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, void* stream);
-void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* stream);
-void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* stream);
+/// Checks that the kernels were compiled for the device's warp size: a kernel reports PI_WARP (the
+/// compile-time wave size of the target) and the hardware's warpSize. Synchronous.
+/// @throws GpuError UNAVAILABLE naming both when they differ (e.g. a gfx10+ device in wave64 mode).
+void check_warp_size(void* stream);
 
-/// Scratch bytes launch_axpy_sparse needs for this shape (0 when it sums in place).
+void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, void* stream);
+
+/// Scratch bytes launch_mul_mat / launch_mul_mat_sparse need: Q8_0 and Q4_0 weights quantize the
+/// activations x [k, T] once per op to 8-bit blocks (int8 [k, T] + one F32 scale per 32 values, the
+/// scale rounded to F16 as in Q8_0) and take integer dot products (dp4a); 0 for float weights.
+uint64_t mul_mat_scratch_bytes(const Weights& w, int64_t t);
+void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* scratch, void* stream);
+void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* scratch,
+                           void* stream);
+
+/// Scratch bytes launch_axpy_sparse needs for this shape: the compacted active list (candidate ids and
+/// column masks per group of 8 columns) and, with several chunks, their partial sums.
 uint64_t axpy_sparse_scratch_bytes(const Weights& wt, int64_t t, const Selection& s);
 void launch_axpy_sparse(const Weights& wt, const float* a, int64_t t, const Selection& s, float* y, void* scratch,
                         void* stream);
@@ -60,7 +72,9 @@ struct AttentionArgs {
 };
 /// Largest head_dim the attention kernel handles.
 constexpr int kMaxHeadDim = 512;
-void launch_attention(const AttentionArgs& a, void* stream);
+/// Scratch bytes launch_attention needs (flash-decoding partials; 0 when one block per head suffices).
+uint64_t attention_scratch_bytes(const AttentionArgs& a);
+void launch_attention(const AttentionArgs& a, void* scratch, void* stream);
 
 // ---- routed experts (mixture of experts) ----
 
