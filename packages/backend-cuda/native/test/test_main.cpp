@@ -183,6 +183,22 @@ int compare(const char* what, const std::vector<float>& got, const std::vector<d
   return bad;
 }
 
+/// The activations a Q8_0/Q4_0 dot product sees on the GPU (kernels.cu, k_quantize_q8): each block of
+/// 32 values of a column rounded to q·d16, d = amax/127 (float), q = round(x/d), d16 = F16(d). Other
+/// dtypes: x itself. The reference then multiplies these exactly, so only float32 summation error remains.
+std::vector<float> gpu_activations(int dt, const std::vector<float>& x) {
+  if (dt != DT_Q8_0 && dt != DT_Q4_0) return x;
+  std::vector<float> r(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (size_t j = 0; j < 32; j++) amax = std::fmax(amax, std::fabs(x[b + j]));
+    const float d = amax / 127.0f;
+    const float d16 = pi_half_to_float(pi_float_to_half(d));
+    for (size_t j = 0; j < 32; j++) r[b + j] = d != 0.0f ? std::round(x[b + j] / d) * d16 : 0.0f;
+  }
+  return r;
+}
+
 double dot_tol(double abs_sum, int64_t k) { return 1e-6 + abs_sum * (static_cast<double>(k) + 16) * 1.2e-7; }
 
 // ---- op tests ----
@@ -212,6 +228,7 @@ void test_mul_mat(Executor& ex, int dt, int64_t k, int64_t n, int64_t t) {
   const auto w = random_weights(dt, k, n);
   const int hw = ex.create(dt, std::vector<int64_t>{k, n, 1, 1}.data(), w.data(), w.size());
   const auto x = randf(static_cast<size_t>(k * t));
+  const auto xr = gpu_activations(dt, x);
   G g;
   const int y = g.node(OP_MUL_MAT, {n, t}, {g.handle(hw, dt, {k, n}), g.input(x, {k, t})}, {});
   const int o = g.output(y);
@@ -222,7 +239,7 @@ void test_mul_mat(Executor& ex, int dt, int64_t k, int64_t n, int64_t t) {
     for (int64_t r = 0; r < n; r++) {
       double s = 0, a = 0;
       for (int64_t e = 0; e < k; e++) {
-        const double p = static_cast<double>(ref_weight(dt, w.data() + r * rb, e)) * x[static_cast<size_t>(c * k + e)];
+        const double p = static_cast<double>(ref_weight(dt, w.data() + r * rb, e)) * xr[static_cast<size_t>(c * k + e)];
         s += p;
         a += std::fabs(p);
       }
@@ -253,8 +270,10 @@ void test_get_rows(Executor& ex, int dt) {
 }
 
 /// mul_mat_sparse and axpy_sparse with logits, a rows list and optionally compact weights.
-void test_sparse(Executor& ex, int dt, bool axpy, bool with_logits, int rows_mode, int64_t t) {
-  const int64_t k = dt == DT_Q8_0 || dt == DT_Q4_0 ? 160 : 67;  // row length (x length, or E for axpy)
+void test_sparse(Executor& ex, int dt, bool axpy, bool with_logits, int rows_mode, int64_t t, int64_t k_len = 0) {
+  // row length (x length, or E for axpy): by default one that is not a multiple of 8 for float rows (the
+  // scalar tails); k_len a multiple of 32 takes the aligned vector paths
+  const int64_t k = k_len ? k_len : dt == DT_Q8_0 || dt == DT_Q4_0 ? 160 : 67;
   const int64_t n_out = 300;
   std::vector<int32_t> rows;
   if (rows_mode > 0)
@@ -267,6 +286,7 @@ void test_sparse(Executor& ex, int dt, bool axpy, bool with_logits, int rows_mod
   const float thr = 0.25f;
   const auto logits = randf(static_cast<size_t>(n_out * t));
   const auto x = randf(static_cast<size_t>((axpy ? n_out : k) * t));
+  const auto xr = axpy ? x : gpu_activations(dt, x);  // axpy keeps its F32 activations
   G g;
   const int wt = g.handle(hw, dt, {k, m});
   const int xt = g.input(x, {axpy ? n_out : k, t});
@@ -300,7 +320,7 @@ void test_sparse(Executor& ex, int dt, bool axpy, bool with_logits, int rows_mod
       } else {
         double s = 0, a = 0;
         for (int64_t e = 0; e < k; e++) {
-          const double p = static_cast<double>(ref_weight(dt, row, e)) * x[static_cast<size_t>(c * k + e)];
+          const double p = static_cast<double>(ref_weight(dt, row, e)) * xr[static_cast<size_t>(c * k + e)];
           s += p;
           a += std::fabs(p);
         }
@@ -417,7 +437,8 @@ void test_attention(Executor& ex, int kv_dt) {
   struct C {
     int d, h, hkv, ctx, n_past, t;
   };
-  for (const C& c : {C{8, 1, 1, 6, 0, 1}, C{64, 4, 2, 150, 70, 3}, C{128, 2, 2, 9, 8, 1}, C{256, 2, 1, 70, 0, 5}}) {
+  for (const C& c : {C{8, 1, 1, 6, 0, 1}, C{64, 4, 2, 150, 70, 3}, C{128, 2, 2, 9, 8, 1}, C{256, 2, 1, 70, 0, 5},
+                    C{128, 4, 2, 600, 560, 1}}) {  // decode over a long cache: 18 flash-decoding splits
     const int64_t kv_row = static_cast<int64_t>(c.d) * c.hkv;
     auto kf = randf(static_cast<size_t>(kv_row * c.ctx)), vf = randf(static_cast<size_t>(kv_row * c.ctx));
     std::vector<uint8_t> kb(kf.size() * (kv_dt == DT_F16 ? 2 : 4)), vb(kb.size());
@@ -699,7 +720,9 @@ int main(int argc, char** argv) {
         test_sparse(ex, dt, axpy, true, 1, 2);
         test_sparse(ex, dt, axpy, true, 2, 9);
         test_sparse(ex, dt, axpy, false, 2, 1);
+        test_sparse(ex, dt, axpy, true, 1, 3, 1056);  // aligned rows, two axpy output slices
       }
+      test_mul_mat(ex, dt, 256, 7, 2);  // aligned rows: 16-byte weight and activation loads
     }
     test_mul_mat(ex, DT_Q4_0, 4096, 3, 1);
     test_axpy_deterministic(ex);
