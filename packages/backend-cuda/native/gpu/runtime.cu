@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -282,6 +283,44 @@ void zero_async(void* dst, uint64_t bytes, void* s) {
   if (bytes) PI_CHECK(PI_RT(MemsetAsync)(dst, 0, bytes, static_cast<pi_stream_t>(s)));
 }
 
+void* event_create() {
+#if defined(PI_GPU_CUDA)
+  cudaEvent_t e;
+#else
+  hipEvent_t e;
+#endif
+  PI_CHECK(PI_RT(EventCreate)(&e));
+  return static_cast<void*>(e);
+}
+
+void event_destroy(void* e) noexcept {
+#if defined(PI_GPU_CUDA)
+  if (e) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#else
+  if (e) (void)hipEventDestroy(static_cast<hipEvent_t>(e));
+#endif
+}
+
+void event_record(void* e, void* s) {
+#if defined(PI_GPU_CUDA)
+  PI_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<pi_stream_t>(s)));
+#else
+  PI_CHECK(hipEventRecord(static_cast<hipEvent_t>(e), static_cast<pi_stream_t>(s)));
+#endif
+}
+
+float event_elapsed_ms(void* start, void* end) {
+  float ms = 0.0f;
+#if defined(PI_GPU_CUDA)
+  PI_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  PI_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+#else
+  PI_CHECK(hipEventSynchronize(static_cast<hipEvent_t>(end)));
+  PI_CHECK(hipEventElapsedTime(&ms, static_cast<hipEvent_t>(start), static_cast<hipEvent_t>(end)));
+#endif
+  return ms;
+}
+
 void check_launch(const char* what) {
   const pi_error_t e = PI_RT(GetLastError)();
   if (e != PI_RT(Success)) fail(e, what);
@@ -374,6 +413,15 @@ void zero_async(void* dst, uint64_t bytes, void*) {
   if (bytes) std::memset(dst, 0, bytes);
 }
 void check_launch(const char*) {}
+
+void* event_create() { return new std::chrono::steady_clock::time_point(); }
+void event_destroy(void* e) noexcept { delete static_cast<std::chrono::steady_clock::time_point*>(e); }
+void event_record(void* e, void*) { *static_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now(); }
+float event_elapsed_ms(void* start, void* end) {
+  const auto a = *static_cast<std::chrono::steady_clock::time_point*>(start);
+  const auto b = *static_cast<std::chrono::steady_clock::time_point*>(end);
+  return std::chrono::duration<float, std::milli>(b - a).count();
+}
 
 void emu_configure(int warp_size, uint64_t memory_bytes) {
   if (warp_size) piemu::set_warp_size(warp_size);

@@ -77,6 +77,13 @@ void copy_d2h(void* dst, const void* src, uint64_t bytes, void* stream);
 void copy_d2d(void* dst, const void* src, uint64_t bytes, void* stream);
 void zero_async(void* dst, uint64_t bytes, void* stream);
 
+/// Timing events on a stream (cudaEvent / hipEvent; host clock on the emulator, whose launches are
+/// synchronous). event_elapsed_ms waits for `end` and gives the milliseconds between the two records.
+void* event_create();
+void event_destroy(void* e) noexcept;
+void event_record(void* e, void* stream);
+float event_elapsed_ms(void* start, void* end);
+
 /// Checks the last kernel launch. @throws GpuError naming `what`.
 void check_launch(const char* what);
 
