@@ -19,6 +19,10 @@
 #include "runtime.h"
 
 #include <cmath>
+#include <cstdlib>
+#if defined(PI_GPU_CUDA) && defined(__CUDACC__)
+#include <mma.h>
+#endif
 
 namespace pigpu {
 namespace {
@@ -340,6 +344,63 @@ PI_KERNEL void k_mul_mat(const uint8_t* w, uint64_t row_bytes, int64_t k, int64_
   }
 }
 
+#if defined(PI_GPU_CUDA)
+// ---- prompt processing on tensor cores (CUDA, F16 weights) ----
+// Tiles of our own rather than cuBLAS: the addon links the CUDA runtime statically so that only the
+// driver is needed at run time, and cuBLAS (static: hundreds of MiB; shared: a toolkit on every user's
+// machine) would break both that and the device kit's 64 MiB. WMMA fragments compile to mma.sync on
+// sm_80/86/89/90. A block computes 64 weight rows × 64 columns: 4 warps of 16 rows, 4 accumulators of
+// 16 × 16 each (F32); the columns' activations are staged in shared memory as F16, 32 at a time along k
+// (F16 rounding of the activations, which core's conformance kit admits for F16 weights); each weight
+// tile is read once per 64 columns instead of once per 8. Used when the shapes fit (k % 32 == 0,
+// rows % 64 == 0, T ≥ 16, 32-byte aligned rows); the emulator and ROCm take k_mul_mat.
+constexpr int kTcRows = 64, kTcCols = 64, kTcK = 32, kTcLd = kTcK + 8;
+
+PI_KERNEL void k_mul_mat_tc(const uint16_t* w, int64_t k, int64_t n_rows, const float* x, int64_t t, float* y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+  using namespace nvcuda;
+  __shared__ __align__(32) __half xs[kTcCols * kTcLd];  // [column][k], padded rows
+  __shared__ __align__(32) float cs[kTcRows / 16][16 * 16];
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t r0 = static_cast<int64_t>(blockIdx.x) * kTcRows + warp * 16;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.y) * kTcCols;
+  const __half* wh = reinterpret_cast<const __half*>(w);
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[kTcCols / 16];
+  for (int j = 0; j < kTcCols / 16; j++) wmma::fill_fragment(acc[j], 0.0f);
+  for (int64_t k0 = 0; k0 < k; k0 += kTcK) {
+    __syncthreads();  // the previous slice of xs has been read
+    for (int e = static_cast<int>(threadIdx.x); e < kTcCols * kTcK; e += static_cast<int>(blockDim.x)) {
+      const int c = e / kTcK, kk = e % kTcK;
+      const float v = c0 + c < t ? x[(c0 + c) * k + k0 + kk] : 0.0f;
+      xs[c * kTcLd + kk] = __float2half_rn(v);
+    }
+    __syncthreads();
+    for (int kk = 0; kk < kTcK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major> a;
+      wmma::load_matrix_sync(a, wh + r0 * k + k0 + kk, static_cast<unsigned>(k));
+      for (int j = 0; j < kTcCols / 16; j++) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, __half, wmma::col_major> b;
+        wmma::load_matrix_sync(b, xs + j * 16 * kTcLd + kk, kTcLd);
+        wmma::mma_sync(acc[j], a, b, acc[j]);
+      }
+    }
+  }
+  for (int j = 0; j < kTcCols / 16; j++) {  // element (row rr, column cc) at cs[cc·16 + rr]: rows contiguous in y
+    wmma::store_matrix_sync(cs[warp], acc[j], 16, wmma::mem_col_major);
+    __syncwarp();
+    for (int e = lane; e < 256; e += 32) {
+      const int64_t col = c0 + j * 16 + e / 16;
+      if (col < t) y[col * n_rows + r0 + e % 16] = cs[warp][e];
+    }
+    __syncwarp();
+  }
+#else
+  (void)w, (void)k, (void)n_rows, (void)x, (void)t, (void)y;
+#endif
+}
+#endif
+
 /// Whether neuron i is active for each of the columns t0.. (bit j: column t0 + j). Block-uniform.
 PI_DEV inline unsigned active_mask(const float* logits, float threshold, int64_t n_out, int64_t i, int64_t t0,
                                    int64_t nt) {
@@ -581,6 +642,34 @@ PI_KERNEL void k_rms_norm(const float* x, float* y, int64_t n, float eps) {
   s = block_sum(s, sh);
   const float r = 1.0f / sqrtf(s / static_cast<float>(n) + eps);
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) yc[i] = xc[i] * r;
+}
+
+/// k_binary(ADD) + k_rms_norm + k_binary(MUL) in one block per column (see launch_add_rms_norm_mul).
+PI_KERNEL void k_add_rms_norm_mul(const float* a, const float* b, float* h, const float* w, int64_t nw, float* y,
+                                  int64_t n, float eps) {
+  PI_SHARED float sh[kTok * kMaxWarps];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * n;
+  float s = 0.0f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = b ? a[base + i] + b[base + i] : a[base + i];
+    if (h) h[base + i] = v;
+    s += v * v;
+  }
+  s = block_sum(s, sh);
+  const float r = 1.0f / sqrtf(s / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = b ? a[base + i] + b[base + i] : a[base + i];
+    const float o = v * r;
+    y[base + i] = w ? o * w[(base + i) % nw] : o;
+  }
+}
+
+PI_KERNEL void k_silu_mul(const float* g, const float* u, int silu_first, float* y, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float v = g[i];
+  const float sv = v / (1.0f + expf(-v));
+  y[i] = silu_first ? sv * u[i] : u[i] * sv;
 }
 
 PI_KERNEL void k_norm(const float* x, float* y, int64_t n, float eps) {
@@ -993,6 +1082,21 @@ void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, 
 }
 
 namespace {
+#if defined(PI_GPU_CUDA)
+/// Whether the current device has tensor cores for F16 mma (compute capability ≥ 7.0; this build's
+/// lowest target is sm_80). POWERINFER_TENSOR_CORES=0 turns the path off.
+bool tensor_cores() {
+  const char* env = std::getenv("POWERINFER_TENSOR_CORES");
+  if (env && env[0] == '0') return false;
+  int dev = 0, major = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) !=
+                                                 cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return major >= 7;
+}
+#endif
 bool quantized_weights(int dt) { return dt == DT_Q8_0 || dt == DT_Q4_0; }
 uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
 
@@ -1015,6 +1119,16 @@ uint64_t mul_mat_scratch_bytes(const Weights& w, int64_t t) {
 }
 
 void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* scratch, void* stream) {
+#if defined(PI_GPU_CUDA)
+  if (w.dtype == DT_F16 && t >= 16 && w.k % kTcK == 0 && w.rows % kTcRows == 0 &&
+      reinterpret_cast<uintptr_t>(w.data) % 32 == 0 && tensor_cores()) {
+    const pi_dim3 grid(static_cast<unsigned>(w.rows / kTcRows), blocks_for(t, kTcCols));
+    PI_LAUNCH(k_mul_mat_tc, grid, pi_dim3(128), as_stream(stream), static_cast<const uint16_t*>(w.data), w.k, w.rows,
+              x, t, y);
+    check_launch("mul_mat (tensor cores)");
+    return;
+  }
+#endif
   const QAct qa = quantize_activations(w, x, t, scratch, stream);
   const pi_dim3 grid(static_cast<unsigned>(w.rows), token_groups(t));
   const uint8_t* wd = static_cast<const uint8_t*>(w.data);
@@ -1119,6 +1233,19 @@ void launch_axpy_sparse(const Weights& wt, const float* a, int64_t t, const Sele
 void launch_rms_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream) {
   PI_LAUNCH(k_rms_norm, pi_dim3(static_cast<unsigned>(t)), pi_dim3(kThreads), as_stream(stream), x, y, n, eps);
   check_launch("rms_norm");
+}
+
+void launch_add_rms_norm_mul(const float* a, const float* b, float* h, const float* w, int64_t nw, float* y, int64_t n,
+                             int64_t t, float eps, void* stream) {
+  PI_LAUNCH(k_add_rms_norm_mul, pi_dim3(static_cast<unsigned>(t)), pi_dim3(kThreads), as_stream(stream), a, b, h, w,
+            nw, y, n, eps);
+  check_launch("add + rms_norm × weight (fused)");
+}
+
+void launch_silu_mul(const float* g, const float* u, bool silu_first, float* y, int64_t n, void* stream) {
+  PI_LAUNCH(k_silu_mul, pi_dim3(blocks_for(n, kEltThreads)), pi_dim3(kEltThreads), as_stream(stream), g, u,
+            silu_first ? 1 : 0, y, n);
+  check_launch("silu × up (fused)");
 }
 
 void launch_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream) {

@@ -53,6 +53,14 @@ uint64_t axpy_sparse_scratch_bytes(const Weights& wt, int64_t t, const Selection
 void launch_axpy_sparse(const Weights& wt, const float* a, int64_t t, const Selection& s, float* y, void* scratch,
                         void* stream);
 
+/// Fused SiLU × up: y = silu(g) · u (u_first: u · silu(g)), n elements; the same two roundings as
+/// launch_unary(SILU) then launch_binary(MUL), in one launch.
+void launch_silu_mul(const float* g, const float* u, bool silu_first, float* y, int64_t n, void* stream);
+/// Fused add + RMS norm × weight over T columns of n: s = a + b (b null: s = a; written to h when h is
+/// non-null), y = (s · rsqrt(mean(s²) + eps)) · w[idx % nw] (w null: no multiply). Bit-identical to the
+/// separate ops (same operations, same order); one launch instead of up to three.
+void launch_add_rms_norm_mul(const float* a, const float* b, float* h, const float* w, int64_t nw, float* y, int64_t n,
+                             int64_t t, float eps, void* stream);
 void launch_rms_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream);
 void launch_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream);
 void launch_softmax(const float* x, float* y, int64_t n, int64_t t, float scale, void* stream);
