@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "dtype.h"
@@ -315,11 +316,73 @@ std::vector<double> Executor::compute(const WireGraph& g) {
   for (size_t i = 0; i < nt; i++) {
     if (cg.tensors[i].kind == KIND_INPUT) off[i] = plan.take(static_cast<uint64_t>(cg.tensors[i].nel) * 4);
   }
+  // ---- fusion: adjacent nodes run as one kernel where the graph allows (same operations in the same
+  // order, so the values are unchanged); an intermediate only the next node reads is never written ----
+  std::vector<int> uses(nt, 0);
+  for (size_t ni = 0; ni < nn; ni++)
+    for (int sidx : cg.nodes[ni].src)
+      if (sidx >= 0) uses[static_cast<size_t>(sidx)]++;
+  auto private_to_next = [&](int id) {  // an intermediate read by exactly one node and not an output
+    const GTensor& t = cg.tensors[static_cast<size_t>(id)];
+    return t.kind == KIND_INTERMEDIATE && t.out < 0 && uses[static_cast<size_t>(id)] == 1;
+  };
+  enum FuseKind { FUSE_NONE, FUSE_SILU_MUL, FUSE_NORM };
+  struct Fuse {
+    int kind = FUSE_NONE;
+    int len = 1;           // nodes in the group, starting here
+    bool add = false;      // FUSE_NORM: ADD → RMS_NORM (the sum is still written: later nodes read it)
+    bool mul = false;      // FUSE_NORM: RMS_NORM → MUL by a weight vector
+  };
+  std::vector<Fuse> fuse(nn);
+  std::vector<size_t> group_end(nn);
+  for (size_t ni = 0; ni < nn; ni++) group_end[ni] = ni;
+  const char* no_fuse = std::getenv("POWERINFER_GPU_FUSE");
+  const bool fusing = !(no_fuse && no_fuse[0] == '0');
+  for (size_t ni = 0; fusing && ni + 1 < nn; ni++) {
+    const GNode& a = cg.nodes[ni];
+    const GNode& b = cg.nodes[ni + 1];
+    const GTensor& ad = cg.tensors[static_cast<size_t>(a.dst)];
+    Fuse f;
+    if (a.op == OP_SILU && b.op == OP_MUL && private_to_next(a.dst) &&
+        (b.src[0] == a.dst || b.src[1] == a.dst) && b.src[0] != b.src[1] &&
+        cg.tensors[static_cast<size_t>(b.src[0])].nel == ad.nel && cg.tensors[static_cast<size_t>(b.src[1])].nel == ad.nel) {
+      f.kind = FUSE_SILU_MUL;
+      f.len = 2;
+    } else if (a.op == OP_ADD || a.op == OP_RMS_NORM) {
+      size_t k = ni;
+      if (a.op == OP_ADD) {  // ADD (no broadcast) followed by RMS_NORM of its sum
+        if (cg.tensors[static_cast<size_t>(a.src[1])].nel != ad.nel || b.op != OP_RMS_NORM || b.src[0] != a.dst) {
+          continue;
+        }
+        f.add = true;
+        k = ni + 1;
+      }
+      const GNode& nrm = cg.nodes[k];
+      if (k + 1 < nn) {
+        const GNode& m = cg.nodes[k + 1];
+        const GTensor& nd = cg.tensors[static_cast<size_t>(nrm.dst)];
+        if (m.op == OP_MUL && m.src[0] == nrm.dst && m.src[1] != nrm.dst && private_to_next(nrm.dst) &&
+            nd.nel % cg.tensors[static_cast<size_t>(m.src[1])].nel == 0) {
+          f.mul = true;
+        }
+      }
+      if (!f.add && !f.mul) continue;
+      f.kind = FUSE_NORM;
+      f.len = 1 + (f.add ? 1 : 0) + (f.mul ? 1 : 0);
+    } else {
+      continue;
+    }
+    fuse[ni] = f;
+    for (int j = 0; j < f.len; j++) group_end[ni + static_cast<size_t>(j)] = ni + static_cast<size_t>(f.len) - 1;
+    ni += static_cast<size_t>(f.len) - 1;
+  }
+  // A tensor read inside a fused group lives until the group's last node: the fused kernel still reads
+  // it while it writes the group's outputs, which must not take its memory.
   std::vector<std::vector<size_t>> dies(nn);
   for (size_t i = 0; i < nt; i++) {
     const GTensor& t = cg.tensors[i];
     if (t.kind != KIND_INTERMEDIATE || t.producer < 0 || t.out >= 0) continue;
-    dies[static_cast<size_t>(std::max(t.last_use, t.producer))].push_back(i);
+    dies[group_end[static_cast<size_t>(std::max(t.last_use, t.producer))]].push_back(i);
   }
   auto sel = [&](const GNode& n) {
     Selection s{};
@@ -402,6 +465,34 @@ std::vector<double> Executor::compute(const WireGraph& g) {
 
     for (size_t ni = 0; ni < nn; ni++) {
       const GNode& n = cg.nodes[ni];
+      if (fuse[ni].kind == FUSE_SILU_MUL) {
+        const GNode& m = cg.nodes[ni + 1];
+        const int other = m.src[0] == n.dst ? m.src[1] : m.src[0];
+        const GTensor& g0 = cg.tensors[static_cast<size_t>(n.src[0])];
+        launch_silu_mul(f32(n.src[0]), f32(other), m.src[0] == n.dst, f32(m.dst), g0.nel, stream_);
+        ni += 1;
+        continue;
+      }
+      if (fuse[ni].kind == FUSE_NORM) {
+        const Fuse& f = fuse[ni];
+        const GNode& nrm = cg.nodes[f.add ? ni + 1 : ni];
+        const GTensor& x = cg.tensors[static_cast<size_t>(nrm.src[0])];
+        const float* a = f.add ? f32(n.src[0]) : f32(nrm.src[0]);
+        const float* b = f.add ? f32(n.src[1]) : nullptr;
+        float* h = f.add ? f32(n.dst) : nullptr;
+        const float* w = nullptr;
+        int64_t nw = 1;
+        float* out = f32(nrm.dst);
+        if (f.mul) {
+          const GNode& m = cg.nodes[ni + static_cast<size_t>(f.len) - 1];
+          w = f32(m.src[1]);
+          nw = cg.tensors[static_cast<size_t>(m.src[1])].nel;
+          out = f32(m.dst);
+        }
+        launch_add_rms_norm_mul(a, b, h, w, nw, out, x.ne[0], x.nel / x.ne[0], static_cast<float>(nrm.p[0]), stream_);
+        ni += static_cast<size_t>(f.len) - 1;
+        continue;
+      }
       const GTensor& d = cg.tensors[static_cast<size_t>(n.dst)];
       const GTensor& s0 = cg.tensors[static_cast<size_t>(n.src[0])];
       float* y = n.op == OP_CPY ? nullptr : f32(n.dst);
