@@ -416,8 +416,10 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     if (n.op == OP_AXPY_SPARSE || n.op == OP_MUL_MAT || n.op == OP_MUL_MAT_SPARSE) {
       const GTensor& w = cg.tensors[static_cast<size_t>(n.src[0])];
       const int64_t t = cg.tensors[static_cast<size_t>(n.src[1])].ne[1];
-      scratch = std::max(scratch, n.op == OP_AXPY_SPARSE ? axpy_sparse_scratch_bytes(weights_of(w, nullptr), t, sel(n))
-                                                         : mul_mat_scratch_bytes(weights_of(w, nullptr), t));
+      const Weights wt = weights_of(w, nullptr);
+      scratch = std::max(scratch, n.op == OP_AXPY_SPARSE       ? axpy_sparse_scratch_bytes(wt, t, sel(n))
+                                  : n.op == OP_MUL_MAT_SPARSE ? mul_mat_sparse_scratch_bytes(wt, t, sel(n))
+                                                              : mul_mat_scratch_bytes(wt, t));
     }
     if (n.op == OP_ATTENTION || n.op == OP_ATTENTION_SWA) scratch = std::max(scratch, attention_scratch_bytes(attn(n)));
     for (size_t i : dies[ni]) plan.give(off[i], static_cast<uint64_t>(cg.tensors[i].nel) * 4);

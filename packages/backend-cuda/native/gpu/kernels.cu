@@ -417,24 +417,30 @@ PI_DEV inline int popcount8(unsigned m) {
   return c;
 }
 
+/// mul_mat_sparse over the compacted active list of column group z = blockIdx.y (k_axpy_compact: in
+/// candidate order, with the column masks): block b takes entries b, b + gridDim.x, ... — a grid sized
+/// for the device, not one block per candidate, so inactive rows cost nothing at all. Each row's dots
+/// are those of k_mul_mat (row_dots), so the values do not depend on the grid.
 template <int DT>
 PI_KERNEL void k_mul_mat_sparse(const uint8_t* w, uint64_t row_bytes, int64_t k, const float* x, QAct qa, int64_t t,
-                                const float* logits, const int32_t* rows, int compact, float threshold, int64_t n_out,
-                                unsigned long long* rows_read, float* y) {
+                                const int32_t* rows, int compact, int64_t n_cand, int64_t n_out, const int32_t* list,
+                                const uint8_t* masks, const int32_t* count, float* y) {
   PI_SHARED float sh[kTok * kMaxWarps];
-  const int64_t j = blockIdx.x;  // candidate
-  const int64_t i = rows ? rows[j] : j;
-  const int64_t wrow = rows && compact ? j : i;
-  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kTok;
+  const int64_t z = blockIdx.y;
+  const int64_t t0 = z * kTok;
   const int64_t nt = t - t0 < kTok ? t - t0 : kTok;
-  const unsigned mask = active_mask(logits, threshold, n_out, i, t0, nt);
-  if (mask == 0) return;  // the whole block: the row is never read
-  float acc[kTok];
-  row_dots<DT>(w + static_cast<uint64_t>(wrow) * row_bytes, k, x, qa, t0, mask, acc, sh);
-  if (threadIdx.x == 0) {
-    for (int c = 0; c < nt; c++)
-      if (mask & (1u << c)) y[(t0 + c) * n_out + i] = acc[c];
-    pi_atomic_add_u64(rows_read, static_cast<unsigned long long>(popcount8(mask)));
+  const int64_t n = count[z];
+  for (int64_t e = blockIdx.x; e < n; e += gridDim.x) {
+    const int64_t j = list[z * n_cand + e];  // candidate
+    const unsigned mask = masks[z * n_cand + e];
+    const int64_t i = rows ? rows[j] : j;
+    const int64_t wrow = rows && compact ? j : i;
+    float acc[kTok];
+    row_dots<DT>(w + static_cast<uint64_t>(wrow) * row_bytes, k, x, qa, t0, mask, acc, sh);
+    if (threadIdx.x == 0) {
+      for (int c = 0; c < nt; c++)
+        if (mask & (1u << c)) y[(t0 + c) * n_out + i] = acc[c];
+    }
   }
 }
 
@@ -452,6 +458,7 @@ constexpr int kStage = 64;        // list entries staged in shared memory per ti
 constexpr int kAxpyInFlight = 4;  // weight rows loaded before their multiply-adds
 constexpr int kAxpyVec = 8;       // output elements per thread
 constexpr int kAxpyOut = kAxpyVec * kThreads;  // output elements per block
+constexpr int64_t kSparseBlocks = 2048;        // mul_mat_sparse: blocks that walk the active list
 
 /// Compaction of the candidates of column group z = blockIdx.x: list[z·n_cand + j] = j-th active
 /// candidate (ascending), masks[...] its active columns (bit j: column 8z + j), count[z] their number;
@@ -1139,22 +1146,6 @@ void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void*
   check_launch("mul_mat");
 }
 
-void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* scratch,
-                           void* stream) {
-  zero_async(y, static_cast<uint64_t>(s.n_out * t) * 4, stream);
-  const QAct qa = quantize_activations(w, x, t, scratch, stream);
-  const int64_t n_cand = s.rows ? s.n_rows : s.n_out;
-  const pi_dim3 grid(static_cast<unsigned>(n_cand), token_groups(t));
-  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
-  const int compact = s.compact ? 1 : 0;
-#define PI_CALL(DT)                                                                                            \
-  PI_LAUNCH(k_mul_mat_sparse<DT>, grid, pi_dim3(kThreads), as_stream(stream), wd, w.row_bytes, w.k, x, qa, t, s.logits, \
-            s.rows, compact, s.threshold, s.n_out, s.rows_read, y)
-  PI_WEIGHT_SWITCH(w.dtype, PI_CALL)
-#undef PI_CALL
-  check_launch("mul_mat_sparse");
-}
-
 namespace {
 /// Chunks of the active list: enough blocks to fill the device (the list is at most n_cand long),
 /// partials capped at 64 MiB. A function of the shape only, so the summation order is fixed.
@@ -1176,7 +1167,8 @@ struct AxpyScratch {
 
 /// Scratch layout: list (I32 [n_cand, groups]), masks (U8 [n_cand, groups]), count (I32 [groups]),
 /// partials (F32 [e_len, t, chunks], only with several chunks); each 256-byte aligned.
-uint64_t axpy_layout(const Weights& wt, int64_t t, const Selection& s, uint8_t* base, AxpyScratch* out) {
+uint64_t axpy_layout(const Weights& wt, int64_t t, const Selection& s, uint8_t* base, AxpyScratch* out,
+                     bool partials = true) {
   const int64_t n_cand = s.rows ? s.n_rows : s.n_out;
   const uint64_t groups = token_groups(t);
   const int64_t chunks = axpy_chunks(wt, t, s);
@@ -1188,7 +1180,7 @@ uint64_t axpy_layout(const Weights& wt, int64_t t, const Selection& s, uint8_t* 
   const uint64_t o_count = off;
   off += align256(groups * 4);
   const uint64_t o_part = off;
-  if (chunks > 1) off += static_cast<uint64_t>(chunks * t * wt.k) * 4;
+  if (partials && chunks > 1) off += static_cast<uint64_t>(chunks * t * wt.k) * 4;
   if (out) {
     out->list = reinterpret_cast<int32_t*>(base + o_list);
     out->masks = base + o_masks;
@@ -1201,6 +1193,32 @@ uint64_t axpy_layout(const Weights& wt, int64_t t, const Selection& s, uint8_t* 
 
 uint64_t axpy_sparse_scratch_bytes(const Weights& wt, int64_t t, const Selection& s) {
   return axpy_layout(wt, t, s, nullptr, nullptr);
+}
+
+uint64_t mul_mat_sparse_scratch_bytes(const Weights& w, int64_t t, const Selection& s) {
+  return align256(axpy_layout(w, t, s, nullptr, nullptr, false)) + mul_mat_scratch_bytes(w, t);
+}
+
+void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* scratch,
+                           void* stream) {
+  zero_async(y, static_cast<uint64_t>(s.n_out * t) * 4, stream);
+  const int64_t n_cand = s.rows ? s.n_rows : s.n_out;
+  AxpyScratch sc;  // the compaction's list, masks and counts (no partials: one chunk)
+  const uint64_t list_bytes = align256(axpy_layout(w, t, s, static_cast<uint8_t*>(scratch), &sc, false));
+  PI_LAUNCH(k_axpy_compact, pi_dim3(token_groups(t)), pi_dim3(kScan), as_stream(stream), s.logits, s.rows, n_cand,
+            s.threshold, s.n_out, t, sc.list, sc.masks, sc.count, s.rows_read);
+  check_launch("mul_mat_sparse (compaction)");
+  const QAct qa = quantize_activations(w, x, t, static_cast<uint8_t*>(scratch) + list_bytes, stream);
+  const int64_t blocks = n_cand < kSparseBlocks ? n_cand : kSparseBlocks;
+  const pi_dim3 grid(static_cast<unsigned>(blocks > 0 ? blocks : 1), token_groups(t));
+  const uint8_t* wd = static_cast<const uint8_t*>(w.data);
+  const int compact = s.compact ? 1 : 0;
+#define PI_CALL(DT)                                                                                            \
+  PI_LAUNCH(k_mul_mat_sparse<DT>, grid, pi_dim3(kThreads), as_stream(stream), wd, w.row_bytes, w.k, x, qa, t, s.rows, \
+            compact, n_cand, s.n_out, sc.list, sc.masks, sc.count, y)
+  PI_WEIGHT_SWITCH(w.dtype, PI_CALL)
+#undef PI_CALL
+  check_launch("mul_mat_sparse");
 }
 
 void launch_axpy_sparse(const Weights& wt, const float* a, int64_t t, const Selection& s, float* y, void* scratch,

@@ -44,6 +44,11 @@ void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, 
 /// scale rounded to F16 as in Q8_0) and take integer dot products (dp4a); 0 for float weights.
 uint64_t mul_mat_scratch_bytes(const Weights& w, int64_t t);
 void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* scratch, void* stream);
+/// Scratch bytes of launch_mul_mat_sparse: the compacted active list (as axpy_sparse's, one chunk)
+/// and the quantized activations of mul_mat_scratch_bytes.
+uint64_t mul_mat_sparse_scratch_bytes(const Weights& w, int64_t t, const Selection& s);
+/// Compacts the active rows (prefix sum, candidate order; rows_read counted there), then a grid sized
+/// for the device walks the list: rows never active cost no block.
 void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* scratch,
                            void* stream);
 
