@@ -326,7 +326,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     const GTensor& t = cg.tensors[static_cast<size_t>(id)];
     return t.kind == KIND_INTERMEDIATE && t.out < 0 && uses[static_cast<size_t>(id)] == 1;
   };
-  enum FuseKind { FUSE_NONE, FUSE_SILU_MUL, FUSE_NORM };
+  enum FuseKind { FUSE_NONE, FUSE_SILU_MUL, FUSE_NORM, FUSE_ROPE_CPY };
   struct Fuse {
     int kind = FUSE_NONE;
     int len = 1;           // nodes in the group, starting here
@@ -343,7 +343,10 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     const GNode& b = cg.nodes[ni + 1];
     const GTensor& ad = cg.tensors[static_cast<size_t>(a.dst)];
     Fuse f;
-    if (a.op == OP_SILU && b.op == OP_MUL && private_to_next(a.dst) &&
+    if (a.op == OP_ROPE && b.op == OP_CPY && b.src[0] == a.dst && private_to_next(a.dst)) {
+      f.kind = FUSE_ROPE_CPY;  // RoPE of K straight into the KV cache
+      f.len = 2;
+    } else if (a.op == OP_SILU && b.op == OP_MUL && private_to_next(a.dst) &&
         (b.src[0] == a.dst || b.src[1] == a.dst) && b.src[0] != b.src[1] &&
         cg.tensors[static_cast<size_t>(b.src[0])].nel == ad.nel && cg.tensors[static_cast<size_t>(b.src[1])].nel == ad.nel) {
       f.kind = FUSE_SILU_MUL;
@@ -472,6 +475,15 @@ std::vector<double> Executor::compute(const WireGraph& g) {
         const int other = m.src[0] == n.dst ? m.src[1] : m.src[0];
         const GTensor& g0 = cg.tensors[static_cast<size_t>(n.src[0])];
         launch_silu_mul(f32(n.src[0]), f32(other), m.src[0] == n.dst, f32(m.dst), g0.nel, stream_);
+        ni += 1;
+        continue;
+      }
+      if (fuse[ni].kind == FUSE_ROPE_CPY) {
+        const GNode& c = cg.nodes[ni + 1];
+        const GTensor& s0 = cg.tensors[static_cast<size_t>(n.src[0])];
+        launch_rope_cpy(f32(n.src[0]), i32(n.src[1]), ptr(c.dst), cg.tensors[static_cast<size_t>(c.dst)].dtype,
+                        static_cast<int64_t>(c.p[0]), s0.ne[0], s0.ne[1], static_cast<int>(n.p[4]),
+                        static_cast<int>(n.p[0]), static_cast<int>(n.p[1]), n.p[2], n.p[3], stream_);
         ni += 1;
         continue;
       }

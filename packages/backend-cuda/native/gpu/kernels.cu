@@ -711,8 +711,25 @@ PI_KERNEL void k_softmax(const float* x, float* y, int64_t n, float scale) {
 
 // ---- rope: one thread per element; θ in double precision ----
 
-PI_KERNEL void k_rope(const float* x, const int32_t* pos, float* y, int64_t n, int head_dim, int n_dims, int mode,
-                      double freq_base, double freq_scale) {
+/// Writes element idx of column t of the rope's result: to y, or (y null: RoPE + KV write fused) converted
+/// to the cache's dtype at row row_offset + t of `cache` — the stores of k_rope then k_cpy.
+PI_DEV inline void rope_store(float* y, void* cache, int cache_dtype, int64_t row_offset, int64_t n, int64_t t,
+                              int64_t idx, float v) {
+  if (y) {
+    y[t * n + idx] = v;
+    return;
+  }
+  const int64_t o = (row_offset + t) * n + idx;
+  if (cache_dtype == DT_F32)
+    static_cast<float*>(cache)[o] = v;
+  else if (cache_dtype == DT_F16)
+    static_cast<uint16_t*>(cache)[o] = pi_float_to_half(v);
+  else
+    static_cast<uint16_t*>(cache)[o] = pi_float_to_bf16(v);
+}
+
+PI_KERNEL void k_rope(const float* x, const int32_t* pos, float* y, void* cache, int cache_dtype, int64_t row_offset,
+                      int64_t n, int head_dim, int n_dims, int mode, double freq_base, double freq_scale) {
   const int64_t t = blockIdx.y;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n) return;
@@ -720,7 +737,7 @@ PI_KERNEL void k_rope(const float* x, const int32_t* pos, float* y, int64_t n, i
   const int r = static_cast<int>(idx % head_dim);
   const int64_t base = idx - r;
   if (r >= n_dims) {
-    y[t * n + idx] = xc[idx];
+    rope_store(y, cache, cache_dtype, row_offset, n, t, idx, xc[idx]);
     return;
   }
   int i, i0, i1;
@@ -739,7 +756,7 @@ PI_KERNEL void k_rope(const float* x, const int32_t* pos, float* y, int64_t n, i
   const float s = static_cast<float>(sin(theta));
   const float x0 = xc[base + i0];
   const float x1 = xc[base + i1];
-  y[t * n + idx] = r == i0 ? x0 * c - x1 * s : x0 * s + x1 * c;
+  rope_store(y, cache, cache_dtype, row_offset, n, t, idx, r == i0 ? x0 * c - x1 * s : x0 * s + x1 * c);
 }
 
 // ---- attention with the KV cache: flash-decoding ----
@@ -1279,9 +1296,18 @@ void launch_softmax(const float* x, float* y, int64_t n, int64_t t, float scale,
 void launch_rope(const float* x, const int32_t* pos, float* y, int64_t n, int64_t t, int head_dim, int n_dims,
                  int mode, double freq_base, double freq_scale, void* stream) {
   const pi_dim3 grid(blocks_for(n, kEltThreads), static_cast<unsigned>(t));
-  PI_LAUNCH(k_rope, grid, pi_dim3(kEltThreads), as_stream(stream), x, pos, y, n, head_dim, n_dims, mode, freq_base,
-            freq_scale);
+  PI_LAUNCH(k_rope, grid, pi_dim3(kEltThreads), as_stream(stream), x, pos, y, static_cast<void*>(nullptr), 0,
+            int64_t{0}, n, head_dim, n_dims, mode, freq_base, freq_scale);
   check_launch("rope");
+}
+
+void launch_rope_cpy(const float* x, const int32_t* pos, void* cache, int cache_dtype, int64_t row_offset, int64_t n,
+                     int64_t t, int head_dim, int n_dims, int mode, double freq_base, double freq_scale,
+                     void* stream) {
+  const pi_dim3 grid(blocks_for(n, kEltThreads), static_cast<unsigned>(t));
+  PI_LAUNCH(k_rope, grid, pi_dim3(kEltThreads), as_stream(stream), x, pos, static_cast<float*>(nullptr), cache,
+            cache_dtype, row_offset, n, head_dim, n_dims, mode, freq_base, freq_scale);
+  check_launch("rope + KV write (fused)");
 }
 
 namespace {

@@ -72,6 +72,11 @@ void launch_softmax(const float* x, float* y, int64_t n, int64_t t, float scale,
 void launch_rope(const float* x, const int32_t* pos, float* y, int64_t n, int64_t t, int head_dim, int n_dims,
                  int mode, double freq_base, double freq_scale, void* stream);
 
+/// Fused RoPE + KV write: rows row_offset.. of `cache` (dtype F32/F16/BF16, row length n) ← rope(x)
+/// converted; the values of launch_rope then launch_cpy, in one launch.
+void launch_rope_cpy(const float* x, const int32_t* pos, void* cache, int cache_dtype, int64_t row_offset, int64_t n,
+                     int64_t t, int head_dim, int n_dims, int mode, double freq_base, double freq_scale, void* stream);
+
 struct AttentionArgs {
   const float* q;  // [head_dim·n_head, T]
   const void* k;   // [head_dim·n_head_kv, ctx] of kv_dtype

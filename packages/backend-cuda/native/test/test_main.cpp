@@ -428,7 +428,29 @@ void test_fusion(Executor& ex) {
   std::vector<std::vector<float>> sep, fus;
   run(false, &sep);
   run(true, &fus);
+  // RoPE → KV write (F16 cache, rows 2..4): the same cache bytes either way
+  std::vector<std::vector<uint8_t>> cache(2);
+  const int64_t hd = 64, nh = 2, rows = 6;
+  const auto kx = randf(static_cast<size_t>(hd * nh * t));
+  const std::vector<int32_t> pos = {2, 3, 4};
+  for (int fused = 0; fused < 2; fused++) {
+    if (fused) unsetenv("POWERINFER_GPU_FUSE");
+    else setenv("POWERINFER_GPU_FUSE", "0", 1);
+    const int64_t ne[4] = {hd * nh, rows, 1, 1};
+    const int hc = ex.create(DT_F16, ne, nullptr, 0);
+    G g;
+    const int kr = g.node(OP_ROPE, {hd * nh, t}, {g.input(kx, {hd * nh, t}), g.input_i32(pos, {t})},
+                          {static_cast<double>(hd), 0.0, 10000.0, 1.0, static_cast<double>(hd)});
+    g.raw_node(OP_CPY, g.handle(hc, DT_F16, {hd * nh, rows}), {kr}, {2.0});
+    ex.compute(g.wire());
+    cache[static_cast<size_t>(fused)] = ex.read(hc);
+    ex.free(hc);
+  }
   unsetenv("POWERINFER_GPU_FUSE");
+  CHECK(cache[0] == cache[1], "fused rope + KV write differs from rope then cpy");
+  bool written = false;  // the rows were written (not left zero)
+  for (size_t i = 2 * hd * nh * 2; i < cache[1].size() - static_cast<size_t>(hd * nh * 2); i++) written = written || cache[1][i] != 0;
+  CHECK(written, "fused rope + KV write wrote the cache rows");
   for (size_t i = 0; i < 3; i++)
     CHECK(std::memcmp(sep[i].data(), fus[i].data(), sep[i].size() * 4) == 0, "fused output %zu differs from the separate ops", i);
   std::vector<double> wy(static_cast<size_t>(n * t)), ty(wy.size()), wz(wy.size()), tz(wy.size());
