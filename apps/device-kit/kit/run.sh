@@ -243,6 +243,28 @@ else
   row "2 native tests on the GPU" $st "exit $rc: $(tail -1 "$out/logs/native.log")" $(($(now) - t0))
 fi
 
+# ---- 2b. kernel timings (timing events) at 7B shapes, and the decode step / pp512 they add up to ----
+t0=$(now)
+if [ $cpu = 1 ]; then
+  # like step 5's GPU row: a skip row in the full --cpu run only (--quick rows must all pass)
+  [ $quick = 1 ] || row "2b kernel timings" skip "--cpu: no GPU (the emulator's times mean nothing)" 0
+else
+  run bench 150 "$kit/bin/powerinfer_${gpu}_tests" --bench
+  rc=$?
+  if [ $rc = 0 ]; then
+    # "bench<TAB>kernel<TAB>µs<TAB>GB/s<TAB>% of 4.8 TB/s" and "row<TAB>name<TAB>detail" lines
+    while IFS=$'\t' read -r kind name a b c; do
+      case $kind in
+      bench) [ -n "$b" ] && row "2b $name" ok "$a, $b, $c of 4.8 TB/s" 0 ;;
+      row) row "2b $name" ok "$a" 0 ;;
+      esac
+    done <"$out/logs/bench.log"
+    row "2b kernel timings" ok "$(grep -m1 '^bench on' "$out/logs/bench.log")" $(($(now) - t0))
+  else
+    row "2b kernel timings" FAIL "$(why $rc bench)" $(($(now) - t0))
+  fi
+fi
+
 # ---- 3. conformance kit and the GPU suite (sparse-op row counters included) ----
 if [ $cpu = 1 ]; then
   check "3a conformance kit: cpu" conformance 240 "${CHECKS[@]}" conformance --backend cpu

@@ -46,6 +46,7 @@ export interface GpuBackendDescriptor extends BackendDescriptor {
 const GiB = 2 ** 30;
 
 function describe(d: NativeGpuDevice): string {
+  if (d.freeMemoryKnown === false) return `${d.name} (${d.arch}, ${(d.totalMemory / GiB).toFixed(1)} GiB)`;
   return `${d.name} (${d.arch}, ${(d.freeMemory / GiB).toFixed(1)} of ${(d.totalMemory / GiB).toFixed(1)} GiB free)`;
 }
 

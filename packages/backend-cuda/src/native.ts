@@ -18,8 +18,14 @@ export interface NativeGpuDevice {
   computeCapability: string;
   warpSize: number;
   multiprocessors: number;
+  /** Bytes free on the device; the total when `freeMemoryKnown` is false. */
   freeMemory: number;
   totalMemory: number;
+  /**
+   * False in the probe's report: reading free memory needs a context, and the probe creates none on any
+   * GPU (it reads device properties only). A loaded backend's `device()` reports it.
+   */
+  freeMemoryKnown?: boolean;
   /** False when this build has no code for the device (`why` says so). */
   supported: boolean;
   why: string;

@@ -102,6 +102,7 @@ Napi::Object device_object(Napi::Env env, const pigpu::DeviceProps& d) {
   o.Set("warpSize", d.warp_size);
   o.Set("multiprocessors", d.multiprocessors);
   o.Set("freeMemory", static_cast<double>(d.free_bytes));
+  o.Set("freeMemoryKnown", d.free_known);
   o.Set("totalMemory", static_cast<double>(d.total_bytes));
   o.Set("supported", d.supported);
   o.Set("why", d.why);

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "dtype.h"
@@ -98,6 +99,7 @@ Executor::Executor(int device, uint64_t budget) : device_(device), budget_(budge
   try {
     set_device(device_);
     stream_ = stream_create();
+    check_warp_size(stream_);
   } catch (const GpuError& e) {
     throw as_backend_error(e);
   }
@@ -113,6 +115,7 @@ Executor::~Executor() {
   }
   tensors_.clear();
   dev_free(arena_);
+  host_free_pinned(staging_);
   stream_destroy(stream_);
 }
 
@@ -261,6 +264,19 @@ void Executor::free(int id) {
   tensors_.erase(it);
 }
 
+uint8_t* Executor::ensure_staging(uint64_t bytes) {
+  if (bytes > staging_size_) {
+    stream_sync(stream_);  // an earlier copy may still read it
+    host_free_pinned(staging_);
+    staging_ = nullptr;
+    staging_size_ = 0;
+    const uint64_t grow = (std::max<uint64_t>(bytes, 1 << 16) + (uint64_t{1} << 16) - 1) >> 16 << 16;
+    staging_ = host_alloc_pinned(grow);
+    staging_size_ = grow;
+  }
+  return static_cast<uint8_t*>(staging_);
+}
+
 void Executor::ensure_arena(uint64_t bytes) {
   if (bytes <= arena_size_) return;
   uint64_t grow = std::max<uint64_t>(bytes, arena_size_ + arena_size_ / 2);
@@ -300,11 +316,76 @@ std::vector<double> Executor::compute(const WireGraph& g) {
   for (size_t i = 0; i < nt; i++) {
     if (cg.tensors[i].kind == KIND_INPUT) off[i] = plan.take(static_cast<uint64_t>(cg.tensors[i].nel) * 4);
   }
+  // ---- fusion: adjacent nodes run as one kernel where the graph allows (same operations in the same
+  // order, so the values are unchanged); an intermediate only the next node reads is never written ----
+  std::vector<int> uses(nt, 0);
+  for (size_t ni = 0; ni < nn; ni++)
+    for (int sidx : cg.nodes[ni].src)
+      if (sidx >= 0) uses[static_cast<size_t>(sidx)]++;
+  auto private_to_next = [&](int id) {  // an intermediate read by exactly one node and not an output
+    const GTensor& t = cg.tensors[static_cast<size_t>(id)];
+    return t.kind == KIND_INTERMEDIATE && t.out < 0 && uses[static_cast<size_t>(id)] == 1;
+  };
+  enum FuseKind { FUSE_NONE, FUSE_SILU_MUL, FUSE_NORM, FUSE_ROPE_CPY };
+  struct Fuse {
+    int kind = FUSE_NONE;
+    int len = 1;           // nodes in the group, starting here
+    bool add = false;      // FUSE_NORM: ADD → RMS_NORM (the sum is still written: later nodes read it)
+    bool mul = false;      // FUSE_NORM: RMS_NORM → MUL by a weight vector
+  };
+  std::vector<Fuse> fuse(nn);
+  std::vector<size_t> group_end(nn);
+  for (size_t ni = 0; ni < nn; ni++) group_end[ni] = ni;
+  const char* no_fuse = std::getenv("POWERINFER_GPU_FUSE");
+  const bool fusing = !(no_fuse && no_fuse[0] == '0');
+  for (size_t ni = 0; fusing && ni + 1 < nn; ni++) {
+    const GNode& a = cg.nodes[ni];
+    const GNode& b = cg.nodes[ni + 1];
+    const GTensor& ad = cg.tensors[static_cast<size_t>(a.dst)];
+    Fuse f;
+    if (a.op == OP_ROPE && b.op == OP_CPY && b.src[0] == a.dst && private_to_next(a.dst)) {
+      f.kind = FUSE_ROPE_CPY;  // RoPE of K straight into the KV cache
+      f.len = 2;
+    } else if (a.op == OP_SILU && b.op == OP_MUL && private_to_next(a.dst) &&
+        (b.src[0] == a.dst || b.src[1] == a.dst) && b.src[0] != b.src[1] &&
+        cg.tensors[static_cast<size_t>(b.src[0])].nel == ad.nel && cg.tensors[static_cast<size_t>(b.src[1])].nel == ad.nel) {
+      f.kind = FUSE_SILU_MUL;
+      f.len = 2;
+    } else if (a.op == OP_ADD || a.op == OP_RMS_NORM) {
+      size_t k = ni;
+      if (a.op == OP_ADD) {  // ADD (no broadcast) followed by RMS_NORM of its sum
+        if (cg.tensors[static_cast<size_t>(a.src[1])].nel != ad.nel || b.op != OP_RMS_NORM || b.src[0] != a.dst) {
+          continue;
+        }
+        f.add = true;
+        k = ni + 1;
+      }
+      const GNode& nrm = cg.nodes[k];
+      if (k + 1 < nn) {
+        const GNode& m = cg.nodes[k + 1];
+        const GTensor& nd = cg.tensors[static_cast<size_t>(nrm.dst)];
+        if (m.op == OP_MUL && m.src[0] == nrm.dst && m.src[1] != nrm.dst && private_to_next(nrm.dst) &&
+            nd.nel % cg.tensors[static_cast<size_t>(m.src[1])].nel == 0) {
+          f.mul = true;
+        }
+      }
+      if (!f.add && !f.mul) continue;
+      f.kind = FUSE_NORM;
+      f.len = 1 + (f.add ? 1 : 0) + (f.mul ? 1 : 0);
+    } else {
+      continue;
+    }
+    fuse[ni] = f;
+    for (int j = 0; j < f.len; j++) group_end[ni + static_cast<size_t>(j)] = ni + static_cast<size_t>(f.len) - 1;
+    ni += static_cast<size_t>(f.len) - 1;
+  }
+  // A tensor read inside a fused group lives until the group's last node: the fused kernel still reads
+  // it while it writes the group's outputs, which must not take its memory.
   std::vector<std::vector<size_t>> dies(nn);
   for (size_t i = 0; i < nt; i++) {
     const GTensor& t = cg.tensors[i];
     if (t.kind != KIND_INTERMEDIATE || t.producer < 0 || t.out >= 0) continue;
-    dies[static_cast<size_t>(std::max(t.last_use, t.producer))].push_back(i);
+    dies[group_end[static_cast<size_t>(std::max(t.last_use, t.producer))]].push_back(i);
   }
   auto sel = [&](const GNode& n) {
     Selection s{};
@@ -318,15 +399,32 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     }
     return s;
   };
+  // attention parameters of a node (pointers bound when it runs)
+  auto attn = [&](const GNode& n) {
+    AttentionArgs a{};
+    a.window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
+    a.kv_dtype = cg.tensors[static_cast<size_t>(n.src[1])].dtype;
+    a.head_dim = static_cast<int>(n.p[3]);
+    a.n_head = static_cast<int>(n.p[4]);
+    a.n_head_kv = static_cast<int>(n.p[1]);
+    a.t = cg.tensors[static_cast<size_t>(n.src[0])].ne[1];
+    a.n_past = static_cast<int64_t>(n.p[0]);
+    a.scale = static_cast<float>(n.p[2]);
+    return a;
+  };
   uint64_t scratch = 0;
   for (size_t ni = 0; ni < nn; ni++) {
     const GNode& n = cg.nodes[ni];
     if (n.op != OP_CPY) off[static_cast<size_t>(n.dst)] = plan.take(static_cast<uint64_t>(cg.tensors[static_cast<size_t>(n.dst)].nel) * 4);
-    if (n.op == OP_AXPY_SPARSE) {
+    if (n.op == OP_AXPY_SPARSE || n.op == OP_MUL_MAT || n.op == OP_MUL_MAT_SPARSE) {
       const GTensor& w = cg.tensors[static_cast<size_t>(n.src[0])];
       const int64_t t = cg.tensors[static_cast<size_t>(n.src[1])].ne[1];
-      scratch = std::max(scratch, axpy_sparse_scratch_bytes(weights_of(w, nullptr), t, sel(n)));
+      const Weights wt = weights_of(w, nullptr);
+      scratch = std::max(scratch, n.op == OP_AXPY_SPARSE       ? axpy_sparse_scratch_bytes(wt, t, sel(n))
+                                  : n.op == OP_MUL_MAT_SPARSE ? mul_mat_sparse_scratch_bytes(wt, t, sel(n))
+                                                              : mul_mat_scratch_bytes(wt, t));
     }
+    if (n.op == OP_ATTENTION || n.op == OP_ATTENTION_SWA) scratch = std::max(scratch, attention_scratch_bytes(attn(n)));
     for (size_t i : dies[ni]) plan.give(off[i], static_cast<uint64_t>(cg.tensors[i].nel) * 4);
   }
   const uint64_t scratch_off = align_up(plan.top());
@@ -346,17 +444,69 @@ std::vector<double> Executor::compute(const WireGraph& g) {
     auto f32 = [&](int id) { return static_cast<float*>(ptr(id)); };
     auto i32 = [&](int id) { return static_cast<const int32_t*>(ptr(id)); };
     unsigned long long* counters = reinterpret_cast<unsigned long long*>(base + counters_off);
+    // Inputs lie together at the start of the arena (taken first, in tensor order): gathered into
+    // pinned staging and sent in one DMA copy.
+    uint64_t in_end = 0;
     for (size_t i = 0; i < nt; i++) {
       const GTensor& t = cg.tensors[i];
-      if (t.kind == KIND_INPUT) {
+      if (t.kind == KIND_INPUT) in_end = std::max(in_end, off[i] + g.inputs[static_cast<size_t>(t.ref)].bytes);
+    }
+    uint64_t out_bytes = 0;
+    for (size_t i = 0; i < nt; i++) {
+      const GTensor& t = cg.tensors[i];
+      if (t.out >= 0) out_bytes = align_up(out_bytes + g.outputs[static_cast<size_t>(t.out)].bytes);
+    }
+    uint8_t* stage = ensure_staging(std::max(in_end, out_bytes + 8 * (nn ? nn : 1)));
+    if (in_end) {
+      for (size_t i = 0; i < nt; i++) {
+        const GTensor& t = cg.tensors[i];
+        if (t.kind != KIND_INPUT) continue;
         const WireGraph::In& in = g.inputs[static_cast<size_t>(t.ref)];
-        copy_h2d(base + off[i], in.data, in.bytes, stream_);
+        if (in.bytes) std::memcpy(stage + off[i], in.data, in.bytes);
       }
+      copy_h2d(base, stage, in_end, stream_);
     }
     zero_async(counters, 8 * nn, stream_);
 
     for (size_t ni = 0; ni < nn; ni++) {
       const GNode& n = cg.nodes[ni];
+      if (fuse[ni].kind == FUSE_SILU_MUL) {
+        const GNode& m = cg.nodes[ni + 1];
+        const int other = m.src[0] == n.dst ? m.src[1] : m.src[0];
+        const GTensor& g0 = cg.tensors[static_cast<size_t>(n.src[0])];
+        launch_silu_mul(f32(n.src[0]), f32(other), m.src[0] == n.dst, f32(m.dst), g0.nel, stream_);
+        ni += 1;
+        continue;
+      }
+      if (fuse[ni].kind == FUSE_ROPE_CPY) {
+        const GNode& c = cg.nodes[ni + 1];
+        const GTensor& s0 = cg.tensors[static_cast<size_t>(n.src[0])];
+        launch_rope_cpy(f32(n.src[0]), i32(n.src[1]), ptr(c.dst), cg.tensors[static_cast<size_t>(c.dst)].dtype,
+                        static_cast<int64_t>(c.p[0]), s0.ne[0], s0.ne[1], static_cast<int>(n.p[4]),
+                        static_cast<int>(n.p[0]), static_cast<int>(n.p[1]), n.p[2], n.p[3], stream_);
+        ni += 1;
+        continue;
+      }
+      if (fuse[ni].kind == FUSE_NORM) {
+        const Fuse& f = fuse[ni];
+        const GNode& nrm = cg.nodes[f.add ? ni + 1 : ni];
+        const GTensor& x = cg.tensors[static_cast<size_t>(nrm.src[0])];
+        const float* a = f.add ? f32(n.src[0]) : f32(nrm.src[0]);
+        const float* b = f.add ? f32(n.src[1]) : nullptr;
+        float* h = f.add ? f32(n.dst) : nullptr;
+        const float* w = nullptr;
+        int64_t nw = 1;
+        float* out = f32(nrm.dst);
+        if (f.mul) {
+          const GNode& m = cg.nodes[ni + static_cast<size_t>(f.len) - 1];
+          w = f32(m.src[1]);
+          nw = cg.tensors[static_cast<size_t>(m.src[1])].nel;
+          out = f32(m.dst);
+        }
+        launch_add_rms_norm_mul(a, b, h, w, nw, out, x.ne[0], x.nel / x.ne[0], static_cast<float>(nrm.p[0]), stream_);
+        ni += static_cast<size_t>(f.len) - 1;
+        continue;
+      }
       const GTensor& d = cg.tensors[static_cast<size_t>(n.dst)];
       const GTensor& s0 = cg.tensors[static_cast<size_t>(n.src[0])];
       float* y = n.op == OP_CPY ? nullptr : f32(n.dst);
@@ -368,7 +518,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           break;
         case OP_MUL_MAT:
           launch_mul_mat(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), cg.tensors[static_cast<size_t>(n.src[1])].ne[1],
-                         y, stream_);
+                         y, base + scratch_off, stream_);
           break;
         case OP_MUL_MAT_SPARSE:
         case OP_AXPY_SPARSE: {
@@ -378,7 +528,7 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           s.rows_read = counters + ni;
           const int64_t t = cg.tensors[static_cast<size_t>(n.src[1])].ne[1];
           if (n.op == OP_MUL_MAT_SPARSE)
-            launch_mul_mat_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, stream_);
+            launch_mul_mat_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, base + scratch_off, stream_);
           else
             launch_axpy_sparse(weights_of(s0, ptr(n.src[0])), f32(n.src[1]), t, s, y, base + scratch_off, stream_);
           break;
@@ -392,20 +542,12 @@ std::vector<double> Executor::compute(const WireGraph& g) {
           break;
         case OP_ATTENTION:
         case OP_ATTENTION_SWA: {
-          AttentionArgs a{};
-          a.window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
+          AttentionArgs a = attn(n);
           a.q = f32(n.src[0]);
           a.k = ptr(n.src[1]);
           a.v = ptr(n.src[2]);
-          a.kv_dtype = cg.tensors[static_cast<size_t>(n.src[1])].dtype;
-          a.head_dim = static_cast<int>(n.p[3]);
-          a.n_head = static_cast<int>(n.p[4]);
-          a.n_head_kv = static_cast<int>(n.p[1]);
-          a.t = s0.ne[1];
-          a.n_past = static_cast<int64_t>(n.p[0]);
-          a.scale = static_cast<float>(n.p[2]);
           a.y = y;
-          launch_attention(a, stream_);
+          launch_attention(a, base + scratch_off, stream_);
           break;
         }
         case OP_ADD:
@@ -459,15 +601,26 @@ std::vector<double> Executor::compute(const WireGraph& g) {
       }
     }
 
+    std::vector<uint64_t> out_at(nt, 0);  // outputs come back through pinned staging, then the counters
+    uint64_t o_off = 0;
     for (size_t i = 0; i < nt; i++) {
       const GTensor& t = cg.tensors[i];
       if (t.out < 0) continue;
       const WireGraph::Out& o = g.outputs[static_cast<size_t>(t.out)];
-      copy_d2h(o.data, ptr(static_cast<int>(i)), o.bytes, stream_);
+      out_at[i] = o_off;
+      copy_d2h(stage + o_off, ptr(static_cast<int>(i)), o.bytes, stream_);
+      o_off = align_up(o_off + o.bytes);
     }
     std::vector<unsigned long long> counts(nn ? nn : 1, 0);
-    copy_d2h(counts.data(), counters, 8 * nn, stream_);
+    copy_d2h(stage + o_off, counters, 8 * nn, stream_);
     stream_sync(stream_);
+    for (size_t i = 0; i < nt; i++) {
+      const GTensor& t = cg.tensors[i];
+      if (t.out < 0) continue;
+      const WireGraph::Out& o = g.outputs[static_cast<size_t>(t.out)];
+      if (o.bytes) std::memcpy(o.data, stage + out_at[i], o.bytes);
+    }
+    if (nn) std::memcpy(counts.data(), stage + o_off, 8 * nn);
     for (size_t ni = 0; ni < nn; ni++) rows_read[ni] = static_cast<double>(counts[ni]);
   } catch (const GpuError& e) {
     try {

@@ -53,6 +53,8 @@ class Executor {
  private:
   std::shared_ptr<DeviceTensor> find(int id) const;
   void ensure_arena(uint64_t bytes);
+  /// Page-locked host memory of at least `bytes` for a graph's inputs and outputs (grows, never shrinks).
+  uint8_t* ensure_staging(uint64_t bytes);
 
   int device_;
   uint64_t budget_;
@@ -60,6 +62,8 @@ class Executor {
   void* stream_ = nullptr;
   void* arena_ = nullptr;
   uint64_t arena_size_ = 0;
+  void* staging_ = nullptr;  // pinned: inputs are gathered here and sent in one copy, outputs come back here
+  uint64_t staging_size_ = 0;
   int next_id_ = 1;
   std::map<int, std::shared_ptr<DeviceTensor>> tensors_;
   mutable std::recursive_mutex mu_;

@@ -32,20 +32,50 @@ struct Selection {
 enum UnaryOp { UNARY_SCALE, UNARY_SILU, UNARY_RELU, UNARY_GELU, UNARY_SIGMOID };
 enum BinaryOp { BINARY_ADD, BINARY_MUL };
 
-void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, void* stream);
-void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* stream);
-void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* stream);
+/// Checks that the kernels were compiled for the device's warp size: a kernel reports PI_WARP (the
+/// compile-time wave size of the target) and the hardware's warpSize. Synchronous.
+/// @throws GpuError UNAVAILABLE naming both when they differ (e.g. a gfx10+ device in wave64 mode).
+void check_warp_size(void* stream);
 
-/// Scratch bytes launch_axpy_sparse needs for this shape (0 when it sums in place).
+void launch_get_rows(const Weights& w, const int32_t* ids, int64_t t, float* y, void* stream);
+
+/// Scratch bytes launch_mul_mat / launch_mul_mat_sparse need: Q8_0 and Q4_0 weights quantize the
+/// activations x [k, T] once per op to 8-bit blocks (int8 [k, T] + one F32 scale per 32 values, the
+/// scale rounded to F16 as in Q8_0) and take integer dot products (dp4a); 0 for float weights.
+uint64_t mul_mat_scratch_bytes(const Weights& w, int64_t t);
+void launch_mul_mat(const Weights& w, const float* x, int64_t t, float* y, void* scratch, void* stream);
+/// Scratch bytes of launch_mul_mat_sparse: the compacted active list (as axpy_sparse's, one chunk)
+/// and the quantized activations of mul_mat_scratch_bytes.
+uint64_t mul_mat_sparse_scratch_bytes(const Weights& w, int64_t t, const Selection& s);
+/// Compacts the active rows (prefix sum, candidate order; rows_read counted there), then a grid sized
+/// for the device walks the list: rows never active cost no block.
+void launch_mul_mat_sparse(const Weights& w, const float* x, int64_t t, const Selection& s, float* y, void* scratch,
+                           void* stream);
+
+/// Scratch bytes launch_axpy_sparse needs for this shape: the compacted active list (candidate ids and
+/// column masks per group of 8 columns) and, with several chunks, their partial sums.
 uint64_t axpy_sparse_scratch_bytes(const Weights& wt, int64_t t, const Selection& s);
 void launch_axpy_sparse(const Weights& wt, const float* a, int64_t t, const Selection& s, float* y, void* scratch,
                         void* stream);
 
+/// Fused SiLU × up: y = silu(g) · u (u_first: u · silu(g)), n elements; the same two roundings as
+/// launch_unary(SILU) then launch_binary(MUL), in one launch.
+void launch_silu_mul(const float* g, const float* u, bool silu_first, float* y, int64_t n, void* stream);
+/// Fused add + RMS norm × weight over T columns of n: s = a + b (b null: s = a; written to h when h is
+/// non-null), y = (s · rsqrt(mean(s²) + eps)) · w[idx % nw] (w null: no multiply). Bit-identical to the
+/// separate ops (same operations, same order); one launch instead of up to three.
+void launch_add_rms_norm_mul(const float* a, const float* b, float* h, const float* w, int64_t nw, float* y, int64_t n,
+                             int64_t t, float eps, void* stream);
 void launch_rms_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream);
 void launch_norm(const float* x, float* y, int64_t n, int64_t t, float eps, void* stream);
 void launch_softmax(const float* x, float* y, int64_t n, int64_t t, float scale, void* stream);
 void launch_rope(const float* x, const int32_t* pos, float* y, int64_t n, int64_t t, int head_dim, int n_dims,
                  int mode, double freq_base, double freq_scale, void* stream);
+
+/// Fused RoPE + KV write: rows row_offset.. of `cache` (dtype F32/F16/BF16, row length n) ← rope(x)
+/// converted; the values of launch_rope then launch_cpy, in one launch.
+void launch_rope_cpy(const float* x, const int32_t* pos, void* cache, int cache_dtype, int64_t row_offset, int64_t n,
+                     int64_t t, int head_dim, int n_dims, int mode, double freq_base, double freq_scale, void* stream);
 
 struct AttentionArgs {
   const float* q;  // [head_dim·n_head, T]
@@ -60,7 +90,9 @@ struct AttentionArgs {
 };
 /// Largest head_dim the attention kernel handles.
 constexpr int kMaxHeadDim = 512;
-void launch_attention(const AttentionArgs& a, void* stream);
+/// Scratch bytes launch_attention needs (flash-decoding partials; 0 when one block per head suffices).
+uint64_t attention_scratch_bytes(const AttentionArgs& a);
+void launch_attention(const AttentionArgs& a, void* scratch, void* stream);
 
 // ---- routed experts (mixture of experts) ----
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -155,20 +156,17 @@ ProbeReport probe() {
       r.reason = std::string(platform()) + " runtime: " + PI_RT(GetErrorString)(e);
       return r;
     }
+    // Properties only: GetDeviceProperties creates no context (SetDevice + MemGetInfo would, on every
+    // device, and leave the last one current). Free memory is read when a backend loads.
     for (int i = 0; i < n; i++) {
       pi_props_t p;
-      if (PI_RT(GetDeviceProperties)(&p, i) != PI_RT(Success)) continue;
-      r.devices.push_back(props_of(i, p));
-    }
-    // Free memory needs a context: only for devices we can use.
-    for (DeviceProps& d : r.devices) {
-      if (!d.supported) continue;
-      size_t fr = 0, tot = 0;
-      if (PI_RT(SetDevice)(d.index) == PI_RT(Success) && PI_RT(MemGetInfo)(&fr, &tot) == PI_RT(Success)) {
-        d.free_bytes = fr;
-        d.total_bytes = tot;
+      if (PI_RT(GetDeviceProperties)(&p, i) != PI_RT(Success)) {
+        (void)PI_RT(GetLastError)();
+        continue;
       }
-      (void)PI_RT(GetLastError)();
+      DeviceProps d = props_of(i, p);
+      d.free_known = false;
+      r.devices.push_back(d);
     }
     bool any = false;
     for (const DeviceProps& d : r.devices) any = any || d.supported;
@@ -184,7 +182,50 @@ ProbeReport probe() {
   return r;
 }
 
-void set_device(int device) { PI_CHECK(PI_RT(SetDevice)(device)); }
+namespace {
+std::atomic<uint64_t> g_flags_set{0};  // bit d: device d's scheduling flags were asked for
+}  // namespace
+
+void set_device(int device) {
+  PI_CHECK(PI_RT(SetDevice)(device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (!bit || (g_flags_set.fetch_or(bit) & bit)) return;
+  const char* spin = std::getenv("POWERINFER_GPU_SPIN");
+  if (spin && std::strcmp(spin, "1") == 0) return;
+#if defined(PI_GPU_CUDA)
+  const pi_error_t e = cudaSetDeviceFlags(cudaDeviceScheduleBlockingSync);
+  // An already active context keeps its flags (another library made it first): not an error.
+  if (e == cudaErrorSetOnActiveProcess) {
+    (void)cudaGetLastError();
+    return;
+  }
+#else
+  const pi_error_t e = hipSetDeviceFlags(hipDeviceScheduleBlockingSync);
+  if (e == hipErrorSetOnActiveProcess) {
+    (void)hipGetLastError();
+    return;
+  }
+#endif
+  if (e != PI_RT(Success)) fail(e, "SetDeviceFlags(ScheduleBlockingSync)");
+}
+
+void* host_alloc_pinned(uint64_t bytes) {
+  void* p = nullptr;
+#if defined(PI_GPU_CUDA)
+  PI_CHECK(cudaHostAlloc(&p, bytes == 0 ? 256 : bytes, cudaHostAllocDefault));
+#else
+  PI_CHECK(hipHostMalloc(&p, bytes == 0 ? 256 : bytes, hipHostMallocDefault));
+#endif
+  return p;
+}
+
+void host_free_pinned(void* p) noexcept {
+#if defined(PI_GPU_CUDA)
+  if (p) (void)cudaFreeHost(p);
+#else
+  if (p) (void)hipHostFree(p);
+#endif
+}
 
 DeviceProps device_props(int device) {
   pi_props_t p;
@@ -240,6 +281,44 @@ void copy_d2d(void* dst, const void* src, uint64_t bytes, void* s) {
 
 void zero_async(void* dst, uint64_t bytes, void* s) {
   if (bytes) PI_CHECK(PI_RT(MemsetAsync)(dst, 0, bytes, static_cast<pi_stream_t>(s)));
+}
+
+void* event_create() {
+#if defined(PI_GPU_CUDA)
+  cudaEvent_t e;
+#else
+  hipEvent_t e;
+#endif
+  PI_CHECK(PI_RT(EventCreate)(&e));
+  return static_cast<void*>(e);
+}
+
+void event_destroy(void* e) noexcept {
+#if defined(PI_GPU_CUDA)
+  if (e) (void)cudaEventDestroy(static_cast<cudaEvent_t>(e));
+#else
+  if (e) (void)hipEventDestroy(static_cast<hipEvent_t>(e));
+#endif
+}
+
+void event_record(void* e, void* s) {
+#if defined(PI_GPU_CUDA)
+  PI_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(e), static_cast<pi_stream_t>(s)));
+#else
+  PI_CHECK(hipEventRecord(static_cast<hipEvent_t>(e), static_cast<pi_stream_t>(s)));
+#endif
+}
+
+float event_elapsed_ms(void* start, void* end) {
+  float ms = 0.0f;
+#if defined(PI_GPU_CUDA)
+  PI_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(end)));
+  PI_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+#else
+  PI_CHECK(hipEventSynchronize(static_cast<hipEvent_t>(end)));
+  PI_CHECK(hipEventElapsedTime(&ms, static_cast<hipEvent_t>(start), static_cast<hipEvent_t>(end)));
+#endif
+  return ms;
 }
 
 void check_launch(const char* what) {
@@ -311,6 +390,13 @@ void dev_free(void* p) noexcept {
   std::free(base);
 }
 
+void* host_alloc_pinned(uint64_t bytes) {
+  void* p = std::aligned_alloc(256, (bytes + 255) / 256 * 256 + 256);
+  if (!p) throw GpuError("OUT_OF_MEMORY", "emu: host_alloc_pinned(" + std::to_string(bytes) + "): out of memory");
+  return p;
+}
+void host_free_pinned(void* p) noexcept { std::free(p); }
+
 void* stream_create() { return nullptr; }
 void stream_destroy(void*) noexcept {}
 void stream_sync(void*) {}
@@ -327,6 +413,15 @@ void zero_async(void* dst, uint64_t bytes, void*) {
   if (bytes) std::memset(dst, 0, bytes);
 }
 void check_launch(const char*) {}
+
+void* event_create() { return new std::chrono::steady_clock::time_point(); }
+void event_destroy(void* e) noexcept { delete static_cast<std::chrono::steady_clock::time_point*>(e); }
+void event_record(void* e, void*) { *static_cast<std::chrono::steady_clock::time_point*>(e) = std::chrono::steady_clock::now(); }
+float event_elapsed_ms(void* start, void* end) {
+  const auto a = *static_cast<std::chrono::steady_clock::time_point*>(start);
+  const auto b = *static_cast<std::chrono::steady_clock::time_point*>(end);
+  return std::chrono::duration<float, std::milli>(b - a).count();
+}
 
 void emu_configure(int warp_size, uint64_t memory_bytes) {
   if (warp_size) piemu::set_warp_size(warp_size);
