@@ -71,6 +71,14 @@ describe("a third-party backend built on the packed contract alone", () => {
     expect(list.map((b) => b.name)).toContain("cpu");
   });
 
+  it("a discovered entry never replaces a built-in backend (POWERINFER_BACKENDS=cpu, a typo of POWERINFER_BACKEND)", () => {
+    const r = cli(["backends", "--json"], dir, { POWERINFER_BACKENDS: "cpu" });
+    expect(r.status, r.stderr).toBe(0);
+    const list = JSON.parse(r.stdout) as { name: string; probe: { usable: boolean; reason: string } }[];
+    expect(list.find((b) => b.name === "cpu")?.probe.usable).toBe(true);
+    expect(list.find((b) => b.name === "cpu (POWERINFER_BACKENDS)")?.probe.reason).toMatch(/cannot import cpu/);
+  });
+
   it("`run --backend mini` prints the CPU backend's greedy text", () => {
     const args = ["run", "-m", model, "-p", "Once upon a time", "-n", "16", "--temp", "0"];
     const cpu = cli([...args, "--backend", "cpu"], dir);

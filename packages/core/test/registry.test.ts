@@ -62,4 +62,38 @@ describe("BackendRegistry", () => {
     expect(err.message).toMatch(/boom: unavailable: probe failed: addon missing/);
     expect(err.message).toMatch(/old: unavailable: implements backend API v2/);
   });
+
+  it("a malformed probe result or a non-Error throw is 'unavailable' with the reason; load() failures name the backend", async () => {
+    const r = new BackendRegistry();
+    r.register(fake("undef", true, 1, { probe: () => undefined as never }));
+    r.register(fake("strings", true, 1, { probe: () => ({ usable: "yes", score: "high" }) as never }));
+    r.register(fake("nan", true, 1, { probe: () => ({ usable: true, score: Number.NaN, reason: "", devices: [] }) }));
+    r.register(
+      fake("throwsstr", true, 1, {
+        probe: () => {
+          throw "string thrown";
+        },
+      }),
+    );
+    r.register(fake("empty", true, 1, { load: async () => ({}) as never }));
+    const reasons = Object.fromEntries((await r.list()).map((b) => [b.name, b.probe.reason]));
+    expect(reasons["undef"]).toBe("unavailable: probe result is malformed: returned undefined");
+    expect(reasons["strings"]).toMatch(/^unavailable: probe result is malformed: "usable" is "yes", not a boolean/);
+    expect(reasons["nan"]).toMatch(/"score" is not a finite number/);
+    expect(reasons["throwsstr"]).toBe("unavailable: probe failed: string thrown");
+    await expect(r.load({ prefer: ["empty"], env: {} })).rejects.toThrow(
+      /^empty: load\(\) did not return a Backend \(missing createTensor, mapTensor/,
+    );
+    r.register(fake("boom", true, 1));
+    await expect(r.load({ prefer: ["boom"], env: {} })).rejects.toMatchObject({
+      code: "UNAVAILABLE",
+      message: "boom: load failed: load boom",
+    });
+  });
+
+  it("a POWERINFER_BACKEND that names nothing is refused", async () => {
+    const r = new BackendRegistry();
+    r.register(fake("cpu", true, 10));
+    await expect(r.select({ env: { POWERINFER_BACKEND: "," } })).rejects.toMatchObject({ code: "BAD_CONFIG" });
+  });
 });
