@@ -419,4 +419,13 @@ describe("a backend registered from outside core", () => {
       registry.unregister(NAME);
     }
   });
+
+  it("a backend that claims no op is not ok (nothing was shown), unless filters asked for unclaimed pairs", async () => {
+    const b = backend({ claims: () => false });
+    const r = await runConformance(b);
+    expect(r.claimed).toEqual([]);
+    expect(r.ok).toBe(false);
+    expect(formatConformanceReport(r)).toMatch(/NOT OK: the backend claims no op/);
+    expect((await runConformance(b, { ops: ["add"] })).ok).toBe(true);
+  });
 });

@@ -10,6 +10,8 @@ export type EngineErrorCode =
   | "ABORTED"
   | "QUEUE_FULL"
   | "RAM_BUDGET"
+  /** The backend computed a step but left logits unwritten or NaN. */
+  | "BACKEND_FAULT"
   | "DISPOSED";
 
 /** Every error the engine throws on purpose; `message` is one line naming the problem. */

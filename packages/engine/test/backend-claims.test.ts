@@ -29,4 +29,20 @@ describe("Model.load and the backend's claims", () => {
     m.dispose();
     backend.dispose();
   });
+
+  it("a backend that leaves logits NaN is reported (EngineError BACKEND_FAULT), not sampled from", async () => {
+    const backend = createReferenceBackend({
+      ops: {
+        mul_mat: (node, ctx) => ({
+          value: new Float64Array(ctx.tensor(node.dst).ne.reduce((a, b) => a * b, 1)).fill(Number.NaN),
+          rowsRead: 0,
+        }),
+      },
+    });
+    const m = await Model.load(model, { backend });
+    const s = m.createSession({ nCtx: 32 });
+    expect(() => s.evaluate([1, 2])).toThrow(/backend ts-reference left logit 0 of a token unwritten or NaN/);
+    m.dispose();
+    backend.dispose();
+  });
 });

@@ -59,6 +59,8 @@ export function readBackendConfig(options: DiscoveryOptions = {}): { path?: stri
   }
   const path = candidates.find((p) => existsSync(p));
   if (!path) return { backends: [] };
+  if (statSync(path).isDirectory())
+    throw new BackendError("BAD_CONFIG", `${path} is a folder, not a configuration file`);
   let json: unknown;
   try {
     json = JSON.parse(readFileSync(path, "utf8"));
@@ -67,6 +69,13 @@ export function readBackendConfig(options: DiscoveryOptions = {}): { path?: stri
   }
   if (typeof json !== "object" || json === null || Array.isArray(json)) {
     throw new BackendError("BAD_CONFIG", `${path}: must be a JSON object such as {"backends": ["my-backend"]}`);
+  }
+  const unknown = Object.keys(json).filter((k) => k !== "backends");
+  if (unknown.length > 0) {
+    throw new BackendError(
+      "BAD_CONFIG",
+      `${path}: unknown key${unknown.length > 1 ? "s" : ""} ${unknown.map((k) => JSON.stringify(k)).join(", ")} (the file holds {"backends": [...]})`,
+    );
   }
   const list = (json as { backends?: unknown }).backends;
   if (list === undefined) return { path, backends: [] };

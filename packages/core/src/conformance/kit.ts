@@ -1299,7 +1299,9 @@ export async function runConformance(backend: Backend, opts: ConformanceOptions 
       );
     }
   }
-  report.ok = report.passed.length === report.claimed.length;
+  // a backend that claims nothing has shown nothing: not ok, unless filters asked for pairs it does not claim
+  report.ok =
+    report.passed.length === report.claimed.length && (report.claimed.length > 0 || !!opts.ops || !!opts.dtypes);
   return report;
 }
 
@@ -1312,7 +1314,10 @@ export function formatConformanceReport(r: ConformanceReport): string {
   const failedPairs = r.claimed.length - r.passed.length;
   lines.push(
     `conformance of backend "${r.backend}" (seed ${r.seed}): ${r.passed.length}/${r.claimed.length} claimed op×dtype pairs passed` +
-      `, ${r.cases} cases${failedPairs ? `, ${failedPairs} pairs FAILED` : ""}`,
+      `, ${r.cases} cases${failedPairs ? `, ${failedPairs} pairs FAILED` : ""}` +
+      (r.claimed.length === 0 && !r.ok
+        ? " — NOT OK: the backend claims no op (supportsOp answers false everywhere)"
+        : ""),
   );
   const ops = [...new Set(r.claimed.map((p) => p.op))];
   const width = Math.max(0, ...ops.map((o) => o.length));

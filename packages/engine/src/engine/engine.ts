@@ -98,6 +98,29 @@ function checkGraphOps(backend: Backend, file: GgufFile, config: ModelConfig): v
   }
 }
 
+/**
+ * Logits arrays are filled with NaN before a step is computed and checked after it: a backend that leaves
+ * any unwritten, or computes NaN, is reported instead of generating from garbage.
+ * @throws EngineError 'BACKEND_FAULT'.
+ */
+function checkLogits(backend: Backend, logits: readonly (Float32Array | undefined)[], nVocab: number): void {
+  for (const l of logits) {
+    if (!l) continue;
+    for (let i = 0; i < l.length; i++) {
+      if (Number.isNaN(l[i]!)) {
+        throw new EngineError(
+          "BACKEND_FAULT",
+          `backend ${backend.name} left logit ${i % nVocab} of a token unwritten or NaN: its compute is broken (check it with the conformance kit)`,
+        );
+      }
+    }
+  }
+}
+
+const poison = (logits: readonly (Float32Array | undefined)[]) => {
+  for (const l of logits) l?.fill(Number.NaN);
+};
+
 /** Options of {@link Model.load}. */
 export interface ModelLoadOptions {
   /** The loaded backend to run on. */
@@ -266,6 +289,7 @@ export class Model {
    */
   decodeBatch(entries: readonly BatchEntry[]): BatchResult {
     const step = this.prepareBatch(entries);
+    poison(step.logits);
     return this.finishBatch(entries, step, this.backend.compute(step.graph));
   }
 
@@ -277,6 +301,7 @@ export class Model {
    */
   async decodeBatchAsync(entries: readonly BatchEntry[]): Promise<BatchResult> {
     const step = this.prepareBatch(entries);
+    poison(step.logits);
     return this.finishBatch(entries, step, await this.backend.computeAsync(step.graph));
   }
 
@@ -329,6 +354,7 @@ export class Model {
     r: ComputeResult,
   ): BatchResult {
     const { logits, sparseNodes, total } = step;
+    checkLogits(this.backend, logits, this.config.n_vocab);
     for (const e of entries) e.session.nPast += e.tokens.length;
     const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs };
     if (sparseNodes.layers.length) {
@@ -454,7 +480,8 @@ export class Session {
   /**
    * Appends tokens to the context and returns the logits after the last one ([n_vocab]), or after
    * every token ([n_vocab × T], token-major) with `allLogits`.
-   * @throws EngineError 'CONTEXT_FULL' (nothing is appended then), 'BAD_INPUT' for an id outside the vocabulary.
+   * @throws EngineError 'CONTEXT_FULL' (nothing is appended then), 'BAD_INPUT' for an id outside the vocabulary,
+   *   'BACKEND_FAULT' when the backend leaves logits unwritten or NaN.
    */
   evaluate(
     tokens: readonly number[] | Int32Array,
@@ -487,7 +514,9 @@ export class Session {
           capture: !!opts.onCapture,
         },
       );
+      poison([logits]);
       const r = this.model.backend.compute(graph);
+      checkLogits(this.model.backend, [logits], this.model.config.n_vocab);
       if (sparseNodes.layers.length) {
         const st = this.stats;
         st.tokens += chunk.length;
