@@ -21,7 +21,9 @@ import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "@powerinfer/core";
 import type { TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { KvCache } from "./kv-cache.js";
-import { type ExpertWeights, F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
+import { LAYER_BUILDERS } from "./archs/index.js";
+import type { ExpertWeights } from "./blocks.js";
+import { type LayerContext, normed } from "./layer.js";
 import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
@@ -356,7 +358,6 @@ export function buildLlamaBatchGraph(
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")
     throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
-  const eps = cfg.norm.eps;
   const rope = {
     headDim: cfg.head_dim,
     nDims: cfg.n_rot,
@@ -394,155 +395,14 @@ export function buildLlamaBatchGraph(
     );
     x = g.add(x, g.getRows(g.handle(w.posEmbd), posRows));
   }
-  /** Norm (RMS or layer norm, as the config says) times weight, plus bias when given. */
-  const normed = (t: TensorId, wt: TensorHandle, b?: TensorHandle): TensorId => {
-    const n = g.mul(cfg.norm.type === "rms" ? g.rmsNorm(t, eps) : g.norm(t, eps), g.handle(wt));
-    return b ? g.add(n, g.handle(b)) : n;
-  };
-  /** W·t, plus bias when given. */
-  const linear = (wt: TensorHandle, t: TensorId, b?: TensorHandle): TensorId => {
-    const y = g.mulMat(g.handle(wt), t);
-    return b ? g.add(y, g.handle(b)) : y;
-  };
-  const dKv = cfg.head_dim * cfg.n_head_kv;
-  const useRope = cfg.rope.type !== "none";
   const act = cfg.ffn.activation;
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
-  const attnParams = (nPast: number, window = 0) => ({
-    window,
-    headDim: cfg.head_dim,
-    nHead: cfg.n_head,
-    nHeadKv: cfg.n_head_kv,
-    nPast,
-    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
-  });
-  for (let l = 0; l < w.layers.length; l++) {
-    const L = w.layers[l]!;
-    const layerIn = x;
-    let h = normed(x, L.attnNorm, L.attnNormB);
-    // Falcon-40B: attention reads attn_norm_2's output, the FFN attn_norm's (llama.cpp's llm_build_falcon)
-    const attnIn = L.attnNorm2 ? normed(x, L.attnNorm2, L.attnNorm2B) : h;
-    let q: TensorId;
-    let k: TensorId;
-    let v: TensorId;
-    if (L.wqkv) {
-      const qkv = g.mulMat(g.handle(L.wqkv), attnIn);
-      q = g.slice(qkv, 0, dH);
-      k = g.slice(qkv, dH, dKv);
-      v = g.slice(qkv, dH + dKv, dKv);
-    } else {
-      q = linear(L.wq!, h, L.bq);
-      k = linear(L.wk!, h, L.bk);
-      v = linear(L.wv!, h, L.bv);
-    }
-    if (L.attnQNorm && L.attnKNorm) {
-      // Qwen3: each head of q and k RMS-normed, then scaled by its [head_dim] weight, before RoPE
-      const headNorm = (t: TensorId, wt: TensorHandle, heads: number) => {
-        const [, cols] = g.shape(t);
-        const perHead = g.reshape(t, [cfg.head_dim, heads * cols]);
-        return g.reshape(g.mul(g.rmsNorm(perHead, eps), g.handle(wt)), [cfg.head_dim * heads, cols]);
-      };
-      q = headNorm(q, L.attnQNorm, cfg.n_head);
-      k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
-    }
-    // SmallThinker: NoPE layers and sliding-window layers as llama.cpp reads them (config.layer_attention)
-    const la = cfg.layer_attention?.[l];
-    if (useRope && (la?.rope ?? true)) {
-      q = g.rope(q, pos, rope);
-      k = g.rope(k, pos, rope);
-    }
-    let att: TensorId;
-    if (!multi) {
-      const s = seqs[0]!;
-      const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
-      const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
-      att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
-    } else {
-      const scratch = g.handle(opts.scratch!);
-      seqs.forEach((s, i) => {
-        const c = cols[i]!;
-        const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
-        const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
-        const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast, la?.window));
-        g.cpy(a, scratch, offsets[i]!);
-      });
-      // the nodes run in order: every copy above is done before this read
-      att = g.getRows(g.handle(opts.scratch!), allCols);
-    }
-    const attnOut = linear(L.wo, att, L.bo);
-    // sequential blocks: the FFN reads the residual after attention, normed by ffn_norm; falcon's
-    // parallel FFN reads attn_norm's output of the layer input (h as it is)
-    const ffnInp = cfg.parallel_attn ? x : g.add(attnOut, x);
-    if (!cfg.parallel_attn) h = normed(ffnInp, L.ffnNorm!, L.ffnNormB);
-    const mode = opts.sparse ?? "off";
-    let down: TensorId;
-    if (L.experts) {
-      // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
-      const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
-      const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
-      down = r.out;
-      if (opts.capture) {
-        captures.push({
-          ffnInput: g.output(ffnInp),
-          gate: new Float32Array(0),
-          routerProbs: g.output(r.probs),
-          expertGate: g.output(r.gate),
-        });
-      }
-      if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
-    } else if (mode === "off") {
-      let up = linear(L.ffnUp!, h, L.bUp);
-      const upRaw = up;
-      if (cfg.ffn.up_activation === "relu") up = g.relu(up);
-      let a: TensorId;
-      if (opts.capture)
-        captures.push({ ffnInput: g.output(ffnInp), gate: L.ffnGate ? new Float32Array(0) : g.output(upRaw) });
-      if (L.ffnGate) {
-        const gate = g.mulMat(g.handle(L.ffnGate), h);
-        if (opts.capture) captures[captures.length - 1]!.gate = g.output(gate);
-        const ga = act === "silu" ? g.silu(gate) : act === "relu" ? g.relu(gate) : g.gelu(gate);
-        a = g.mul(ga, up);
-      } else {
-        a = act === "silu" ? g.silu(up) : act === "relu" ? g.relu(up) : g.gelu(up);
-      }
-      down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
-    } else {
-      // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle),
-      // per column, so every sequence of a batch keeps its own active set.
-      const first = g.nodes.length;
-      let logits: TensorId;
-      let threshold: number;
-      let gate: TensorId | undefined;
-      if (mode === "predictor") {
-        // predictor input: the residual after attention, before ffn_norm (PowerInfer; falcon: the layer input)
-        logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
-        threshold = opts.threshold ?? cfg.sparse_threshold;
-      } else if (L.ffnGate) {
-        gate = g.mulMat(g.handle(L.ffnGate), h);
-        logits = gate;
-        threshold = F32_MIN_POSITIVE;
-      } else {
-        // no gate: a neuron fires when its up pre-activation (with bias) is > 0
-        logits = linear(L.ffnUp!, h, L.bUp);
-        threshold = F32_MIN_POSITIVE;
-      }
-      down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT: L.ffnDownT! }, h, {
-        logits,
-        threshold,
-        gate,
-      });
-      sparseNodes.layers.push(
-        g.nodes
-          .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
-          .filter((i) => i >= 0),
-      );
-    }
-    if (L.bDown) down = g.add(down, g.handle(L.bDown));
-    // llama.cpp's order: falcon (ffn + attn) + x; the others ffn + (attn + x)
-    x = cfg.parallel_attn ? g.add(g.add(down, attnOut), x) : g.add(down, ffnInp);
-  }
+  const ctx: LayerContext = { g, cfg, pos, rope, multi, seqs, cols, allCols, offsets, opts, captures, sparseNodes };
+  const layer = LAYER_BUILDERS[cfg.arch];
+  if (!layer) throw new EngineError("UNSUPPORTED_ARCH", `no layer builder for architecture ${cfg.arch}`);
+  for (let l = 0; l < w.layers.length; l++) x = layer(ctx, l, w.layers[l]!, x);
   // the columns whose logits are wanted, in sequence order
   const outCols: number[] = [];
   const outStart: number[] = [];
@@ -557,7 +417,7 @@ export function buildLlamaBatchGraph(
   if (outCols.length > 0) {
     const identity = outCols.length === T; // every column, in order
     if (!identity) x = g.getRows(x, g.input("i32", [outCols.length], Int32Array.from(outCols)));
-    const out = normed(x, w.outputNorm, w.outputNormB);
+    const out = normed(ctx, x, w.outputNorm, w.outputNormB);
     const all = g.output(g.mulMat(g.handle(w.output), out));
     seqs.forEach((s, i) => {
       const mode = s.logits ?? "last";

@@ -1,0 +1,22 @@
+/**
+ * The sequential pre-norm layer (llama.cpp's `llm_build_llama` and kin): x → norm → self-attention →
+ * + x → norm → FFN → + residual. Used by `llama` (Llama 2, ReLU-Llama, ProSparse, Mixtral's routed experts),
+ * `bamboo` (ReLU(gate)·ReLU(up)), `opt` (layer norms with biases; learned positions are added before the
+ * first layer), `qwen2` (Q/K/V biases), `qwen3` and `qwen3moe` (per-head Q/K norms) and `smallthinker`
+ * (router on the layer input, NoPE and sliding-window layers): those differences live in the weights and
+ * the configuration the shared blocks read.
+ */
+import type { TensorId } from "@powerinfer/core";
+import type { LlamaLayerWeights } from "../llama.js";
+import { feedForward, type LayerContext, normed, selfAttention } from "../layer.js";
+
+/** One sequential layer on x [n_embd, T]; returns the layer's output. */
+export function llamaLayer(ctx: LayerContext, l: number, L: LlamaLayerWeights, x: TensorId): TensorId {
+  const { g } = ctx;
+  const h = normed(ctx, x, L.attnNorm, L.attnNormB);
+  const attnOut = selfAttention(ctx, l, L, h, h);
+  const ffnInp = g.add(attnOut, x);
+  const down = feedForward(ctx, L, normed(ctx, ffnInp, L.ffnNorm!, L.ffnNormB), ffnInp, x);
+  // llama.cpp's order: ffn + (attn + x)
+  return g.add(down, ffnInp);
+}

@@ -1,0 +1,203 @@
+/**
+ * The blocks a transformer layer is built from, shared by every architecture's layer recipe (see
+ * `archs/`): norms, self-attention with the KV cache (one sequence or a batch of them), and the FFN in its
+ * dense, sparse (predictor or oracle) and routed-expert forms. Each architecture file composes them in its
+ * own order, as llama.cpp's `src/models/<arch>.cpp` compose `build_norm`, `build_attn` and `build_ffn`.
+ */
+import type { ModelConfig } from "@powerinfer/gguf";
+import type { Graph, TensorHandle, TensorId } from "@powerinfer/core";
+import { F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
+import type { BatchForwardOptions, BatchSequence, LayerCapture, LlamaLayerWeights, SparseNodes } from "./llama.js";
+
+/** What a layer builder works with: the graph being built and the step's inputs. */
+export interface LayerContext {
+  g: Graph;
+  cfg: ModelConfig;
+  /** Positions of the step's columns (i32 [T]). */
+  pos: TensorId;
+  rope: { headDim: number; nDims: number; mode: number; freqBase: number; freqScale: number };
+  /** Several sequences in the step (continuous batching): attention runs per sequence. */
+  multi: boolean;
+  seqs: readonly BatchSequence[];
+  /** Per sequence, the ids of its columns (several sequences only). */
+  cols: TensorId[];
+  /** Every column's id (several sequences only). */
+  allCols: TensorId;
+  /** Per sequence, its first column. */
+  offsets: number[];
+  opts: BatchForwardOptions;
+  captures: LayerCapture[];
+  sparseNodes: SparseNodes;
+}
+
+/** Norm (RMS or layer norm, as the config says) times weight, plus bias when given. */
+export function normed(ctx: LayerContext, t: TensorId, wt: TensorHandle, b?: TensorHandle): TensorId {
+  const { g, cfg } = ctx;
+  const eps = cfg.norm.eps;
+  const n = g.mul(cfg.norm.type === "rms" ? g.rmsNorm(t, eps) : g.norm(t, eps), g.handle(wt));
+  return b ? g.add(n, g.handle(b)) : n;
+}
+
+/** W·t, plus bias when given. */
+export function linear(ctx: LayerContext, wt: TensorHandle, t: TensorId, b?: TensorHandle): TensorId {
+  const y = ctx.g.mulMat(ctx.g.handle(wt), t);
+  return b ? ctx.g.add(y, ctx.g.handle(b)) : y;
+}
+
+/**
+ * Self-attention of layer `l`: Q, K, V from `h` (or, fused, from `attnIn`), per-head Q/K norms when the
+ * layer has them (Qwen3), RoPE unless the layer is NoPE (SmallThinker's layer_attention), K and V written to
+ * each sequence's cache at its n_past, causal attention (sliding-window where the layer says), then W_o.
+ * @returns W_o·attention (+ bias) [n_embd, T]
+ */
+export function selfAttention(
+  ctx: LayerContext,
+  l: number,
+  L: LlamaLayerWeights,
+  h: TensorId,
+  attnIn: TensorId,
+): TensorId {
+  const { g, cfg, pos, rope, multi, seqs, cols, allCols, offsets, opts } = ctx;
+  const eps = cfg.norm.eps;
+  const dH = cfg.head_dim * cfg.n_head;
+  const dKv = cfg.head_dim * cfg.n_head_kv;
+  const useRope = cfg.rope.type !== "none";
+  const attnParams = (nPast: number, window = 0) => ({
+    window,
+    headDim: cfg.head_dim,
+    nHead: cfg.n_head,
+    nHeadKv: cfg.n_head_kv,
+    nPast,
+    scale: Math.fround(1 / Math.fround(Math.sqrt(cfg.head_dim))), // llama.cpp: 1.0f/sqrtf(head_dim)
+  });
+  let q: TensorId;
+  let k: TensorId;
+  let v: TensorId;
+  if (L.wqkv) {
+    const qkv = g.mulMat(g.handle(L.wqkv), attnIn);
+    q = g.slice(qkv, 0, dH);
+    k = g.slice(qkv, dH, dKv);
+    v = g.slice(qkv, dH + dKv, dKv);
+  } else {
+    q = linear(ctx, L.wq!, h, L.bq);
+    k = linear(ctx, L.wk!, h, L.bk);
+    v = linear(ctx, L.wv!, h, L.bv);
+  }
+  if (L.attnQNorm && L.attnKNorm) {
+    // Qwen3: each head of q and k RMS-normed, then scaled by its [head_dim] weight, before RoPE
+    const headNorm = (t: TensorId, wt: TensorHandle, heads: number) => {
+      const [, cols] = g.shape(t);
+      const perHead = g.reshape(t, [cfg.head_dim, heads * cols]);
+      return g.reshape(g.mul(g.rmsNorm(perHead, eps), g.handle(wt)), [cfg.head_dim * heads, cols]);
+    };
+    q = headNorm(q, L.attnQNorm, cfg.n_head);
+    k = headNorm(k, L.attnKNorm, cfg.n_head_kv);
+  }
+  // SmallThinker: NoPE layers and sliding-window layers as llama.cpp reads them (config.layer_attention)
+  const la = cfg.layer_attention?.[l];
+  if (useRope && (la?.rope ?? true)) {
+    q = g.rope(q, pos, rope);
+    k = g.rope(k, pos, rope);
+  }
+  let att: TensorId;
+  if (!multi) {
+    const s = seqs[0]!;
+    const kc = g.cpy(k, g.handle(s.kv.k[l]!), s.nPast);
+    const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
+    att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
+  } else {
+    const scratch = g.handle(opts.scratch!);
+    seqs.forEach((s, i) => {
+      const c = cols[i]!;
+      const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
+      const vc = g.cpy(g.getRows(v, c), g.handle(s.kv.v[l]!), s.nPast);
+      const a = g.attention(g.getRows(q, c), kc, vc, attnParams(s.nPast, la?.window));
+      g.cpy(a, scratch, offsets[i]!);
+    });
+    // the nodes run in order: every copy above is done before this read
+    att = g.getRows(g.handle(opts.scratch!), allCols);
+  }
+  return linear(ctx, L.wo, att, L.bo);
+}
+
+/**
+ * The FFN of layer `l` on `h` (the normed FFN input): routed experts (the router reads `layerIn` or `h`, as
+ * the config says), dense, or sparse (predictor logits from `ffnInp`, or the oracle mask from the gate).
+ * Records captures and the sparse nodes of the layer in the context.
+ * @returns the down projection (+ bias) [n_embd, T]
+ */
+export function feedForward(
+  ctx: LayerContext,
+  L: LlamaLayerWeights,
+  h: TensorId,
+  ffnInp: TensorId,
+  layerIn: TensorId,
+): TensorId {
+  const { g, cfg, opts, captures, sparseNodes } = ctx;
+  const act = cfg.ffn.activation;
+  const mode = opts.sparse ?? "off";
+  let down: TensorId;
+  if (L.experts) {
+    // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
+    const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
+    const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
+    down = r.out;
+    if (opts.capture) {
+      captures.push({
+        ffnInput: g.output(ffnInp),
+        gate: new Float32Array(0),
+        routerProbs: g.output(r.probs),
+        expertGate: g.output(r.gate),
+      });
+    }
+    if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
+  } else if (mode === "off") {
+    let up = linear(ctx, L.ffnUp!, h, L.bUp);
+    const upRaw = up;
+    if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+    let a: TensorId;
+    if (opts.capture)
+      captures.push({ ffnInput: g.output(ffnInp), gate: L.ffnGate ? new Float32Array(0) : g.output(upRaw) });
+    if (L.ffnGate) {
+      const gate = g.mulMat(g.handle(L.ffnGate), h);
+      if (opts.capture) captures[captures.length - 1]!.gate = g.output(gate);
+      const ga = act === "silu" ? g.silu(gate) : act === "relu" ? g.relu(gate) : g.gelu(gate);
+      a = g.mul(ga, up);
+    } else {
+      a = act === "silu" ? g.silu(up) : act === "relu" ? g.relu(up) : g.gelu(up);
+    }
+    down = L.ffnDownT ? g.axpySparse(g.handle(L.ffnDownT), a, {}) : g.mulMat(g.handle(L.ffnDown!), a);
+  } else {
+    // Sparse FFN: which neurons run is decided by `logits ≥ threshold` (predictor) or gate > 0 (oracle),
+    // per column, so every sequence of a batch keeps its own active set.
+    const first = g.nodes.length;
+    let logits: TensorId;
+    let threshold: number;
+    let gate: TensorId | undefined;
+    if (mode === "predictor") {
+      // predictor input: the residual after attention, before ffn_norm (PowerInfer; falcon: the layer input)
+      logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
+      threshold = opts.threshold ?? cfg.sparse_threshold;
+    } else if (L.ffnGate) {
+      gate = g.mulMat(g.handle(L.ffnGate), h);
+      logits = gate;
+      threshold = F32_MIN_POSITIVE;
+    } else {
+      // no gate: a neuron fires when its up pre-activation (with bias) is > 0
+      logits = linear(ctx, L.ffnUp!, h, L.bUp);
+      threshold = F32_MIN_POSITIVE;
+    }
+    down = sparseFfn(g, cfg, { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT: L.ffnDownT! }, h, {
+      logits,
+      threshold,
+      gate,
+    });
+    sparseNodes.layers.push(
+      g.nodes
+        .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
+        .filter((i) => i >= 0),
+    );
+  }
+  if (L.bDown) down = g.add(down, g.handle(L.bDown));
+  return down;
+}
