@@ -78,7 +78,7 @@ describe("every option is checked before any file is opened", () => {
     ],
     [
       ["gen-model", "-o", o, "--preset", "nosuch"],
-      /--preset must be one of tiny, .*, smallthinker-4b-a0\.6b, got nosuch/,
+      /--preset must be one of tiny, .*, smallthinker-4b-a0\.6b, smallthinker-21b-a3b, got nosuch/,
     ],
     [
       ["gen-model", "-o", join(dir, "no-such-folder", "m.gguf")],
