@@ -9,6 +9,17 @@ import type { TensorHandle } from "@powerinfer/core";
 /** Smallest positive float32: "gate ≥ this" is "gate > 0" (the oracle mask). */
 export const F32_MIN_POSITIVE = 1.401298464324817e-45;
 
+/** RoPE parameters of a model ({@link Graph.rope}): head_dim, n_rot, mode, θ base and scale. */
+export function ropeParams(cfg: ModelConfig) {
+  return {
+    headDim: cfg.head_dim,
+    nDims: cfg.n_rot,
+    mode: cfg.rope.type === "neox" ? ROPE_NEOX : ROPE_NORMAL,
+    freqBase: cfg.rope.freq_base,
+    freqScale: cfg.rope.freq_scale,
+  };
+}
+
 export interface AttentionWeights {
   attnNorm: TensorHandle;
   wq: TensorHandle;
@@ -31,13 +42,7 @@ export function attentionBlock(
   vCache: TensorHandle,
   nPast: number,
 ): TensorId {
-  const rope = {
-    headDim: cfg.head_dim,
-    nDims: cfg.n_rot,
-    mode: cfg.rope.type === "neox" ? ROPE_NEOX : ROPE_NORMAL,
-    freqBase: cfg.rope.freq_base,
-    freqScale: cfg.rope.freq_scale,
-  };
+  const rope = ropeParams(cfg);
   const h = g.mul(g.rmsNorm(x, cfg.norm.eps), g.handle(L.attnNorm));
   const q = g.rope(g.mulMat(g.handle(L.wq), h), pos, rope);
   const k = g.rope(g.mulMat(g.handle(L.wk), h), pos, rope);

@@ -17,12 +17,12 @@
  *           x = x + Wo·attention(…) + bo;  h = layer_norm(x)·ffn_norm + b;  x = x + W_down·ReLU(W_up·h + b) + b
  */
 import type { ModelConfig } from "@powerinfer/gguf";
-import { Graph, ROPE_NEOX, ROPE_NORMAL, type TensorId } from "@powerinfer/core";
+import { Graph, type TensorId } from "@powerinfer/core";
 import type { TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { KvCache } from "./kv-cache.js";
 import { LAYER_BUILDERS } from "./archs/index.js";
-import type { ExpertWeights } from "./blocks.js";
+import { type ExpertWeights, ropeParams } from "./blocks.js";
 import { type LayerContext, normed } from "./layer.js";
 import type { WeightMapper } from "./weights.js";
 
@@ -358,13 +358,7 @@ export function buildLlamaBatchGraph(
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")
     throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
-  const rope = {
-    headDim: cfg.head_dim,
-    nDims: cfg.n_rot,
-    mode: cfg.rope.type === "neox" ? ROPE_NEOX : ROPE_NORMAL,
-    freqBase: cfg.rope.freq_base,
-    freqScale: cfg.rope.freq_scale,
-  };
+  const rope = ropeParams(cfg);
   const posData = new Int32Array(T);
   const idsData = new Int32Array(T);
   seqs.forEach((s, i) => {
