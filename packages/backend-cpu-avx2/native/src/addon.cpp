@@ -44,6 +44,15 @@ Napi::Error make_error(Napi::Env env, const std::string& code, const std::string
   throw make_error(env, code, msg);
 }
 
+/// A JS number that is a non-negative integer (a file offset, a byte count). @throws BAD_TENSOR naming `what`.
+uint64_t whole_number(Napi::Env env, const Napi::Value& v, const char* what) {
+  const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
+  if (!(d >= 0) || d != static_cast<double>(static_cast<uint64_t>(d))) {
+    throw_error(env, "BAD_TENSOR", std::string(what) + " must be a non-negative integer");
+  }
+  return static_cast<uint64_t>(d);
+}
+
 /// The state shared between the JS object and in-flight async computations.
 struct State {
   pi::TensorStore store;
@@ -288,16 +297,9 @@ class Backend : public Napi::ObjectWrap<Backend> {
     get_shape(info[1], ne);
     if (!info[2].IsString()) throw_error(env, "BAD_TENSOR", "path must be a string");
     const std::string path = info[2].As<Napi::String>().Utf8Value();
-    if (!info[3].IsNumber() || !info[4].IsNumber()) throw_error(env, "BAD_TENSOR", "fileOffset and byteLength must be numbers");
-    const double off = info[3].As<Napi::Number>().DoubleValue();
-    const double len = info[4].As<Napi::Number>().DoubleValue();
-    if (!(off >= 0) || !(len >= 0) || off != static_cast<double>(static_cast<uint64_t>(off)) ||
-        len != static_cast<double>(static_cast<uint64_t>(len))) {
-      throw_error(env, "BAD_TENSOR", "fileOffset and byteLength must be non-negative integers");
-    }
-    pi::TensorPtr t = guarded(env, [&] {
-      return s.store.map(dt, ne, path, static_cast<uint64_t>(off), static_cast<uint64_t>(len));
-    });
+    const uint64_t off = whole_number(env, info[3], "fileOffset");
+    const uint64_t len = whole_number(env, info[4], "byteLength");
+    pi::TensorPtr t = guarded(env, [&] { return s.store.map(dt, ne, path, off, len); });
     return Napi::Number::New(env, t->id);
   }
 
@@ -309,13 +311,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     int64_t ne[4];
     get_shape(info[1], ne);
     if (!info[2].IsString()) throw_error(env, "BAD_TENSOR", "path must be a string");
-    auto whole = [&](const Napi::Value& v, const char* what) -> uint64_t {
-      const double d = v.IsNumber() ? v.As<Napi::Number>().DoubleValue() : -1;
-      if (!(d >= 0) || d != static_cast<double>(static_cast<uint64_t>(d))) {
-        throw_error(env, "BAD_TENSOR", std::string(what) + " must be a non-negative integer");
-      }
-      return static_cast<uint64_t>(d);
-    };
+    auto whole = [&](const Napi::Value& v, const char* what) { return whole_number(env, v, what); };
     pi::CacheSpec spec;
     spec.path = info[2].As<Napi::String>().Utf8Value();
     spec.file_offset = whole(info[3], "fileOffset");

@@ -280,6 +280,30 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   n.rows_read[ith] += read;
 }
 
+/// axpy_sparse with a batch, one active neuron i: its row `w` times a[i, t] added into column t of `acc`
+/// for every column whose logit passes. Dequantizing once for several columns is only taken where it
+/// rounds exactly like the row's own axpy (float rows: the same fma(a, w, y)); a quantized axpy rounds
+/// a·d per block first, so its columns take that path and a column's result never depends on the rest of
+/// the batch. @return the columns the row was added to (rows read).
+int64_t axpy_row_columns(const NodeExec& n, const uint8_t* w, int64_t i, int64_t T, int64_t E, int64_t n_out,
+                         const float* a, const float* logits, float thr, float* tmp, float* acc) {
+  const int dtype = n.src[0].dtype;
+  int64_t nact = 0;
+  for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
+  const bool deq = tmp && nact >= 2 && (dtype == DT_F32 || dtype == DT_F16 || dtype == DT_BF16);
+  if (deq) n.k->dequant[dtype](w, tmp, E);
+  const AxpyFn axpy = n.k->axpy[dtype];
+  for (int64_t t = 0; t < T; t++) {
+    if (logits && !(logits[i + t * n_out] >= thr)) continue;
+    if (deq) {
+      n.k->axpy_f32(E, a[i + t * n_out], tmp, acc + t * E);
+    } else {
+      axpy(E, a[i + t * n_out], w, acc + t * E);
+    }
+  }
+  return nact;
+}
+
 void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
   const SparseLayout l = sparse_layout(n, nth, b);
@@ -294,7 +318,6 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   sync(n);
   const int64_t len = *l.count;
   const size_t wrb = row_bytes(W.dtype, E);
-  const AxpyFn axpy = n.k->axpy[W.dtype];
   // Each thread sums its contiguous share of the active rows into its own accumulator; the shares
   // are then added in thread order, so the result depends only on the thread count.
   float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
@@ -322,22 +345,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
     const int64_t i = l.list[2 * e];
     const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
     if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
-    int64_t nact = 0;
-    for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
-    // Dequantizing once for several columns is only taken where it rounds exactly like the row's
-    // own axpy (float rows: the same fma(a, w, y)); a quantized axpy rounds a·d per block first, so
-    // its columns take that path and a column's result never depends on the rest of the batch.
-    const bool deq = tmp && nact >= 2 && (W.dtype == DT_F32 || W.dtype == DT_F16 || W.dtype == DT_BF16);
-    if (deq) n.k->dequant[W.dtype](w, tmp, E);
-    for (int64_t t = 0; t < T; t++) {
-      if (logits && !(logits[i + t * n_out] >= thr)) continue;
-      if (deq) {
-        n.k->axpy_f32(E, a[i + t * n_out], tmp, acc + t * E);
-      } else {
-        axpy(E, a[i + t * n_out], w, acc + t * E);
-      }
-    }
-    read += nact;
+    read += axpy_row_columns(n, w, i, T, E, n_out, a, logits, thr, tmp, acc);
   }
   n.rows_read[ith] += read;
   if (nth == 1) return;
@@ -468,7 +476,6 @@ void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
   if (ith == 0) build_active_list(n, l);
   sync(n);
   const int64_t len = *l.count;
-  const AxpyFn axpy = n.k->axpy[W.dtype];
   const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
   float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
   std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
@@ -497,19 +504,7 @@ void op_axpy_sparse_cached(const NodeExec& n, int ith, int nth) {
       for (int64_t e = e0; e < e1; e++) {
         const int64_t i = l.list[2 * e];
         const uint8_t* w = c->wait(l.slot[e]) + part;
-        int64_t nact = 0;
-        for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
-        const bool deq = tmp && nact >= 2 && (W.dtype == DT_F32 || W.dtype == DT_F16 || W.dtype == DT_BF16);
-        if (deq) n.k->dequant[W.dtype](w, tmp, E);
-        for (int64_t t = 0; t < T; t++) {
-          if (logits && !(logits[i + t * n_out] >= thr)) continue;
-          if (deq) {
-            n.k->axpy_f32(E, a[i + t * n_out], tmp, acc + t * E);
-          } else {
-            axpy(E, a[i + t * n_out], w, acc + t * E);
-          }
-        }
-        read += nact;
+        read += axpy_row_columns(n, w, i, T, E, n_out, a, logits, thr, tmp, acc);
       }
     }
     sync(n);
