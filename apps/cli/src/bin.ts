@@ -10,8 +10,11 @@ for (const stream of [process.stdout, process.stderr]) {
   });
 }
 
+// llama.cpp's multi-letter short flag `-ngl N` (commander's short flags are one letter)
+const argv = process.argv.map((a, i) => (i >= 2 && a === "-ngl" ? "--n-gpu-layers" : a));
+
 createProgram()
-  .parseAsync(process.argv)
+  .parseAsync(argv)
   .catch((e: unknown) => {
     process.stderr.write(`powerinfer: ${describeError(e, { verbose: verboseRequested() })}\n`);
     process.exitCode = 1;

@@ -182,16 +182,6 @@ describe.skipIf(!probe.usable)(`falcon (${probe.reason})`, () => {
       for (const m of [dense, oracle, pred, all]) m.dispose();
     }
   });
-
-  it("refuses hybrid execution with a typed error", async () => {
-    const { HybridSession } = await import("@powerinfer/engine");
-    const m = await Model.load(relu, { backend });
-    try {
-      expect(() => new HybridSession(m, { device: backend, plan: { layers: [] } as never })).toThrow(EngineError);
-    } finally {
-      m.dispose();
-    }
-  });
 });
 
 // ---- OPT ----------------------------------------------------------------------------------------

@@ -9,16 +9,16 @@ import { action } from "../errors.js";
 import {
   generateOptionsFromCli,
   int,
-  loadModelFromCli,
   type ModelCliOptions,
   modelOptions,
   readTextFile,
   type SamplingCliOptions,
   samplingOptions,
 } from "./common.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 import { acceptNp } from "./serve.js";
 
-interface BatchedOptions extends ModelCliOptions, SamplingCliOptions {
+interface BatchedOptions extends ModelCliOptions, DeviceCliOptions, SamplingCliOptions {
   prompt?: string;
   file?: string;
   parallel: number;
@@ -28,12 +28,14 @@ interface BatchedOptions extends ModelCliOptions, SamplingCliOptions {
 
 export function register(program: Command): void {
   const cmd = samplingOptions(
-    modelOptions(
-      program
-        .command("batched")
-        .description(
-          "generate N sequences from one prompt in one batch (sequence i uses seed S+i, equal to `run --seed S+i`)",
-        ),
+    deviceOptions(
+      modelOptions(
+        program
+          .command("batched")
+          .description(
+            "generate N sequences from one prompt in one batch (sequence i uses seed S+i, equal to `run --seed S+i`)",
+          ),
+      ),
     )
       .option("-p, --prompt <text>", "prompt text")
       .option("-f, --file <file>", "read the prompt from a file")
@@ -53,7 +55,8 @@ export function register(program: Command): void {
           throw new InvalidArgumentError("give a prompt with -p or -f");
         if (o.parallel < 1) throw new InvalidArgumentError("--parallel must be ≥ 1");
         const prompt = o.prompt ?? readTextFile(o.file!);
-        const { backend, model } = await loadModelFromCli(o, !!o.json);
+        const loaded = await loadModelWithDevice(o, !!o.json);
+        const { backend, model } = loaded;
         const sessions: Session[] = [];
         try {
           const tok = model.tokenizer;
@@ -157,6 +160,7 @@ export function register(program: Command): void {
           for (const s of sessions) s.dispose();
           model.dispose();
           backend.dispose();
+          loaded.device?.dispose();
         }
       }),
     );

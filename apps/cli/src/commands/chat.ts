@@ -8,9 +8,10 @@ import { createInterface } from "node:readline";
 import { Chat, ChatTemplate } from "@powerinfer/engine";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { float, int, loadModelFromCli, type ModelCliOptions, modelOptions, SEED_RULE, TEMP_HELP } from "./common.js";
+import { float, int, type ModelCliOptions, modelOptions, SEED_RULE, TEMP_HELP } from "./common.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
-interface ChatOptions extends ModelCliOptions {
+interface ChatOptions extends ModelCliOptions, DeviceCliOptions {
   system?: string;
   nPredict: number;
   temp: number;
@@ -21,7 +22,7 @@ interface ChatOptions extends ModelCliOptions {
 }
 
 export function register(program: Command): void {
-  modelOptions(program.command("chat").description("interactive chat using the model's chat template"))
+  deviceOptions(modelOptions(program.command("chat").description("interactive chat using the model's chat template")))
     .option("--system <text>", "system message")
     .option(
       "-n, --n-predict <n>",
@@ -36,7 +37,8 @@ export function register(program: Command): void {
     .option("-s, --seed <n>", "RNG seed; -1 = random", int("seed", SEED_RULE))
     .action(
       action(async (o: ChatOptions) => {
-        const { backend, model } = await loadModelFromCli(o);
+        const loaded = await loadModelWithDevice(o);
+        const { backend, model } = loaded;
         const tok = model.tokenizer;
         const interactive = process.stdin.isTTY === true;
         let session: ReturnType<typeof model.createSession> | undefined;
@@ -94,6 +96,7 @@ export function register(program: Command): void {
           session?.dispose();
           model.dispose();
           backend.dispose();
+          loaded.device?.dispose();
         }
       }),
     );

@@ -2,10 +2,11 @@
 import { perplexity } from "@powerinfer/engine";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { type ModelCliOptions, loadModelFromCli, modelOptions, readTextFile } from "./common.js";
+import { type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 export function register(program: Command): void {
-  modelOptions(program.command("perplexity").description("perplexity of the model over a text file"))
+  deviceOptions(modelOptions(program.command("perplexity").description("perplexity of the model over a text file")))
     .requiredOption("-f, --file <file>", "text file")
     .option(
       "--all-tokens",
@@ -13,9 +14,10 @@ export function register(program: Command): void {
     )
     .option("--json", "print the result as JSON")
     .action(
-      action(async (o: ModelCliOptions & { file: string; allTokens?: boolean; json?: boolean }) => {
+      action(async (o: ModelCliOptions & DeviceCliOptions & { file: string; allTokens?: boolean; json?: boolean }) => {
         const text = readTextFile(o.file);
-        const { backend, model } = await loadModelFromCli(o, !!o.json);
+        const loaded = await loadModelWithDevice(o, !!o.json);
+        const { backend, model } = loaded;
         const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
         const tok = model.tokenizer;
         const protocol = o.allTokens ? "all-tokens" : "llama.cpp";
@@ -36,6 +38,7 @@ export function register(program: Command): void {
         session.dispose();
         model.dispose();
         backend.dispose();
+        loaded.device?.dispose();
       }),
     );
 }

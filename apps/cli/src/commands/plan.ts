@@ -4,46 +4,14 @@ import { resolvePlan } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { choice, float, int, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { budgetBytes, type DeviceCliOptions, deviceOptions } from "./device.js";
 
-export interface PlanCliOptions {
-  vramBudget?: number;
-  deviceBackend: string;
-  stats?: string;
-  gpuIndex?: string;
-  resetGpuIndex?: boolean;
-  solver: string;
-  bucketSize: number;
-}
+/** The options of `plan` beside the model's: the device options every decoding command has. */
+export type PlanCliOptions = DeviceCliOptions;
 
-/** Adds the placement options shared by `plan` and `run`. */
-export function planOptions(cmd: Command): Command {
-  return cmd
-    .option(
-      "--vram-budget <GiB>",
-      "device memory for hot neurons in GiB (default: the device's free memory minus 10 %)",
-      float("vram-budget", { min: 0 }),
-    )
-    .option(
-      "--device-backend <name>",
-      'backend holding the hot neurons (a GPU backend; "cpu" stands in for tests)',
-      "auto",
-    )
-    .option("--stats <file>", "activation statistics (default: <model>.activations.gguf)")
-    .option("--gpu-index <file>", "GPU index to reuse or write (default: <model>.generated.gpuidx)")
-    .option("--reset-gpu-index", "solve the plan again even when a matching GPU index exists")
-    .option("--solver <name>", "ilp (GLPK) or greedy", choice("solver", ["ilp", "greedy"]), "ilp")
-    .option("--bucket-size <n>", "neurons per bucket of the integer program", int("bucket-size", { min: 1 }), 256);
-}
-
-/** Budget in bytes: --vram-budget, else 90 % of the device's free memory. */
-export function budgetBytes(o: PlanCliOptions, deviceFree: number): number {
-  if (o.vramBudget !== undefined) {
-    if (!(o.vramBudget >= 0)) throw new InvalidArgumentError("--vram-budget must be ≥ 0");
-    return Math.floor(o.vramBudget * 2 ** 30);
-  }
-  return Math.floor(deviceFree * 0.9);
-}
+/** Adds the placement options (the device options, see device.ts). */
+export const planOptions = deviceOptions;
 
 export function register(program: Command): void {
   planOptions(

@@ -5,95 +5,104 @@ import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSpar
 import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, int, loadModelFromCli, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import { checkOutputPath, int, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 export function register(program: Command): void {
-  modelOptions(
-    program.command("profile").description("count how often each FFN neuron fires on a text; sparsity report"),
+  deviceOptions(
+    modelOptions(
+      program.command("profile").description("count how often each FFN neuron fires on a text; sparsity report"),
+    ),
   )
     .requiredOption("-f, --file <file>", "text file to run the model on")
     .option("--tokens <n>", "stop after this many positions, BOS included (may be below -c)", int("tokens", { min: 1 }))
     .option("-o, --output <file>", "statistics file (default: <model>.activations.gguf next to the model)")
     .option("--json", "print the report as JSON")
     .action(
-      action(async (o: ModelCliOptions & { file: string; tokens?: number; output?: string; json?: boolean }) => {
-        checkOutputPath(o.output ?? defaultStatsPath(o.model), o.model, o.file);
-        const text = readTextFile(o.file);
-        const { backend, model } = await loadModelFromCli({ ...o, sparse: "off" }, !!o.json);
-        const cfg = model.config;
-        const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
-        const tok = model.tokenizer;
-        const ids = tok.tokenize(text, { addSpecial: false });
-        const out = o.output ?? defaultStatsPath(o.model);
-        const fingerprint = modelFingerprint(model.file);
-        const prof = profileActivations(session, ids, {
-          bosId: tok.bosId,
-          maxTokens: o.tokens,
-          onChunk: (d, n) => {
-            if (!o.json && process.stderr.isTTY) process.stderr.write(`\rprofiling chunk ${d}/${n}`);
-          },
-        });
-        if (!o.json && process.stderr.isTTY) process.stderr.write("\n");
-        const stats = {
-          counts: prof.counts,
-          nFf: cfg.n_ff,
-          tokenCount: prof.tokens,
-          corpusName: basename(o.file),
-          corpusSha256: createHash("sha256").update(text).digest("hex"),
-          modelSha256: fingerprint,
-        };
-        writeActivationStats(out, stats);
-        checkStatsForModel(readActivationStats(out), cfg, fingerprint); // what we wrote reads back
-        const layers = summarizeSparsity(prof);
+      action(
+        async (
+          o: ModelCliOptions & DeviceCliOptions & { file: string; tokens?: number; output?: string; json?: boolean },
+        ) => {
+          checkOutputPath(o.output ?? defaultStatsPath(o.model), o.model, o.file);
+          const text = readTextFile(o.file);
+          const loaded = await loadModelWithDevice({ ...o, sparse: "off" }, !!o.json);
+          const { backend, model } = loaded;
+          const cfg = model.config;
+          const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+          const tok = model.tokenizer;
+          const ids = tok.tokenize(text, { addSpecial: false });
+          const out = o.output ?? defaultStatsPath(o.model);
+          const fingerprint = modelFingerprint(model.file);
+          const prof = profileActivations(session, ids, {
+            bosId: tok.bosId,
+            maxTokens: o.tokens,
+            onChunk: (d, n) => {
+              if (!o.json && process.stderr.isTTY) process.stderr.write(`\rprofiling chunk ${d}/${n}`);
+            },
+          });
+          if (!o.json && process.stderr.isTTY) process.stderr.write("\n");
+          const stats = {
+            counts: prof.counts,
+            nFf: cfg.n_ff,
+            tokenCount: prof.tokens,
+            corpusName: basename(o.file),
+            corpusSha256: createHash("sha256").update(text).digest("hex"),
+            modelSha256: fingerprint,
+          };
+          writeActivationStats(out, stats);
+          checkStatsForModel(readActivationStats(out), cfg, fingerprint); // what we wrote reads back
+          const layers = summarizeSparsity(prof);
 
-        // Bytes of weights read per decoded token: dense reads every FFN row; sparse only the firing ones.
-        const bytesOf = (name: string) => model.file.tensorMap.get(name)?.byteLength ?? 0;
-        let dense = bytesOf("output.weight") || bytesOf("token_embd.weight");
-        let sparse = dense;
-        layers.forEach((L, l) => {
-          const p = `blk.${l}.`;
-          const attn = ["attn_q", "attn_k", "attn_v", "attn_output"].reduce(
-            (s, n) => s + bytesOf(`${p}${n}.weight`),
-            0,
-          );
-          const ffn = ["ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"].reduce(
-            (s, n) => s + bytesOf(`${p}${n}.weight`),
-            0,
-          );
-          const pred = bytesOf(`${p}fc1.weight`) + bytesOf(`${p}fc2.weight`);
-          dense += attn + ffn;
-          sparse += attn + ffn * L.mean + pred;
-        });
-        const report = {
-          model: o.model,
-          statsFile: out,
-          tokens: prof.tokens,
-          layers,
-          meanActive: layers.reduce((s, L) => s + L.mean, 0) / layers.length,
-          bytesPerTokenDense: dense,
-          bytesPerTokenSparse: Math.round(sparse),
-          expectedSpeedup: dense / sparse,
-        };
-        if (o.json) {
-          process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
-        } else {
-          const pct = (v: number) => `${(v * 100).toFixed(1)} %`.padStart(8);
-          const lines = [
-            `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}`,
-            "layer | mean active | p50 | p90 | hot80 (share of neurons with 80 % of activations) | dead",
-            ...layers.map(
-              (L, l) =>
-                `${String(l).padStart(5)} | ${pct(L.mean)} | ${pct(L.p50)} | ${pct(L.p90)} | ${pct(L.hot80)} | ${L.dead}`,
-            ),
-            `weights read per decoded token: dense ${(dense / 2 ** 20).toFixed(2)} MiB, sparse ${(sparse / 2 ** 20).toFixed(2)} MiB ` +
-              `(${model.config.has_predictors ? "predictors included" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
-            `expected decode speed-up from sparsity where decoding is memory-bound: ${report.expectedSpeedup.toFixed(2)}×`,
-          ];
-          process.stdout.write(`${lines.join("\n")}\n`);
-        }
-        session.dispose();
-        model.dispose();
-        backend.dispose();
-      }),
+          // Bytes of weights read per decoded token: dense reads every FFN row; sparse only the firing ones.
+          const bytesOf = (name: string) => model.file.tensorMap.get(name)?.byteLength ?? 0;
+          let dense = bytesOf("output.weight") || bytesOf("token_embd.weight");
+          let sparse = dense;
+          layers.forEach((L, l) => {
+            const p = `blk.${l}.`;
+            const attn = ["attn_q", "attn_k", "attn_v", "attn_output"].reduce(
+              (s, n) => s + bytesOf(`${p}${n}.weight`),
+              0,
+            );
+            const ffn = ["ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"].reduce(
+              (s, n) => s + bytesOf(`${p}${n}.weight`),
+              0,
+            );
+            const pred = bytesOf(`${p}fc1.weight`) + bytesOf(`${p}fc2.weight`);
+            dense += attn + ffn;
+            sparse += attn + ffn * L.mean + pred;
+          });
+          const report = {
+            model: o.model,
+            statsFile: out,
+            tokens: prof.tokens,
+            layers,
+            meanActive: layers.reduce((s, L) => s + L.mean, 0) / layers.length,
+            bytesPerTokenDense: dense,
+            bytesPerTokenSparse: Math.round(sparse),
+            expectedSpeedup: dense / sparse,
+          };
+          if (o.json) {
+            process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
+          } else {
+            const pct = (v: number) => `${(v * 100).toFixed(1)} %`.padStart(8);
+            const lines = [
+              `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}`,
+              "layer | mean active | p50 | p90 | hot80 (share of neurons with 80 % of activations) | dead",
+              ...layers.map(
+                (L, l) =>
+                  `${String(l).padStart(5)} | ${pct(L.mean)} | ${pct(L.p50)} | ${pct(L.p90)} | ${pct(L.hot80)} | ${L.dead}`,
+              ),
+              `weights read per decoded token: dense ${(dense / 2 ** 20).toFixed(2)} MiB, sparse ${(sparse / 2 ** 20).toFixed(2)} MiB ` +
+                `(${model.config.has_predictors ? "predictors included" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
+              `expected decode speed-up from sparsity where decoding is memory-bound: ${report.expectedSpeedup.toFixed(2)}×`,
+            ];
+            process.stdout.write(`${lines.join("\n")}\n`);
+          }
+          session.dispose();
+          model.dispose();
+          backend.dispose();
+          loaded.device?.dispose();
+        },
+      ),
     );
 }

@@ -1,18 +1,13 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
-import { existsSync } from "node:fs";
 import type { NeuronCacheStats } from "@powerinfer/core";
-import type { PlacementPlan } from "@powerinfer/core/placement";
-import { defaultGpuIndexPath, defaultStatsPath, HybridSession, resolvePlan, type Session } from "@powerinfer/engine";
-import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { budgetBytes, type PlanCliOptions, planOptions } from "./plan.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 import {
   cacheDelta,
   describeCacheStats,
   generateOptionsFromCli,
   int,
-  loadModelFromCli,
   type ModelCliOptions,
   modelOptions,
   readTextFile,
@@ -20,8 +15,7 @@ import {
   samplingOptions,
 } from "./common.js";
 
-interface RunOptions extends ModelCliOptions, PlanCliOptions, SamplingCliOptions {
-  disableGpuIndex?: boolean;
+interface RunOptions extends ModelCliOptions, DeviceCliOptions, SamplingCliOptions {
   prompt?: string;
   file?: string;
   nPredict: number;
@@ -35,8 +29,7 @@ function perf(label: string, ms: number, n: number): string {
 }
 
 export function register(program: Command): void {
-  samplingOptions(planOptions(modelOptions(program.command("run").description("generate text from a prompt"))))
-    .option("--disable-gpu-index", "keep every FFN neuron on the CPU (no hot/cold split)")
+  samplingOptions(deviceOptions(modelOptions(program.command("run").description("generate text from a prompt"))))
     .option("-p, --prompt <text>", "prompt text")
     .option("-f, --file <file>", "read the prompt from a file")
     .option(
@@ -51,64 +44,11 @@ export function register(program: Command): void {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
         const prompt = o.prompt ?? readTextFile(o.file!);
-        // Hot neurons on a device when one is there (or named), cold ones on the CPU: the main backend is then
-        // the CPU unless the user chose one.
-        let device = o.disableGpuIndex
-          ? undefined
-          : await loadDeviceBackend(
-              o.deviceBackend,
-              { threads: 1, memoryBudget: o.vramBudget && o.vramBudget * 2 ** 30 },
-              () => {},
-            );
-        const { backend, model } = await loadModelFromCli(
-          device && o.backend === "auto" && !process.env["POWERINFER_BACKEND"] ? { ...o, backend: "cpu" } : o,
-        );
-        const statsPath = o.stats ?? defaultStatsPath(o.model);
-        if (
-          device &&
-          o.deviceBackend === "auto" &&
-          !existsSync(statsPath) &&
-          !existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model))
-        ) {
-          process.stderr.write(
-            `note: no activation statistics (${statsPath}), so no hot/cold split: every FFN neuron stays on ${backend.name}; run \`powerinfer profile\` first\n`,
-          );
-          device.dispose();
-          device = undefined;
-        }
-        let session: Session | HybridSession;
-        let plan: PlacementPlan | undefined;
-        if (device) {
-          const r = await resolvePlan(model, {
-            budgetBytes: budgetBytes(o, device.devices[0]?.freeMemory ?? 0),
-            backend: device.name,
-            statsPath: o.stats,
-            gpuIndexPath: o.gpuIndex,
-            reset: o.resetGpuIndex,
-            solver: o.solver as "ilp",
-            bucketSize: o.bucketSize,
-          });
-          plan = r.plan;
-          for (const n of r.notes) process.stderr.write(`${n}\n`);
-          const nHot = r.plan.layers.reduce((s, L) => s + L.hot.length, 0);
-          if (nHot === 0) {
-            process.stderr.write(
-              `note: the device budget holds no hot neuron: every FFN neuron stays on ${backend.name}\n`,
-            );
-            device.dispose();
-            device = undefined;
-          }
-        }
-        if (device) {
-          session = new HybridSession(model, { device, plan: plan!, nCtx: o.ctxSize, kvType: o.kvType as "f16" });
-          process.stderr.write(
-            `hybrid: ${plan!.layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons (${(session.deviceBytes() / 2 ** 20).toFixed(2)} MiB) on ${device.name}, the rest on ${backend.name}\n`,
-          );
-        } else {
-          const s = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
-          for (const w of s.warnings) process.stderr.write(`warning: ${w}\n`);
-          session = s;
-        }
+        // hot neurons (and --n-gpu-layers layers) on a device when one is there, the rest on the CPU
+        const loaded = await loadModelWithDevice(o);
+        const { backend, model } = loaded;
+        const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+        for (const w of session.warnings) process.stderr.write(`warning: ${w}\n`);
         for (const w of model.config.warnings) process.stderr.write(`warning: ${w}\n`);
         // tokenized (and its length checked) before anything is printed: a prompt too long for the context is
         // refused without echoing it first
@@ -153,16 +93,20 @@ export function register(program: Command): void {
           process.stderr.write(
             `${describeCacheStats(cacheDelta(decodeStart, cacheEnd), decodeTokens, backend.threads)}\n`,
           );
-        if (model.ramPlan && "kv" in session) {
+        if (model.ramPlan) {
           // beside the budget: the KV cache and the whole process (peak resident set; mapped weights included)
           const kvBytes = [...session.kv.k, ...session.kv.v].reduce((n, t) => n + t.byteLength, 0);
           process.stderr.write(
             `memory beside the RAM budget: KV cache ${(kvBytes / 2 ** 20).toFixed(1)} MiB; process peak resident set ${(process.resourceUsage().maxRSS / 1024).toFixed(1)} MiB (mapped resident weights and the neuron cache included)\n`,
           );
         }
-        if (!("stats" in session)) {
-          // hybrid: the per-layer counters live in the single-backend session only
-        } else if (model.sparse !== "off" && session.stats.tokens > 0) {
+        if (loaded.device) {
+          const st = session.stats;
+          process.stderr.write(
+            `hybrid: ${(st.calls / Math.max(1, st.steps)).toFixed(1)} backend calls per step (${st.calls} over ${st.steps} graphs)\n`,
+          );
+        }
+        if (model.sparse !== "off" && session.stats.tokens > 0) {
           // with routed experts the neurons that could run per token are those of the chosen experts
           const moe = model.config.moe;
           const nff = moe ? moe.n_ff_exp * moe.n_expert_used : model.config.n_ff;
@@ -177,9 +121,7 @@ export function register(program: Command): void {
           );
         }
         session.dispose();
-        model.dispose();
-        backend.dispose();
-        device?.dispose();
+        loaded.dispose();
       }),
     );
 }

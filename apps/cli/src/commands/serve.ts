@@ -9,18 +9,10 @@ import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import {
-  checkInputFile,
-  checkModelOptions,
-  choice,
-  float,
-  int,
-  loadModelFromCli,
-  SEED_RULE,
-  TEMP_HELP,
-} from "./common.js";
+import { checkInputFile, checkModelOptions, choice, float, int, SEED_RULE, TEMP_HELP } from "./common.js";
+import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
-interface ServeOptions {
+interface ServeOptions extends DeviceCliOptions {
   model: string;
   host: string;
   port: number;
@@ -106,7 +98,7 @@ export function checkServeOptions(o: ServeOptions): void {
 }
 
 export function register(program: Command): void {
-  const cmd = program
+  const base = program
     .command("serve")
     .description("serve a model over HTTP: OpenAI's API and llama.cpp's server API, with continuous batching")
     .requiredOption("-m, --model <file>", "GGUF or PowerInfer GGUF model file")
@@ -147,7 +139,9 @@ export function register(program: Command): void {
       "GiB held for weights + the neuron cache (default: no limit); the sparse FFN's other rows are read from the file on demand (see run --ram-budget)",
       float("ram-budget", { above: 0 }),
     )
-    .option("--log", "log every request (JSON lines on stdout)")
+    .option("--log", "log every request (JSON lines on stdout)");
+  // the device options: hot neurons and --n-gpu-layers layers on a device, as run has them
+  const cmd = deviceOptions(base)
     // generation defaults of requests that leave them out, as llama-server's options
     .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", int("seed", SEED_RULE))
     .option("--temp <t>", `default ${TEMP_HELP} (default 0.8)`, float("temp"))
@@ -181,7 +175,7 @@ export function register(program: Command): void {
         // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
         assertModelFile(openGgufModel(o.model));
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
-        const loaded = loadModelFromCli(
+        const loaded = loadModelWithDevice(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
           true,
         );
@@ -233,22 +227,20 @@ export function register(program: Command): void {
           await stop();
           throw e;
         }
-        const { backend, model } = await loaded;
+        const { backend, model, device } = await loaded;
         const s = server.scheduler;
         if (!s) {
           // stopped while loading
           await done;
-          model.dispose();
-          backend.dispose();
+          (await loaded).dispose();
           return;
         }
         for (const w of [...model.config.warnings, ...s.warnings]) process.stderr.write(`warning: ${w}\n`);
         process.stderr.write(
-          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads), FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
+          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads)${device ? `, hot neurons on ${device.name}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
         );
         await done;
-        model.dispose();
-        backend.dispose();
+        (await loaded).dispose();
       }),
     );
   acceptNp(cmd);

@@ -11,7 +11,7 @@ import {
   parseModelConfig,
 } from "@powerinfer/gguf";
 import { Graph } from "@powerinfer/core";
-import type { Backend, ComputeResult, DType, OpName, TensorHandle } from "@powerinfer/core";
+import type { Backend, DType, OpName, TensorHandle } from "@powerinfer/core";
 import { Tokenizer } from "@powerinfer/tokenizer";
 import {
   buildLlamaBatchGraph,
@@ -30,6 +30,8 @@ import { checkStatsForModel } from "./profile.js";
 import { generateTokens } from "./generate.js";
 import type { GeneratedToken, GenerateOptions, Timings } from "./generation.js";
 import { KvCache, type KvCacheType } from "../model/kv-cache.js";
+import { type DevicePlan, ModelOffload } from "./offload.js";
+import { computeScheduled, computeScheduledAsync, type ScheduledResult } from "./scheduler.js";
 
 const SUPPORTED_ARCHS = new Set(["llama", "bamboo", "falcon", "opt", "qwen2", "qwen3", "qwen3moe", "smallthinker"]);
 
@@ -155,6 +157,10 @@ export class Model {
   private disposed = false;
   /** F32 [head_dim·n_head, capacity] where a multi-sequence batch gathers its attention outputs. */
   private scratch?: TensorHandle;
+  /** The same on the device (layers whose attention runs there). */
+  private deviceScratch?: TensorHandle;
+  /** The device placement ({@link offload}); undefined: everything on {@link backend}. */
+  placement?: ModelOffload;
 
   private constructor(
     readonly file: GgufFile,
@@ -278,6 +284,47 @@ export class Model {
   }
 
   /**
+   * Places part of the model on a device backend (PowerInfer's hybrid execution): per layer, the hot FFN
+   * neurons `plan` lists (compact copies of their rows) and, where `attention` is set, the layer's attention
+   * weights, norms and predictor — its KV cache then lives there too. Every later session, batch, perplexity
+   * and profile run decodes through the one graph, cut by the scheduler where a node's backend changes
+   * (see offload.ts for the calls per token). Sessions opened before must be closed first.
+   * @throws EngineError 'UNSUPPORTED_ARCH' (routed experts), 'UNSUPPORTED_OP' (the device lacks an op the
+   *   plan needs), 'BAD_INPUT' (a plan of another shape, or a model read through a neuron cache),
+   *   'DISPOSED'; BackendError 'OUT_OF_MEMORY' from the device (nothing stays allocated then).
+   */
+  offload(device: Backend, plan: DevicePlan): ModelOffload {
+    if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
+    if (device === this.backend) throw new EngineError("BAD_INPUT", "the device backend is the model's own backend");
+    const needs = plan.layers.some((L) => L.attention || L.hot.length === this.config.n_ff);
+    if (needs) checkGraphOps(device, this.file, this.config);
+    if (plan.layers.some((L) => L.hot.length > 0 && L.hot.length < this.config.n_ff)) {
+      const dt = (t?: TensorHandle) => t?.dtype;
+      const L0 = this.weights.layers[0]!;
+      for (const [op, d] of [
+        ["mul_mat_sparse", dt(L0.ffnUp)],
+        ["axpy_sparse", dt(L0.ffnDownT) ?? (dt(L0.ffnDown) === "f16" ? "f16" : "f32")],
+      ] as [OpName, DType | undefined][]) {
+        if (d && !device.supportsOp(op, [d])) {
+          throw new EngineError(
+            "UNSUPPORTED_OP",
+            `device backend ${device.name} does not implement ${op} for ${d}, which hot neurons of this model need there`,
+          );
+        }
+      }
+    }
+    this.placement?.dispose();
+    this.placement = undefined;
+    this.placement = new ModelOffload(this, device, plan);
+    return this.placement;
+  }
+
+  /** The backends a step runs on: [main] or [main, device]. */
+  get backends(): Backend[] {
+    return this.placement ? [this.backend, this.placement.device] : [this.backend];
+  }
+
+  /**
    * Evaluates new tokens of several sessions of this model in one graph (one decode step of continuous
    * batching): each session's tokens are appended to its own cache, and each gets the logits it asked for.
    * A session's logits are the same as from {@link Session.evaluate} with the same tokens, whatever else is
@@ -290,7 +337,7 @@ export class Model {
   decodeBatch(entries: readonly BatchEntry[]): BatchResult {
     const step = this.prepareBatch(entries);
     poison(step.logits);
-    return this.finishBatch(entries, step, this.backend.compute(step.graph));
+    return this.finishBatch(entries, step, computeScheduled(step.graph, step.nodeBackend, this.backends));
   }
 
   /**
@@ -302,7 +349,7 @@ export class Model {
   async decodeBatchAsync(entries: readonly BatchEntry[]): Promise<BatchResult> {
     const step = this.prepareBatch(entries);
     poison(step.logits);
-    return this.finishBatch(entries, step, await this.backend.computeAsync(step.graph));
+    return this.finishBatch(entries, step, await computeScheduledAsync(step.graph, step.nodeBackend, this.backends));
   }
 
   /** Checks a batch and builds its graph. */
@@ -315,6 +362,7 @@ export class Model {
     for (const e of entries) {
       if (e.session.model !== this) throw new EngineError("BAD_INPUT", "a session of another model is in the batch");
       if (seen.has(e.session)) throw new EngineError("BAD_INPUT", "a session appears twice in the batch");
+      e.session.checkPlacement();
       seen.add(e.session);
       if (e.tokens.length === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
       for (const t of e.tokens) {
@@ -342,6 +390,11 @@ export class Model {
         sparse: this.sparse,
         threshold: this.threshold,
         scratch: entries.length > 1 ? this.batchScratch(total) : undefined,
+        deviceScratch:
+          entries.length > 1 && this.placement?.attentionLayers
+            ? this.batchScratch(total, this.placement.device)
+            : undefined,
+        offload: this.placement?.layers,
       },
     );
     return { ...built, total };
@@ -351,31 +404,35 @@ export class Model {
   private finishBatch(
     entries: readonly BatchEntry[],
     step: ReturnType<typeof buildLlamaBatchGraph> & { total: number },
-    r: ComputeResult,
+    r: ScheduledResult,
   ): BatchResult {
     const { logits, sparseNodes, total } = step;
     checkLogits(this.backend, logits, this.config.n_vocab);
     for (const e of entries) e.session.nPast += e.tokens.length;
-    const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs };
+    const result: BatchResult = { logits, tokens: total, computeMs: r.elapsedMs, calls: r.calls };
     if (sparseNodes.layers.length) {
       result.sparse = {
-        activeRows: sparseNodes.layers.map((nodes) => r.rowsRead[nodes[0]!]!),
+        activeRows: sparseNodes.up.map((nodes) => nodes.reduce((a, n) => a + r.rowsRead[n]!, 0)),
         rowsRead: sparseNodes.layers.reduce((s, nodes) => s + nodes.reduce((a, n) => a + r.rowsRead[n]!, 0), 0),
       };
     }
     return result;
   }
 
-  /** The batch scratch tensor, grown to hold at least `columns` columns. */
-  private batchScratch(columns: number): TensorHandle {
+  /** The batch scratch tensor on `b` (main or the device), grown to hold at least `columns` columns. */
+  private batchScratch(columns: number, b: Backend = this.backend): TensorHandle {
     const rows = this.config.head_dim * this.config.n_head;
-    const have = this.scratch?.ne[1] ?? 0;
-    if (have < columns) {
-      if (this.scratch) this.backend.freeTensor(this.scratch);
-      this.scratch = undefined;
-      this.scratch = this.backend.createTensor("f32", [rows, Math.max(columns, 2 * have, 16)]);
-    }
-    return this.scratch!;
+    const dev = b !== this.backend;
+    const cur = dev ? this.deviceScratch : this.scratch;
+    const have = cur?.ne[1] ?? 0;
+    if (cur && have >= columns) return cur;
+    if (cur) b.freeTensor(cur);
+    if (dev) this.deviceScratch = undefined;
+    else this.scratch = undefined;
+    const t = b.createTensor("f32", [rows, Math.max(columns, 2 * have, 16)]);
+    if (dev) this.deviceScratch = t;
+    else this.scratch = t;
+    return t;
   }
 
   /** Frees the weights on the backend (the backend itself stays loaded). */
@@ -384,6 +441,10 @@ export class Model {
     this.disposed = true;
     if (this.scratch) this.backend.freeTensor(this.scratch);
     this.scratch = undefined;
+    if (this.deviceScratch) this.placement?.device.freeTensor(this.deviceScratch);
+    this.deviceScratch = undefined;
+    this.placement?.dispose();
+    this.placement = undefined;
     const seen = new Set<number>();
     const free = (t?: { id: number }) => {
       if (t && !seen.has(t.id)) {
@@ -420,6 +481,8 @@ export interface BatchResult {
   tokens: number;
   /** Milliseconds the backend computed. */
   computeMs: number;
+  /** Backend compute calls the step made (host round trips; 1 without a device). */
+  calls: number;
   /** Sparse mode only: per layer the neurons computed summed over the step's tokens, and all rows read. */
   sparse?: { activeRows: number[]; rowsRead: number };
 }
@@ -450,7 +513,12 @@ export class Session {
     activeRows: [] as number[],
     /** Weight rows read by every sparse op together. */
     rowsRead: 0,
+    /** Backend compute calls (host round trips) and graphs evaluated: calls per decoded token = calls / steps. */
+    calls: 0,
+    steps: 0,
   };
+  /** The device placement the KV cache was laid out for. */
+  private readonly placement?: ModelOffload;
 
   constructor(
     readonly model: Model,
@@ -469,7 +537,29 @@ export class Session {
       this.warnings.push(`n_ctx ${this.nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`);
     }
     this.nBatch = opts.nBatch ?? 512;
-    this.kv = new KvCache(model.backend, cfg.n_layer, cfg.head_dim * cfg.n_head_kv, this.nCtx, opts.kvType ?? "f16");
+    const place = model.placement;
+    this.placement = place;
+    this.kv = new KvCache(
+      model.backend,
+      cfg.n_layer,
+      cfg.head_dim * cfg.n_head_kv,
+      this.nCtx,
+      opts.kvType ?? "f16",
+      place ? (l) => (place.layers[l]!.home === 1 ? place.device : model.backend) : undefined,
+    );
+  }
+
+  /**
+   * @throws EngineError 'BAD_INPUT' when the model's device placement changed since this session opened
+   *   (its KV cache is laid out for the old one).
+   */
+  checkPlacement(): void {
+    if (this.placement !== this.model.placement) {
+      throw new EngineError(
+        "BAD_INPUT",
+        "the model's device placement changed after this session was opened; open a new session",
+      );
+    }
   }
 
   /** Forgets everything in the cache. */
@@ -487,6 +577,31 @@ export class Session {
     tokens: readonly number[] | Int32Array,
     opts: { allLogits?: boolean; onCapture?: (layers: LayerCapture[], nTokens: number) => void } = {},
   ): Float32Array {
+    const steps = this.steps(tokens, opts);
+    for (const st of steps.chunks) st.finish(computeScheduled(st.graph, st.nodeBackend, this.model.backends));
+    return steps.result();
+  }
+
+  /**
+   * {@link evaluate} with each graph computed off the JavaScript thread, the device's and the CPU's pieces of
+   * a step at the same time (the hybrid decode path). The cache must not be touched until it settles.
+   * @throws the same as {@link evaluate} (as a rejection).
+   */
+  async evaluateAsync(
+    tokens: readonly number[] | Int32Array,
+    opts: { allLogits?: boolean; onCapture?: (layers: LayerCapture[], nTokens: number) => void } = {},
+  ): Promise<Float32Array> {
+    const steps = this.steps(tokens, opts);
+    for (const st of steps.chunks)
+      st.finish(await computeScheduledAsync(st.graph, st.nodeBackend, this.model.backends));
+    return steps.result();
+  }
+
+  /** Checks the tokens and prepares one graph per n_batch chunk; each is built when its turn comes. */
+  private steps(
+    tokens: readonly number[] | Int32Array,
+    opts: { allLogits?: boolean; onCapture?: (layers: LayerCapture[], nTokens: number) => void },
+  ) {
     const n = tokens.length;
     if (n === 0) throw new EngineError("BAD_INPUT", "no tokens to evaluate");
     const nv = this.model.config.n_vocab;
@@ -497,41 +612,49 @@ export class Session {
     if (this.nPast + n > this.nCtx) {
       throw new EngineError("CONTEXT_FULL", `context full: ${this.nPast} + ${n} tokens > n_ctx ${this.nCtx}`);
     }
+    this.checkPlacement();
     const all = opts.allLogits ? new Float32Array(n * nv) : undefined;
     let last: Float32Array | undefined;
-    for (let i = 0; i < n; i += this.nBatch) {
-      const chunk = Int32Array.from(tokens.slice(i, i + this.nBatch));
-      const { graph, logits, sparseNodes, captures } = buildLlamaGraph(
-        this.model.config,
-        this.model.weights,
-        this.kv,
-        chunk,
-        this.nPast,
-        {
+    const self = this;
+    function* chunks() {
+      for (let i = 0; i < n; i += self.nBatch) {
+        const chunk = Int32Array.from(tokens.slice(i, i + self.nBatch));
+        const built = buildLlamaGraph(self.model.config, self.model.weights, self.kv, chunk, self.nPast, {
           allLogits: !!all,
-          sparse: opts.onCapture ? "off" : this.model.sparse,
-          threshold: this.model.threshold,
+          sparse: opts.onCapture ? "off" : self.model.sparse,
+          threshold: self.model.threshold,
           capture: !!opts.onCapture,
-        },
-      );
-      poison([logits]);
-      const r = this.model.backend.compute(graph);
-      checkLogits(this.model.backend, [logits], this.model.config.n_vocab);
-      if (sparseNodes.layers.length) {
-        const st = this.stats;
-        st.tokens += chunk.length;
-        sparseNodes.layers.forEach((nodes, l) => {
-          // nodes[0] is the up projection: its rows read = neurons computed, summed over tokens
-          st.activeRows[l] = (st.activeRows[l] ?? 0) + r.rowsRead[nodes[0]!]!;
-          st.rowsRead += nodes.reduce((s, n) => s + r.rowsRead[n]!, 0);
+          offload: self.model.placement?.layers,
         });
+        poison([built.logits]);
+        yield {
+          graph: built.graph,
+          nodeBackend: built.nodeBackend,
+          finish(r: ScheduledResult) {
+            checkLogits(self.model.backend, [built.logits], nv);
+            const st = self.stats;
+            st.calls += r.calls;
+            st.steps++;
+            if (built.sparseNodes.layers.length) {
+              st.tokens += chunk.length;
+              built.sparseNodes.up.forEach((nodes, l) => {
+                // the up projection's rows read = neurons computed, summed over tokens (hot + cold when split)
+                st.activeRows[l] = (st.activeRows[l] ?? 0) + nodes.reduce((a, x) => a + r.rowsRead[x]!, 0);
+              });
+              st.rowsRead += built.sparseNodes.layers.reduce(
+                (s, ns) => s + ns.reduce((a, x) => a + r.rowsRead[x]!, 0),
+                0,
+              );
+            }
+            opts.onCapture?.(built.captures, chunk.length);
+            self.nPast += chunk.length;
+            if (all) all.set(built.logits, i * nv);
+            last = built.logits;
+          },
+        };
       }
-      opts.onCapture?.(captures, chunk.length);
-      this.nPast += chunk.length;
-      if (all) all.set(logits, i * nv);
-      last = logits;
     }
-    return all ?? last!;
+    return { chunks: chunks(), result: () => all ?? last! };
   }
 
   /**
@@ -557,12 +680,18 @@ export class Session {
         [nTokens],
         Int32Array.from({ length: nTokens }, (_, i) => i),
       );
-      // get_rows reads (and widens) the source rows, cpy stores them in this cache's type
+      // get_rows reads (and widens) the source rows, cpy stores them in this cache's type, on the backend
+      // that holds the layer's cache
+      src.checkPlacement();
+      this.checkPlacement();
+      const nodeBackend: number[] = [];
       src.kv.k.forEach((k, l) => {
         g.cpy(g.getRows(g.handle(k), ids), g.handle(this.kv.k[l]!), 0);
         g.cpy(g.getRows(g.handle(src.kv.v[l]!), ids), g.handle(this.kv.v[l]!), 0);
+        const b = this.kv.owners[l] === this.model.backend ? 0 : 1;
+        while (nodeBackend.length < g.nodes.length) nodeBackend.push(b);
       });
-      this.model.backend.compute(g);
+      computeScheduled(g, this.placement ? nodeBackend : undefined, this.model.backends);
     }
     this.nPast = nTokens;
   }
@@ -570,7 +699,12 @@ export class Session {
   /** Tokenizes `prompt` (when text), evaluates it, then samples until a stop condition. */
   generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
     this.timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
-    return generateTokens(this, this.model.tokenizer, prompt, opts, this.timings);
+    // with a device, each step's pieces run off the JavaScript thread, the device and the CPU at once
+    const ev = this.model.placement
+      ? { nCtx: this.nCtx, nPast: 0, evaluate: (t: readonly number[]) => this.evaluateAsync(t) }
+      : this;
+    if (ev !== this) Object.defineProperty(ev, "nPast", { get: () => this.nPast });
+    return generateTokens(ev, this.model.tokenizer, prompt, opts, this.timings);
   }
 
   dispose(): void {

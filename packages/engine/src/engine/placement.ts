@@ -14,7 +14,7 @@ import {
 } from "@powerinfer/gguf";
 import type { Model } from "./engine.js";
 import { EngineError } from "../errors.js";
-import { hotNeuronBytes } from "./hybrid.js";
+import { hotNeuronBytes } from "./offload.js";
 import { checkStatsForModel } from "./profile.js";
 import { gpuIndexToPlan, type PlacementPlan, planPlacement, planToGpuIndex } from "@powerinfer/core/placement";
 

@@ -10,7 +10,9 @@ export class KvCache {
   /**
    * @param nEmbdKv head_dim · n_head_kv (elements per position per layer)
    * @param nCtx positions held
-   * @throws BackendError 'OUT_OF_MEMORY' from the backend when it does not fit.
+   * @param layerBackend per layer, the backend holding its K and V (default `backend`): a layer whose
+   *   attention runs on a device keeps its cache there
+   * @throws BackendError 'OUT_OF_MEMORY' from the backend when it does not fit (nothing stays allocated).
    */
   constructor(
     readonly backend: Backend,
@@ -18,6 +20,7 @@ export class KvCache {
     readonly nEmbdKv: number,
     readonly nCtx: number,
     readonly type: KvCacheType = "f16",
+    layerBackend?: (l: number) => Backend,
   ) {
     const bytes = 2 * nLayer * nEmbdKv * nCtx * (type === "f16" ? 2 : 4);
     const free = backend.devices[0]?.freeMemory;
@@ -27,11 +30,21 @@ export class KvCache {
         `a KV cache for n_ctx ${nCtx} needs ${(bytes / 2 ** 30).toFixed(2)} GiB, ${backend.name} has ${(free / 2 ** 30).toFixed(2)} GiB free; use a smaller -c`,
       );
     }
-    for (let l = 0; l < nLayer; l++) {
-      this.k.push(backend.createTensor(type, [nEmbdKv, nCtx]));
-      this.v.push(backend.createTensor(type, [nEmbdKv, nCtx]));
+    try {
+      for (let l = 0; l < nLayer; l++) {
+        const b = layerBackend?.(l) ?? backend;
+        this.owners.push(b);
+        this.k.push(b.createTensor(type, [nEmbdKv, nCtx]));
+        this.v.push(b.createTensor(type, [nEmbdKv, nCtx]));
+      }
+    } catch (e) {
+      this.dispose();
+      throw e;
     }
   }
+
+  /** Per layer, the backend holding its K and V. */
+  readonly owners: Backend[] = [];
 
   /** Bytes held: 2 · n_layer · n_ctx · n_embd_kv · sizeof(type). */
   get byteLength(): number {
@@ -39,7 +52,10 @@ export class KvCache {
   }
 
   dispose(): void {
-    for (const t of [...this.k, ...this.v]) this.backend.freeTensor(t);
+    for (let l = 0; l < this.k.length; l++) {
+      this.owners[l]!.freeTensor(this.k[l]!);
+      if (this.v[l]) this.owners[l]!.freeTensor(this.v[l]!);
+    }
     this.k.length = 0;
     this.v.length = 0;
   }

@@ -8,6 +8,26 @@ import type { ModelConfig } from "@powerinfer/gguf";
 import type { Graph, TensorHandle, TensorId } from "@powerinfer/core";
 import { F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
 import type { BatchForwardOptions, BatchSequence, LayerCapture, LlamaLayerWeights, SparseNodes } from "./llama.js";
+import type { SparseFfnWeights } from "./blocks.js";
+
+/** Where one layer's FFN runs with a device: all on main, all on the device, or split by neuron. */
+export type FfnPlacement = "main" | "device" | "split";
+
+/** How one layer runs with a device (made by the engine's `ModelOffload`). Backend 0 is main, 1 the device. */
+export interface LayerOffload {
+  /** Where attention, norms, residual adds and the predictor run: the device (1) or main (0). */
+  home: 0 | 1;
+  ffn: FfnPlacement;
+  /**
+   * Device copies of what runs on the device at home (attention, norms, predictor, down bias) and, for
+   * ffn "device", of every FFN tensor. Undefined when nothing of the layer is on the device but hot rows.
+   */
+  deviceWeights?: LlamaLayerWeights;
+  /** ffn "split": the hot rows (compact copies on the device) and their ids (i32 on the device). */
+  hot?: { W: SparseFfnWeights; rows: TensorHandle; n: number };
+  /** ffn "split": the cold rows (read in place on main) and their ids (i32 on main). */
+  cold?: { W: SparseFfnWeights; rows: TensorHandle; n: number };
+}
 
 /** What a layer builder works with: the graph being built and the step's inputs. */
 export interface LayerContext {
@@ -28,6 +48,28 @@ export interface LayerContext {
   opts: BatchForwardOptions;
   captures: LayerCapture[];
   sparseNodes: SparseNodes;
+  /** Per layer, how it runs with a device (absent: everything on one backend). */
+  offload?: readonly LayerOffload[];
+  /** Per graph node, the backend it runs on (0 main, 1 device); filled as nodes are built (offload only). */
+  nodeBackend?: number[];
+  /** The layer being built. */
+  layer: number;
+  /** Its home backend (see {@link LayerOffload.home}). */
+  home: 0 | 1;
+  /** Its weights on the main backend (which hold every FFN row). */
+  mainLayer?: LlamaLayerWeights;
+}
+
+/**
+ * Builds nodes with `fn` and assigns every one of them not assigned yet to backend `b` (0 main, 1 device).
+ * Without an offload it only calls `fn`.
+ */
+export function onBackend<T>(ctx: LayerContext, b: number, fn: () => T): T {
+  const first = ctx.g.nodes.length;
+  const r = fn();
+  const nb = ctx.nodeBackend;
+  if (nb) for (let i = first; i < ctx.g.nodes.length; i++) nb[i] ??= b;
+  return r;
 }
 
 /** Norm (RMS or layer norm, as the config says) times weight, plus bias when given. */
@@ -106,7 +148,8 @@ export function selfAttention(
     const vc = g.cpy(v, g.handle(s.kv.v[l]!), s.nPast);
     att = g.attention(q, kc, vc, attnParams(s.nPast, la?.window));
   } else {
-    const scratch = g.handle(opts.scratch!);
+    const scratchT = ctx.home === 1 ? opts.deviceScratch! : opts.scratch!;
+    const scratch = g.handle(scratchT);
     seqs.forEach((s, i) => {
       const c = cols[i]!;
       const kc = g.cpy(g.getRows(k, c), g.handle(s.kv.k[l]!), s.nPast);
@@ -115,7 +158,7 @@ export function selfAttention(
       g.cpy(a, scratch, offsets[i]!);
     });
     // the nodes run in order: every copy above is done before this read
-    att = g.getRows(g.handle(opts.scratch!), allCols);
+    att = g.getRows(g.handle(scratchT), allCols);
   }
   return linear(ctx, L.wo, att, L.bo);
 }
@@ -133,6 +176,68 @@ export function feedForward(
   ffnInp: TensorId,
   layerIn: TensorId,
 ): TensorId {
+  const off = ctx.offload?.[ctx.layer];
+  if (!off) return layerFfn(ctx, L, h, ffnInp, layerIn);
+  // profiling captures the dense FFN: a split layer then runs it whole on main
+  if (off.ffn === "split" && !ctx.opts.capture) return splitFfn(ctx, off, L, h, ffnInp);
+  const b = off.ffn === "device" ? 1 : 0;
+  return onBackend(ctx, b, () => layerFfn(ctx, b === 1 ? off.deviceWeights! : ctx.mainLayer!, h, ffnInp, layerIn));
+}
+
+/**
+ * A split FFN: the predictor at the layer's home (or the oracle gate on main), the hot rows on the device and
+ * the cold rows on main over the same selection, their sums added at home.
+ */
+function splitFfn(ctx: LayerContext, off: LayerOffload, L: LlamaLayerWeights, h: TensorId, ffnInp: TensorId): TensorId {
+  const { g, cfg, opts, sparseNodes } = ctx;
+  const mode = opts.sparse ?? "off";
+  const M = ctx.mainLayer!;
+  let logits: TensorId | undefined;
+  let gate: TensorId | undefined;
+  let threshold: number | undefined;
+  if (mode === "predictor") {
+    logits = g.mulMat(g.handle(L.fc2!), g.relu(g.mulMat(g.handle(L.fc1!), ffnInp)));
+    threshold = opts.threshold ?? cfg.sparse_threshold;
+  } else if (mode === "oracle") {
+    // the whole gate is on main
+    onBackend(ctx, 0, () => {
+      if (M.ffnGate) {
+        gate = g.mulMat(g.handle(M.ffnGate), h);
+        logits = gate;
+      } else {
+        logits = linear(ctx, M.ffnUp!, h, M.bUp);
+      }
+    });
+    threshold = F32_MIN_POSITIVE;
+  }
+  const sel = { logits, threshold, gate };
+  const half = (b: 0 | 1) => {
+    const part = b === 1 ? off.hot! : off.cold!;
+    const from = g.nodes.length;
+    const y = onBackend(ctx, b, () => sparseFfn(g, cfg, part.W, h, { ...sel, rows: g.handle(part.rows) }));
+    const ops = g.nodes
+      .map((n, i) => (i >= from && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
+      .filter((i) => i >= 0);
+    return { y, ops };
+  };
+  // the half away from home first: its reading of h closes the home piece, so the home half starts a piece
+  // of its own and both run at once (built the other way round, the home half would join the piece that
+  // makes h and the other half would wait for it)
+  const away = half(ctx.home === 1 ? 0 : 1);
+  const home = half(ctx.home);
+  const [hot, cold] = ctx.home === 1 ? [home, away] : [away, home];
+  if (mode !== "off") {
+    sparseNodes.layers.push([...hot.ops, ...cold.ops]);
+    sparseNodes.up.push([hot.ops[0]!, cold.ops[0]!]);
+  }
+  // in the same order whatever the home: y_hot + y_cold
+  let down = g.add(hot.y, cold.y);
+  if (L.bDown) down = g.add(down, g.handle(L.bDown));
+  return down;
+}
+
+/** The FFN of a layer on one backend (see {@link feedForward}). */
+function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: TensorId, layerIn: TensorId): TensorId {
   const { g, cfg, opts, captures, sparseNodes } = ctx;
   const act = cfg.ffn.activation;
   const mode = opts.sparse ?? "off";
@@ -150,7 +255,10 @@ export function feedForward(
         expertGate: g.output(r.gate),
       });
     }
-    if (mode !== "off") sparseNodes.layers.push(r.sparseNodes);
+    if (mode !== "off") {
+      sparseNodes.layers.push(r.sparseNodes);
+      sparseNodes.up.push([r.sparseNodes[0]!]);
+    }
   } else if (mode === "off") {
     let up = linear(ctx, L.ffnUp!, h, L.bUp);
     const upRaw = up;
@@ -192,11 +300,11 @@ export function feedForward(
       threshold,
       gate,
     });
-    sparseNodes.layers.push(
-      g.nodes
-        .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
-        .filter((i) => i >= 0),
-    );
+    const nodes = g.nodes
+      .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
+      .filter((i) => i >= 0);
+    sparseNodes.layers.push(nodes);
+    sparseNodes.up.push([nodes[0]!]);
   }
   if (L.bDown) down = g.add(down, g.handle(L.bDown));
   return down;

@@ -23,7 +23,7 @@ import { EngineError } from "../errors.js";
 import type { KvCache } from "./kv-cache.js";
 import { LAYER_BUILDERS } from "./archs/index.js";
 import { type ExpertWeights, ropeParams } from "./blocks.js";
-import { type LayerContext, normed } from "./layer.js";
+import { type LayerContext, type LayerOffload, normed, onBackend } from "./layer.js";
 import type { WeightMapper } from "./weights.js";
 
 export interface LlamaLayerWeights {
@@ -190,6 +190,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
 }
 
 export interface ForwardOptions {
+  /** Per layer, how it runs with a device (see {@link BatchForwardOptions.offload}). */
+  offload?: readonly LayerOffload[];
   /** Return logits for every token of the batch (perplexity) instead of only the last one. */
   allLogits?: boolean;
   /** Default "off". "predictor" needs fc1/fc2 and a ReLU FFN; "oracle" a ReLU-gated FFN. */
@@ -218,6 +220,11 @@ export interface LayerCapture {
 export interface SparseNodes {
   /** Node indices of mul_mat_sparse/axpy_sparse per layer. */
   layers: number[][];
+  /**
+   * Per layer, the node(s) of the up projection, whose rows read are the neurons computed: one, or two
+   * when the layer is split between a device and main (hot and cold rows).
+   */
+  up: number[][];
 }
 
 /**
@@ -277,6 +284,14 @@ export interface BatchForwardOptions extends Omit<ForwardOptions, "allLogits"> {
    * are gathered before W_o. Needed when the batch holds more than one sequence; its contents are scratch.
    */
   scratch?: TensorHandle;
+  /** The same on the device, for layers whose attention runs there (several sequences only). */
+  deviceScratch?: TensorHandle;
+  /**
+   * Per layer, how it runs with a device (engine `ModelOffload.layers`): the graph's nodes are then
+   * assigned to backends ({@link BatchGraph.nodeBackend}) for the scheduler, and the sessions' KV caches of
+   * layers whose home is the device must live there.
+   */
+  offload?: readonly LayerOffload[];
 }
 
 /** What {@link buildLlamaBatchGraph} returns. */
@@ -289,6 +304,8 @@ export interface BatchGraph {
   logits: (Float32Array | undefined)[];
   sparseNodes: SparseNodes;
   captures: LayerCapture[];
+  /** With an offload: per node, the backend it runs on (0 main, 1 device). */
+  nodeBackend?: number[];
 }
 
 /**
@@ -303,9 +320,9 @@ export function buildLlamaGraph(
   tokens: Int32Array,
   nPast: number,
   opts: ForwardOptions = {},
-): { graph: Graph; logits: Float32Array; sparseNodes: SparseNodes; captures: LayerCapture[] } {
+): Omit<BatchGraph, "logits"> & { logits: Float32Array } {
   const r = buildLlamaBatchGraph(cfg, w, [{ kv, tokens, nPast, logits: opts.allLogits ? "all" : "last" }], opts);
-  return { graph: r.graph, logits: r.logits[0]!, sparseNodes: r.sparseNodes, captures: r.captures };
+  return { ...r, logits: r.logits[0]! };
 }
 
 /**
@@ -352,9 +369,19 @@ export function buildLlamaBatchGraph(
       );
     }
     if (opts.capture) throw new EngineError("BAD_INPUT", "capture works on one sequence only");
+    const dsc = opts.deviceScratch;
+    if (opts.offload?.some((L) => L.home === 1) && (dsc?.dtype !== "f32" || dsc.ne[0] !== dH || (dsc.ne[1] ?? 1) < T)) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `a batch of ${seqs.length} sequences with attention on the device needs an f32 device scratch tensor of [${dH}, ≥ ${T}]`,
+      );
+    }
+  }
+  if (opts.offload && opts.offload.length !== w.layers.length) {
+    throw new EngineError("BAD_INPUT", `offload has ${opts.offload.length} layers, the model has ${w.layers.length}`);
   }
   const g = new Graph();
-  const sparseNodes: SparseNodes = { layers: [] };
+  const sparseNodes: SparseNodes = { layers: [], up: [] };
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")
     throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
@@ -393,10 +420,39 @@ export function buildLlamaBatchGraph(
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
-  const ctx: LayerContext = { g, cfg, pos, rope, multi, seqs, cols, allCols, offsets, opts, captures, sparseNodes };
+  const nodeBackend: number[] | undefined = opts.offload ? [] : undefined;
+  const ctx: LayerContext = {
+    g,
+    cfg,
+    pos,
+    rope,
+    multi,
+    seqs,
+    cols,
+    allCols,
+    offsets,
+    opts,
+    captures,
+    sparseNodes,
+    offload: opts.offload,
+    nodeBackend,
+    layer: 0,
+    home: 0,
+  };
   const layer = LAYER_BUILDERS[cfg.arch];
   if (!layer) throw new EngineError("UNSUPPORTED_ARCH", `no layer builder for architecture ${cfg.arch}`);
-  for (let l = 0; l < w.layers.length; l++) x = layer(ctx, l, w.layers[l]!, x);
+  // the embedding (and learned positions) on main
+  if (nodeBackend) for (let i = 0; i < g.nodes.length; i++) nodeBackend[i] = 0;
+  for (let l = 0; l < w.layers.length; l++) {
+    const off = opts.offload?.[l];
+    ctx.layer = l;
+    ctx.home = off?.home ?? 0;
+    ctx.mainLayer = w.layers[l]!;
+    const L = off?.home === 1 ? off.deviceWeights! : w.layers[l]!;
+    const xin = x;
+    x = onBackend(ctx, ctx.home, () => layer(ctx, l, L, xin));
+  }
+  ctx.home = 0;
   // the columns whose logits are wanted, in sequence order
   const outCols: number[] = [];
   const outStart: number[] = [];
@@ -420,5 +476,7 @@ export function buildLlamaBatchGraph(
       result[i] = all.subarray(outStart[i]! * nv, (outStart[i]! + n) * nv);
     });
   }
-  return { graph: g, logits: result, sparseNodes, captures };
+  // the output norm and head on main
+  if (nodeBackend) for (let i = 0; i < g.nodes.length; i++) nodeBackend[i] ??= 0;
+  return { graph: g, logits: result, sparseNodes, captures, nodeBackend };
 }

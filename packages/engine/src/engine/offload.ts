@@ -1,0 +1,223 @@
+/**
+ * A model's device placement (PowerInfer, Song et al. 2023, §4–5): which layers' attention (weights and
+ * KV cache) and which FFN neurons live on a device backend, the rest on the main (CPU) backend. The graph
+ * builder reads it to assign every node a backend, and the scheduler (scheduler.ts) cuts the graph where
+ * ownership changes — so every command decodes through the one path, with or without a device.
+ *
+ * Per layer, the FFN is one of:
+ * - "main": every neuron on the main backend (the layer's FFN as without a device);
+ * - "device": every neuron on the device (whole copies of the FFN tensors: llama.cpp's `-ngl` for a layer);
+ * - "split": the hot neurons' gate/up/down rows copied compactly to the device, the cold ones read on the
+ *   main backend through a row list; both halves run at once and their sums are added.
+ * The layer's "home" — where its norms, residual adds, attention and predictor run — is the device when
+ * its attention is offloaded, else the main backend. An oracle gate (testing) is computed on the main
+ * backend, which holds the whole gate matrix.
+ *
+ * Host round trips per decoded token (backend compute calls, one sequence or one batch): pieces are cut
+ * where a node reads what another backend made. With L_s split layers whose home is main, L_d split layers
+ * whose home is the device, and layers without a split merging with their neighbours on the same backend:
+ *   calls = 3·L_s + 3·L_d + (runs of consecutive unsplit layers whose backend differs from the previous
+ *   piece's) + 1 (the output head on main, merged when the last piece is on main).
+ * For a plan that splits every layer with attention on main, calls = 3·n_layer + 1; with attention on the
+ * device, 3·n_layer + 2 (the last layer's sum returns to main for the head). `Session.stats.calls` counts
+ * them.
+ */
+import type { Backend, TensorHandle } from "@powerinfer/core";
+import { EngineError } from "../errors.js";
+import type { FfnPlacement, LayerOffload } from "../model/layer.js";
+import type { LlamaLayerWeights } from "../model/llama.js";
+import { gatherRows, transposeDown } from "../model/weights.js";
+import type { Model } from "./engine.js";
+
+export type { FfnPlacement, LayerOffload };
+
+/** Per layer: the hot neurons (ascending ids) and whether attention and its KV cache live on the device. */
+export interface DevicePlan {
+  layers: { hot: Int32Array; attention?: boolean }[];
+}
+
+/** Device bytes one hot neuron costs in layer l: its gate, up and down_t rows and its id. */
+export function hotNeuronBytes(model: Model, l: number): number {
+  const L = model.weights.layers[l]!;
+  const row = (t?: TensorHandle) => (t ? t.byteLength / t.ne[1]! : 0);
+  // without ffn_down_t the split transposes ffn_down: F16 stays F16, other dtypes become F32
+  const down = L.ffnDownT ? row(L.ffnDownT) : (L.ffnDown!.dtype === "f16" ? 2 : 4) * model.config.n_embd;
+  return row(L.ffnGate) + row(L.ffnUp) + down + 4;
+}
+
+/**
+ * Device bytes a split layer costs beside its hot neurons: the whole up bias (OPT), which the hot rows' op
+ * output is indexed by neuron id for. 0 for layers without one.
+ */
+export function splitLayerFixedBytes(model: Model, l: number): number {
+  return model.weights.layers[l]!.bUp?.byteLength ?? 0;
+}
+
+/** The tensors of a layer that run at its home: attention, norms, predictor, down bias. */
+const HOME_FIELDS = [
+  "attnNorm",
+  "attnNormB",
+  "attnNorm2",
+  "attnNorm2B",
+  "wq",
+  "wk",
+  "wv",
+  "wqkv",
+  "attnQNorm",
+  "attnKNorm",
+  "bq",
+  "bk",
+  "bv",
+  "wo",
+  "bo",
+  "ffnNorm",
+  "ffnNormB",
+  "fc1",
+  "fc2",
+  "bDown",
+] as const satisfies readonly (keyof LlamaLayerWeights)[];
+/** What a layer's FFN reads when all of it runs on the device (the predictor and down bias included). */
+const FFN_FIELDS = [
+  "ffnGate",
+  "ffnUp",
+  "bUp",
+  "ffnDown",
+  "ffnDownT",
+  "fc1",
+  "fc2",
+  "bDown",
+] as const satisfies readonly (keyof LlamaLayerWeights)[];
+
+/** Device bytes of a layer's attention weights and norms (what {@link DevicePlan} `attention` moves), KV cache not included. */
+export function attentionWeightBytes(model: Model, l: number): number {
+  const L = model.weights.layers[l]!;
+  return HOME_FIELDS.reduce((s, f) => s + (L[f]?.byteLength ?? 0), 0);
+}
+
+/** A model's device placement: the device copies it made and how each layer runs. */
+export class ModelOffload {
+  readonly layers: LayerOffload[] = [];
+  private readonly owned: [Backend, TensorHandle][] = [];
+
+  /**
+   * Copies what `plan` puts on the device. Nothing is left allocated when it throws.
+   * @throws EngineError 'UNSUPPORTED_ARCH' (routed experts), 'BAD_INPUT' (plan of another shape, a neuron
+   *   outside n_ff, a model read through a neuron cache), BackendError 'OUT_OF_MEMORY' from the device.
+   */
+  constructor(
+    model: Model,
+    readonly device: Backend,
+    plan: DevicePlan,
+  ) {
+    const cfg = model.config;
+    const main = model.backend;
+    if (cfg.moe) {
+      throw new EngineError(
+        "UNSUPPORTED_ARCH",
+        `device placement of routed experts (${cfg.arch}) is not supported yet: the model runs on ${main.name} alone`,
+      );
+    }
+    if (plan.layers.length !== cfg.n_layer) {
+      throw new EngineError("BAD_INPUT", `plan has ${plan.layers.length} layers, the model has ${cfg.n_layer}`);
+    }
+    try {
+      plan.layers.forEach((p, l) => {
+        this.layers.push(this.placeLayer(model, l, p.hot, !!p.attention));
+      });
+    } catch (e) {
+      this.dispose();
+      throw e;
+    }
+  }
+
+  private keep(b: Backend, t: TensorHandle): TensorHandle {
+    this.owned.push([b, t]);
+    return t;
+  }
+
+  private copy(main: Backend, t: TensorHandle): TensorHandle {
+    return this.keep(this.device, this.device.createTensor(t.dtype, t.ne, main.readTensor(t)));
+  }
+
+  private placeLayer(model: Model, l: number, hot: Int32Array, attention: boolean): LayerOffload {
+    const cfg = model.config;
+    const main = model.backend;
+    const L = model.weights.layers[l]!;
+    const isHot = new Uint8Array(cfg.n_ff);
+    let prev = -1;
+    for (const n of hot) {
+      if (!Number.isInteger(n) || n < 0 || n >= cfg.n_ff)
+        throw new EngineError("BAD_INPUT", `plan layer ${l}: neuron ${n} outside n_ff ${cfg.n_ff}`);
+      if (n <= prev) throw new EngineError("BAD_INPUT", `plan layer ${l}: hot neuron ids must ascend (${prev}, ${n})`);
+      prev = n;
+      isHot[n] = 1;
+    }
+    const ffn: FfnPlacement = hot.length === 0 ? "main" : hot.length === cfg.n_ff ? "device" : "split";
+    const home: 0 | 1 = attention ? 1 : 0;
+    if (ffn !== "main" && !L.ffnUp) {
+      throw new EngineError(
+        "BAD_INPUT",
+        `layer ${l}'s FFN is read through a neuron cache (bundled file or --ram-budget); hot neurons on a device need its rows resident`,
+      );
+    }
+    let deviceWeights: LlamaLayerWeights | undefined;
+    if (home === 1 || ffn === "device") {
+      const w = { ...L } as unknown as Record<string, TensorHandle | undefined>;
+      const fields = new Set<keyof LlamaLayerWeights>([
+        ...(home === 1 ? HOME_FIELDS : []),
+        ...(ffn === "device" ? FFN_FIELDS : []),
+      ]);
+      for (const f of fields) {
+        const t = L[f] as TensorHandle | undefined;
+        if (t) w[f] = this.copy(main, t);
+      }
+      deviceWeights = w as unknown as LlamaLayerWeights;
+    }
+    if (ffn !== "split") return { home, ffn, deviceWeights };
+    let downT = L.ffnDownT;
+    if (!downT) downT = this.keep(main, transposeDown(model.file, main, `blk.${l}.ffn_down.weight`));
+    const cold = Int32Array.from({ length: cfg.n_ff - hot.length });
+    for (let i = 0, j = 0; i < cfg.n_ff; i++) if (!isHot[i]) cold[j++] = i;
+    const ids = (b: Backend, a: Int32Array) => this.keep(b, b.createTensor("i32", [a.length], a));
+    return {
+      home,
+      ffn,
+      deviceWeights,
+      hot: {
+        W: {
+          gate: L.ffnGate && this.keep(this.device, gatherRows(main, L.ffnGate, hot, this.device)),
+          up: this.keep(this.device, gatherRows(main, L.ffnUp!, hot, this.device)),
+          // the up bias is indexed by neuron id (the op's output is [n_ff]): the whole vector
+          upBias: L.bUp && this.copy(main, L.bUp),
+          downT: this.keep(this.device, gatherRows(main, downT, hot, this.device)),
+        },
+        rows: ids(this.device, hot),
+        n: hot.length,
+      },
+      cold: { W: { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT }, rows: ids(main, cold), n: cold.length },
+    };
+  }
+
+  /** Hot neurons on the device, over all layers. */
+  get hotNeurons(): number {
+    return this.layers.reduce(
+      (s, L) => s + (L.ffn === "device" ? (L.deviceWeights?.ffnUp?.ne[1] ?? 0) : (L.hot?.n ?? 0)),
+      0,
+    );
+  }
+
+  /** Layers whose attention and KV cache are on the device. */
+  get attentionLayers(): number {
+    return this.layers.filter((L) => L.home === 1).length;
+  }
+
+  /** Device bytes of the weights this placement copied there (KV caches are the sessions'). */
+  deviceBytes(): number {
+    return this.owned.reduce((s, [b, t]) => s + (b === this.device ? t.byteLength : 0), 0);
+  }
+
+  dispose(): void {
+    for (const [b, t] of this.owned) b.freeTensor(t);
+    this.owned.length = 0;
+  }
+}
