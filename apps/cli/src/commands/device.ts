@@ -170,7 +170,7 @@ export async function loadModelWithDevice(
       }),
     };
     if (plan.layers.every((L) => L.hot.length === 0 && !L.attention)) {
-      drop(`note: the device budget holds no hot neuron: everything runs on ${backend.name}`);
+      drop(`note: the device budget holds no hot neuron: every FFN neuron stays on ${backend.name}`);
       return out;
     }
     const placed = model.offload(device, plan);
