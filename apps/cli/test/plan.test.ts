@@ -153,6 +153,91 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
   });
 });
 
+describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the device", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-plan-attn-"));
+  const model = join(dir, "relu.gguf");
+  copyFileSync(relu, model);
+  const stats = join(dir, "relu.activations.gguf");
+  const idx = join(dir, "relu.attn.gpuidx");
+  // the 7M ReLU model: 6 layers; attention per layer F32 wq, wo 256², wk, wv 256×128, attn_norm 256, and an F16
+  // KV cache of 2 · n_ctx · 128 values: at n_ctx 256, 787 456 + 131 072 = 918 528 bytes
+  const attention = 918_528;
+  const common = ["-m", model, "--stats", stats, "--gpu-index", idx, "--bucket-size", "64", "--device-backend", "cpu"];
+  const plan = (...args: string[]) => cli("plan", ...common, ...args);
+
+  it("decides per layer whether attention lives on the device, within one budget with the hot neurons", () => {
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    expect(cli("profile", "-m", model, "-f", text, "--tokens", "1000", "-o", stats, "-c", "256").code).toBe(0);
+    const budget = 4 / 1024; // GiB: room for 4 attention layers and a few buckets
+    const p = plan("--vram-budget", String(budget), "-c", "256", "--json");
+    expect(p.code, p.stderr).toBe(0);
+    const r = JSON.parse(p.stdout);
+    expect(r.nCtx).toBe(256);
+    const att = r.plan.layers.filter((L: { attention: boolean }) => L.attention);
+    expect(att).toHaveLength(4);
+    for (const L of att) expect(L.attentionBytes).toBe(attention);
+    expect(r.plan.attentionBytes).toBe(4 * attention);
+    expect(r.plan.totalBytes).toBe(r.plan.attentionBytes + r.plan.neuronBytes);
+    expect(r.plan.totalBytes).toBeLessThanOrEqual(budget * 2 ** 30);
+    expect(r.plan.gap).toBe(0);
+    expect(r.plan.throughput.source).toBe("defaults");
+    // expected tokens/s is 1 / Σ (device bytes / D + CPU bytes / C) over the layers
+    const t = r.plan.layers.reduce(
+      (s: number, L: { readBytes: { device: number; cpu: number } }) =>
+        s + L.readBytes.device / 1008e9 + L.readBytes.cpu / 76.8e9,
+      0,
+    );
+    expect(r.plan.expectedTokensPerSecond).toBeCloseTo(1 / t, 6);
+    // the output layer (F32 256 × 2048 and its norm) read on the CPU slows it down
+    expect(r.expectedTokensPerSecondWithOutput).toBeCloseTo(1 / (t + (256 * 2048 * 4 + 256 * 4) / 76.8e9), 6);
+    // the index records which layers: a second plan reuses it as it is; another context size solves again
+    const again = JSON.parse(plan("--vram-budget", String(budget), "-c", "256", "--json").stdout);
+    expect(again.reused).toBe(true);
+    expect(again.plan.layers.map((L: { attention: boolean }) => L.attention)).toEqual(
+      r.plan.layers.map((L: { attention: boolean }) => L.attention),
+    );
+    expect(again.plan.expectedTokensPerSecond).toBeCloseTo(r.plan.expectedTokensPerSecond, 6);
+    const longer = JSON.parse(plan("--vram-budget", String(budget), "-c", "512", "--json").stdout);
+    expect(longer.reused).toBe(false);
+    expect(longer.notes.join("\n")).toMatch(
+      /another budget, backend, statistics file or attention sizes; solving again/,
+    );
+    expect(longer.plan.layers.find((L: { attention: boolean }) => L.attention).attentionBytes).toBe(
+      attention + 2 * 256 * 128 * 2,
+    );
+  });
+
+  it("--n-gpu-layers forces the last layers' attention, refuses what the budget cannot hold, and measured speeds are named", () => {
+    const forced = plan("--vram-budget", String(2 / 1024), "-c", "256", "--n-gpu-layers", "2", "--reset-gpu-index");
+    expect(forced.code, forced.stderr).toBe(0);
+    expect(forced.stdout).toMatch(/attention of the last 2 layers forced on the device \(--n-gpu-layers\)/);
+    const rows = forced.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l));
+    expect(rows).toHaveLength(6);
+    expect(rows.slice(4).every((l) => /^\s+\d+ \|\s+device \|/.test(l))).toBe(true);
+    expect(forced.stdout).toMatch(/attention \+ KV cache of \d of 6 layers/);
+    expect(forced.stdout).toMatch(
+      /expected [0-9.]+ tokens\/s for the layers \(device 1008.0 GB\/s, CPU 76.8 GB\/s: defaults;/,
+    );
+    expect(forced.stdout).toMatch(
+      /with the output layer on the CPU \(2.00 MiB read per token\): expected [0-9.]+ tokens\/s/,
+    );
+    const tooMany = plan("--vram-budget", String(4 / 1024), "-c", "256", "--n-gpu-layers", "6", "--reset-gpu-index");
+    expect(tooMany.code).not.toBe(0);
+    expect(tooMany.stderr).toMatch(
+      /the attention of the last 6 layers \(nGpuLayers\) needs 5511168 bytes, more than the 4194304-byte budget/,
+    );
+    const beyond = plan("--vram-budget", "1", "--n-gpu-layers", "7");
+    expect(beyond.code).not.toBe(0);
+    expect(beyond.stderr).toMatch(/--n-gpu-layers must be at most 6/);
+    const measured = plan("--vram-budget", String(4 / 1024), "-c", "256", "--device-gbps", "500", "--cpu-gbps", "50");
+    expect(measured.code, measured.stderr).toBe(0);
+    expect(measured.stdout).toMatch(/\(device 500.0 GB\/s, CPU 50.0 GB\/s: measured;/);
+    const half = plan("--vram-budget", String(4 / 1024), "--cpu-gbps", "50");
+    expect(half.code).not.toBe(0);
+    expect(half.stderr).toMatch(/give both --device-gbps and --cpu-gbps/);
+  });
+});
+
 describe.skipIf(!probe.usable)("GPU indexes the user gave, and budgets that fit nothing", () => {
   const dir = mkdtempSync(join(tmpdir(), "powerinfer-gpuidx-"));
   const tiny = join(dir, "tiny-f16.powerinfer.gguf");
@@ -178,6 +263,9 @@ describe.skipIf(!probe.usable)("GPU indexes the user gave, and budgets that fit 
     expect(r.reused).toBe(true);
     expect(r.notes.join("\n")).toMatch(/as it is: a GPU index without powerinfer-ts's provenance keys/);
     expect(r.plan.layers.map((L: { hot: number }) => L.hot)).toEqual([512, 256]);
+    // PowerInfer's index says nothing of attention: placed by the rule, here both layers (1 GiB holds them)
+    expect(r.plan.layers.map((L: { attention: boolean }) => L.attention)).toEqual([true, true]);
+    expect(r.notes.join("\n")).toMatch(/attention of 2 layers placed by the rule/);
     const cpu = cli(...run, "--disable-gpu-index");
     const hybrid = cli(...run, "--gpu-index", foreign, "--device-backend", "cpu", "--vram-budget", "1");
     expect(hybrid.code, hybrid.stderr).toBe(0);

@@ -95,9 +95,9 @@ describe("placement planner", () => {
       for (const L of exact.layers)
         if (input.minNeuronsPerLayer) expect(L.hot.length === 0 || L.hot.length >= 512).toBe(true);
       // greedy's gap is measured against the fractional bound, which no placement exceeds
-      expect(greedy.bound).toBeGreaterThanOrEqual(exact.deviceShare - 1e-12);
+      expect(greedy.bound).toBeGreaterThanOrEqual(exact.deviceReadShare - 1e-12);
       expect(greedy.gap).toBeGreaterThanOrEqual(0);
-      expect(greedy.deviceShare).toBeLessThanOrEqual(exact.deviceShare + 1e-12);
+      expect(greedy.deviceReadShare).toBeLessThanOrEqual(exact.deviceReadShare + 1e-12);
     }
   });
 
@@ -121,10 +121,11 @@ describe("placement planner", () => {
     expect(plan.layers[0]!.deviceShare).toBeCloseTo(140 / 148, 10);
     expect(explainPlan(plan, 8)).toBe(
       [
-        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device; expected share of activations served by the device 84.0 %; proven optimal (dp)",
-        "layer | hot neurons | device bytes | device share | CPU share",
-        "    0 |     4 / 8 |     0.00 MiB |       94.6 % |     5.4 %",
-        "    1 |     2 / 8 |     0.00 MiB |       45.0 % |    55.0 %",
+        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 0 of 2 layers 0.00 MiB); expected share of activations served by the device 84.0 %, of bytes read per token 84.0 %; proven optimal (dp)",
+        "expected 18269143633.9 tokens/s for the layers (device 1008.0 GB/s, CPU 76.8 GB/s: defaults; FFN only: no attention sizes given; output layer not counted)",
+        "layer | attention | hot neurons | device bytes | device share | CPU share",
+        "    0 |       cpu |     4 / 8 |     0.00 MiB |       94.6 % |     5.4 %",
+        "    1 |       cpu |     2 / 8 |     0.00 MiB |       45.0 % |    55.0 %",
       ].join("\n"),
     );
   });
@@ -146,7 +147,15 @@ describe("placement planner", () => {
     );
     const back = gpuIndexToPlan(readGpuIndex(path), input.bytesPerNeuron);
     expect(back.layers.map((L) => Array.from(L.hot))).toEqual(plan.layers.map((L) => Array.from(L.hot)));
-    expect(back.provenance).toEqual({ budgetBytes: input.budgetBytes, backend: "cpu", statsFile: "s.gguf" });
+    // a neurons-only plan: no attention bytes, no attention layer
+    expect(back.provenance).toEqual({
+      budgetBytes: input.budgetBytes,
+      backend: "cpu",
+      statsFile: "s.gguf",
+      attentionBytes: 0,
+      nGpuLayers: 0,
+    });
+    expect(back.attention).toEqual(plan.layers.map(() => false));
   });
 
   it("reads PowerInfer's own GPU index fixture", () => {

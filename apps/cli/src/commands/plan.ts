@@ -1,5 +1,8 @@
-/** `powerinfer plan`: the neuron placement plan for a device memory budget, explained, without running. */
-import { explainPlan } from "@powerinfer/core/placement";
+/**
+ * `powerinfer plan`: the placement plan for a device memory budget (hot neurons and which layers' attention + KV
+ * cache live on the device), explained with its expected tokens/s, without running.
+ */
+import { DEFAULT_THROUGHPUT, explainPlan, expectedTokensPerSecond, type Throughput } from "@powerinfer/core/placement";
 import { resolvePlan } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -13,15 +16,53 @@ export type PlanCliOptions = DeviceCliOptions;
 /** Adds the placement options (the device options, see device.ts). */
 export const planOptions = deviceOptions;
 
+/** Throughput from --device-gbps and --cpu-gbps (both or neither), else the planner's defaults. */
+export function throughputFromCli(o: { deviceGbps?: number; cpuGbps?: number }): Throughput {
+  if (o.deviceGbps === undefined && o.cpuGbps === undefined) return DEFAULT_THROUGHPUT;
+  if (o.deviceGbps === undefined || o.cpuGbps === undefined) {
+    throw new InvalidArgumentError("give both --device-gbps and --cpu-gbps (or neither, for the defaults)");
+  }
+  return { deviceBytesPerSecond: o.deviceGbps * 1e9, cpuBytesPerSecond: o.cpuGbps * 1e9, source: "measured" };
+}
+
+interface PlanCommandOptions extends ModelCliOptions, PlanCliOptions {
+  json?: boolean;
+  nGpuLayers?: number;
+  deviceGbps?: number;
+  cpuGbps?: number;
+}
+
 export function register(program: Command): void {
   planOptions(
-    modelOptions(program.command("plan").description("print the hot/cold neuron placement for a device memory budget")),
+    modelOptions(
+      program
+        .command("plan")
+        .description(
+          "print the placement for a device memory budget: hot neurons and the layers whose attention + KV cache (for -c) live on the device",
+        ),
+    ),
   )
+    .option(
+      "--n-gpu-layers <N>",
+      "force the attention + KV cache of the last N layers onto the device (as llama.cpp's -ngl); the rest is decided by the planner",
+      int("n-gpu-layers", { min: 0 }),
+    )
+    .option(
+      "--device-gbps <GB/s>",
+      `device read throughput for the expected tokens/s (default ${DEFAULT_THROUGHPUT.deviceBytesPerSecond / 1e9}; with --cpu-gbps)`,
+      float("device-gbps", { above: 0 }),
+    )
+    .option(
+      "--cpu-gbps <GB/s>",
+      `CPU read throughput for the expected tokens/s (default ${DEFAULT_THROUGHPUT.cpuBytesPerSecond / 1e9}; with --device-gbps)`,
+      float("cpu-gbps", { above: 0 }),
+    )
     .option("--json", "print the plan as JSON")
     .action(
-      action(async (o: ModelCliOptions & PlanCliOptions & { json?: boolean }) => {
+      action(async (o: PlanCommandOptions) => {
         if (o.solver !== "ilp" && o.solver !== "greedy")
           throw new InvalidArgumentError("--solver must be ilp or greedy");
+        const throughput = throughputFromCli(o);
         const { backend, model } = await loadModelFromCli(o, true);
         const device = await loadBackend(
           o.deviceBackend === "auto" ? "auto" : o.deviceBackend,
@@ -31,6 +72,12 @@ export function register(program: Command): void {
         try {
           const free = device.devices[0]?.freeMemory ?? 0;
           const budget = budgetBytes(o, free);
+          const cfg = model.config;
+          if (o.nGpuLayers !== undefined && o.nGpuLayers > cfg.n_layer) {
+            throw new InvalidArgumentError(`--n-gpu-layers must be at most ${cfg.n_layer} (the model's layers)`);
+          }
+          // the KV cache is sized as a session sizes it
+          const nCtx = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
           const r = await resolvePlan(model, {
             budgetBytes: budget,
             backend: device.name,
@@ -39,11 +86,20 @@ export function register(program: Command): void {
             reset: o.resetGpuIndex,
             solver: o.solver as "ilp",
             bucketSize: o.bucketSize,
+            nCtx,
+            kvType: o.kvType as "f16",
+            nGpuLayers: o.nGpuLayers,
+            throughput,
           });
+          // the output layer stays on the CPU (the planner places the repeating layers only)
+          const outputBytes = model.weights.output.byteLength + model.weights.outputNorm.byteLength;
+          const withOutput = expectedTokensPerSecond(r.plan, throughput, { cpuBytesPerToken: outputBytes });
           if (o.json) {
             process.stdout.write(
               `${JSON.stringify({
                 ...r,
+                nCtx,
+                expectedTokensPerSecondWithOutput: withOutput,
                 plan: { ...r.plan, layers: r.plan.layers.map((L) => ({ ...L, hot: L.hot.length })) },
               })}\n`,
             );
@@ -54,7 +110,11 @@ export function register(program: Command): void {
                 `note: no GPU backend is usable; planning for "${device.name}" standing in for the device\n`,
               );
             }
-            process.stdout.write(`device backend: ${device.name}\n${explainPlan(r.plan, model.config.n_ff)}\n`);
+            process.stdout.write(
+              `device backend: ${device.name}; n_ctx ${nCtx} (${o.kvType} KV cache)${o.nGpuLayers ? `; attention of the last ${o.nGpuLayers} layers forced on the device (--n-gpu-layers)` : ""}\n` +
+                `${explainPlan(r.plan, cfg.n_ff)}\n` +
+                `with the output layer on the CPU (${(outputBytes / 2 ** 20).toFixed(2)} MiB read per token): expected ${Number.isNaN(withOutput) ? "?" : withOutput.toFixed(1)} tokens/s\n`,
+            );
           }
         } finally {
           model.dispose();

@@ -1,7 +1,8 @@
 /**
  * Finding or making the placement plan of a model: reuse `<model>.generated.gpuidx` when it was solved
- * for the same budget, backend and statistics; otherwise solve it from `<model>.activations.gguf` and
- * write it (PowerInfer's GPU index format, readable by PowerInfer).
+ * for the same budget, backend, statistics and attention sizes; otherwise solve it from
+ * `<model>.activations.gguf` and write it (PowerInfer's GPU index format, readable by PowerInfer; the layers
+ * whose attention the plan offloads are an extra key PowerInfer ignores).
  */
 import { existsSync } from "node:fs";
 import {
@@ -12,17 +13,64 @@ import {
   readGpuIndex,
   writeGpuIndex,
 } from "@powerinfer/gguf";
+import type { TensorHandle } from "@powerinfer/core";
 import type { Model } from "./engine.js";
 import { EngineError } from "../errors.js";
 import { hotNeuronBytes } from "./offload.js";
 import { checkStatsForModel } from "./profile.js";
-import { gpuIndexToPlan, type PlacementPlan, planPlacement, planToGpuIndex } from "@powerinfer/core/placement";
+import {
+  attentionByRule,
+  DEFAULT_THROUGHPUT,
+  evaluatePlacement,
+  gpuIndexToPlan,
+  type PlacementPlan,
+  type PlannerInput,
+  planPlacement,
+  planToGpuIndex,
+  type Throughput,
+} from "@powerinfer/core/placement";
 
 export const defaultStatsPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.activations.gguf`;
 export const defaultGpuIndexPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.generated.gpuidx`;
 
+/** The layer's attention tensors, in the order `attentionBytes` sums them. */
+const ATTENTION_FIELDS = [
+  "attnNorm",
+  "attnNormB",
+  "attnNorm2",
+  "attnNorm2B",
+  "wq",
+  "wk",
+  "wv",
+  "wqkv",
+  "attnQNorm",
+  "attnKNorm",
+  "bq",
+  "bk",
+  "bv",
+  "wo",
+  "bo",
+] as const;
+
+/**
+ * Device bytes of layer l's attention: the bytes of its attention tensors as mapped (attn_norm and its bias,
+ * attn_norm_2, wq/wk/wv or wqkv, q/k norms, biases, wo and its bias) plus its KV cache for `nCtx` positions,
+ * 2 · nCtx · head_dim · n_head_kv · (2 for f16, 4 for f32) bytes (as `KvCache` allocates it).
+ * @throws EngineError 'BAD_INPUT' for a layer out of range or nCtx not an integer ≥ 1.
+ */
+export function attentionBytes(model: Model, l: number, nCtx: number, kvType: "f16" | "f32" = "f16"): number {
+  const cfg = model.config;
+  const L = model.weights.layers[l];
+  if (!Number.isInteger(l) || !L) throw new EngineError("BAD_INPUT", `no layer ${l} (the model has ${cfg.n_layer})`);
+  if (!Number.isInteger(nCtx) || nCtx < 1)
+    throw new EngineError("BAD_INPUT", `nCtx must be an integer ≥ 1, got ${nCtx}`);
+  let bytes = 0;
+  for (const f of ATTENTION_FIELDS) bytes += (L[f] as TensorHandle | undefined)?.byteLength ?? 0;
+  return bytes + 2 * nCtx * cfg.head_dim * cfg.n_head_kv * (kvType === "f32" ? 4 : 2);
+}
+
 export interface ResolvePlanOptions {
-  /** Device bytes for hot neurons. */
+  /** Device bytes for the plan: hot neurons and, when attention is planned (nCtx or attentionBytes), attention + KV. */
   budgetBytes: number;
   /** Name of the device backend the plan is for (recorded in the GPU index). */
   backend: string;
@@ -37,6 +85,19 @@ export interface ResolvePlanOptions {
   bucketSize?: number;
   /** Don't write the GPU index (e.g. a read-only model folder). */
   noWrite?: boolean;
+  /**
+   * Per layer, device bytes of attention + KV cache (see {@link attentionBytes}). With it (or `nCtx`) the plan
+   * also decides `layers[l].attention`; with neither, attention stays on the CPU (a neurons-only plan).
+   */
+  attentionBytes?: readonly number[];
+  /** Context size the KV cache is sized for; gives `attentionBytes` from the model when that is not given. */
+  nCtx?: number;
+  /** KV cache type for `attentionBytes` from `nCtx` (default f16). */
+  kvType?: "f16" | "f32";
+  /** Force attention of the last N layers on the device (llama.cpp -ngl); needs attention planned. */
+  nGpuLayers?: number;
+  /** Per-backend speed for the plan's expected tokens/s (default: the planner's documented defaults). */
+  throughput?: Throughput;
 }
 
 export interface ResolvedPlan {
@@ -58,64 +119,82 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   const gpuIndexPath = o.gpuIndexPath ?? defaultGpuIndexPath(path);
   const statsPath = o.statsPath ?? defaultStatsPath(path);
   const bytesPerNeuron = Array.from({ length: cfg.n_layer }, (_, l) => hotNeuronBytes(model, l));
+  const attBytes =
+    o.attentionBytes ??
+    (o.nCtx !== undefined
+      ? Array.from({ length: cfg.n_layer }, (_, l) => attentionBytes(model, l, o.nCtx!, o.kvType))
+      : undefined);
+  if (attBytes && attBytes.length !== cfg.n_layer) {
+    throw new EngineError("BAD_INPUT", `attentionBytes has ${attBytes.length} layers, the model ${cfg.n_layer}`);
+  }
+  const attTotal = attBytes?.reduce((s, b) => s + b, 0) ?? 0;
+  const nGpuLayers = o.nGpuLayers ?? 0;
+  if (nGpuLayers > 0 && !attBytes) {
+    throw new EngineError("BAD_INPUT", "nGpuLayers needs attention planned: give nCtx or attentionBytes");
+  }
+  if (!Number.isInteger(nGpuLayers) || nGpuLayers < 0 || nGpuLayers > cfg.n_layer) {
+    throw new EngineError("BAD_INPUT", `nGpuLayers must be an integer from 0 to ${cfg.n_layer}, got ${nGpuLayers}`);
+  }
+  const baseInput = {
+    bytesPerNeuron,
+    budgetBytes: o.budgetBytes,
+    bucketSize: o.bucketSize,
+    attentionBytes: attBytes,
+    nGpuLayers,
+    throughput: o.throughput,
+  };
   const notes: string[] = [];
   if (!o.reset && existsSync(gpuIndexPath)) {
     const idx = readGpuIndex(gpuIndexPath);
-    const { layers, provenance } = gpuIndexToPlan(idx, bytesPerNeuron);
+    const { layers, provenance, attention: recorded } = gpuIndexToPlan(idx, bytesPerNeuron);
     const shapeOk =
       layers.length === cfg.n_layer &&
       idx.layers.every((L) => L.gpuIdx.length === cfg.n_ff) &&
       layers.every((L) => L.hot.every((n) => n >= 0 && n < cfg.n_ff));
-    const totalBytes = layers.reduce((s, L) => s + L.bytes, 0);
+    const neuronBytes = layers.reduce((s, L) => s + L.bytes, 0);
     const ours =
       provenance &&
       provenance.budgetBytes === o.budgetBytes &&
       provenance.backend === o.backend &&
-      provenance.statsFile === statsPath;
-    // an index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits
-    const foreign = !provenance && totalBytes <= o.budgetBytes;
-    if (shapeOk && (ours || foreign)) {
+      provenance.statsFile === statsPath &&
+      (provenance.attentionBytes ?? 0) === attTotal &&
+      (provenance.nGpuLayers ?? 0) === nGpuLayers;
+    // An index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits: its
+    // neurons as given, attention decided by the rule (the last layers that fit beside them, forced ones first).
+    const foreignAttention =
+      !provenance && neuronBytes <= o.budgetBytes
+        ? attBytes
+          ? attentionByRule(attBytes, neuronBytes, o.budgetBytes, nGpuLayers)
+          : layers.map(() => false)
+        : undefined;
+    const attention = ours ? (recorded ?? layers.map(() => false)) : foreignAttention;
+    if (shapeOk && attention) {
       const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+      const nAtt = attention.filter(Boolean).length;
       notes.push(
         ours
-          ? `reusing ${gpuIndexPath} (solved for this budget, backend and statistics)`
-          : `using ${gpuIndexPath} as it is: a GPU index without powerinfer-ts's provenance keys (written by PowerInfer?), ${layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons, ${mib(totalBytes)} within the ${mib(o.budgetBytes)} budget`,
+          ? `reusing ${gpuIndexPath} (solved for this budget, backend, statistics and attention sizes)`
+          : `using ${gpuIndexPath} as it is: a GPU index without powerinfer-ts's provenance keys (written by PowerInfer?), ${layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons, ${mib(neuronBytes)} within the ${mib(o.budgetBytes)} budget` +
+              (attBytes ? `; attention of ${nAtt} layers placed by the rule (the last layers that fit)` : ""),
       );
       // the expected shares come from the statistics the plan was solved with, when they are still there
-      const counts = existsSync(statsPath) ? readActivationStats(statsPath).counts : undefined;
-      let served = 0;
-      let all = 0;
-      const withShare = layers.map((L, l) => {
-        const c = counts?.[l];
-        if (!c) return { ...L, deviceShare: Number.NaN };
-        const total = c.reduce((a, b) => a + b, 0);
-        const hot = L.hot.reduce((a, n) => a + c[n]!, 0);
-        served += hot;
-        all += total;
-        return { ...L, deviceShare: total ? hot / total : 0 };
-      });
-      return {
-        plan: {
-          layers: withShare,
-          totalBytes,
-          budgetBytes: o.budgetBytes,
-          deviceShare: counts && all ? served / all : Number.NaN,
-          solver: String(idx.extra?.find((e) => e.key === "powerinfer.plan.solver")?.value ?? "ilp") as "ilp",
-          method: "index",
-          bound: Number.NaN,
-          gap: Number.NaN,
-        },
-        reused: true,
-        gpuIndexPath,
-        notes,
-      };
+      const stats = existsSync(statsPath) ? readActivationStats(statsPath) : undefined;
+      const statsFit = stats && stats.counts.length === cfg.n_layer && stats.counts.every((c) => c.length === cfg.n_ff);
+      const hot = layers.map((L) => L.hot);
+      const plan = statsFit
+        ? evaluatePlacement({ ...baseInput, counts: stats.counts, tokenCount: stats.tokenCount }, hot, attention)
+        : unknownPlan(layers, attention, attBytes, o.budgetBytes, o.throughput);
+      plan.solver = String(idx.extra?.find((e) => e.key === "powerinfer.plan.solver")?.value ?? "ilp") as "ilp";
+      return { plan, reused: true, gpuIndexPath, notes };
     }
     notes.push(
       !shapeOk
         ? `${gpuIndexPath} does not fit this model (${layers.length} layers of ${idx.layers[0]?.gpuIdx.length ?? 0} neurons; the model has ${cfg.n_layer} of ${cfg.n_ff}); solving again`
         : provenance
-          ? `${gpuIndexPath} was solved for another budget, backend or statistics file; solving again`
-          : `${gpuIndexPath} (written by PowerInfer?) holds ${(totalBytes / 2 ** 20).toFixed(2)} MiB of hot neurons, more than the ${(o.budgetBytes / 2 ** 20).toFixed(2)} MiB budget; solving again`,
+          ? `${gpuIndexPath} was solved for another budget, backend, statistics file or attention sizes; solving again`
+          : neuronBytes > o.budgetBytes
+            ? `${gpuIndexPath} (written by PowerInfer?) holds ${(neuronBytes / 2 ** 20).toFixed(2)} MiB of hot neurons, more than the ${(o.budgetBytes / 2 ** 20).toFixed(2)} MiB budget; solving again`
+            : `${gpuIndexPath} (written by PowerInfer?) leaves no room for the attention of the last ${nGpuLayers} layers (nGpuLayers); solving again`,
     );
   }
   if (!existsSync(statsPath)) {
@@ -126,16 +205,14 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   }
   const stats: ActivationStats = readActivationStats(statsPath);
   checkStatsForModel(stats, cfg, modelFingerprint(model.file));
-  const plan = await planPlacement(
-    {
-      counts: stats.counts,
-      tokenCount: stats.tokenCount,
-      bytesPerNeuron,
-      budgetBytes: o.budgetBytes,
-      bucketSize: o.bucketSize,
-    },
-    { solver: o.solver },
-  );
+  const input: PlannerInput = { ...baseInput, counts: stats.counts, tokenCount: stats.tokenCount };
+  let plan: PlacementPlan;
+  try {
+    plan = await planPlacement(input, { solver: o.solver });
+  } catch (e) {
+    if ((e as { code?: string }).code === "BAD_PLANNER_INPUT") throw new EngineError("BAD_INPUT", (e as Error).message);
+    throw e;
+  }
   // A GPU index the user named is theirs: replaced only on --reset-gpu-index; a new plan goes to the
   // default path beside the model instead (when that is another file), or stays in memory.
   let writePath: string | undefined = gpuIndexPath;
@@ -151,6 +228,8 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       budgetBytes: o.budgetBytes,
       backend: o.backend,
       statsFile: statsPath,
+      attentionBytes: attTotal,
+      nGpuLayers,
     });
     try {
       writeGpuIndex(writePath, idx);
@@ -164,4 +243,39 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     }
   }
   return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes };
+}
+
+/** A plan read from a GPU index without usable statistics: bytes known, shares and tokens/s unknown (NaN). */
+function unknownPlan(
+  layers: { hot: Int32Array; bytes: number }[],
+  attention: readonly boolean[],
+  attBytes: readonly number[] | undefined,
+  budgetBytes: number,
+  throughput: Throughput | undefined,
+): PlacementPlan {
+  const out = layers.map((L, l) => ({
+    ...L,
+    attention: attention[l] === true,
+    attentionBytes: attention[l] ? (attBytes?.[l] ?? 0) : 0,
+    deviceShare: Number.NaN,
+    readBytes: { device: Number.NaN, cpu: Number.NaN },
+  }));
+  const neuronBytes = out.reduce((s, L) => s + L.bytes, 0);
+  const attentionBytes = out.reduce((s, L) => s + L.attentionBytes, 0);
+  return {
+    layers: out,
+    totalBytes: neuronBytes + attentionBytes,
+    neuronBytes,
+    attentionBytes,
+    budgetBytes,
+    deviceShare: Number.NaN,
+    deviceReadShare: Number.NaN,
+    attentionPlanned: attBytes !== undefined,
+    solver: "ilp",
+    method: "index",
+    bound: Number.NaN,
+    gap: Number.NaN,
+    throughput: throughput ?? DEFAULT_THROUGHPUT,
+    expectedTokensPerSecond: Number.NaN,
+  };
 }
