@@ -17,8 +17,9 @@ describe.skipIf(!probe.usable)("attention bytes of a layer", () => {
     copyFileSync(join(models, "relu", "tinystories-relu-llama-7m.f32.gguf"), file);
     const model = await Model.load(file, { backend });
     try {
-      // F32 wq, wo 256 × 256, wk, wv 256 × 128, attn_norm 256: 787 456 bytes; KV 2 · n_ctx · 128 · sizeof
-      const weights = 2 * 256 * 256 * 4 + 2 * 256 * 128 * 4 + 256 * 4;
+      // F32 wq, wo 256 × 256, wk, wv 256 × 128, attn_norm and ffn_norm 256 (the norms move with the
+      // attention): 788 480 bytes; KV 2 · n_ctx · 128 · sizeof
+      const weights = 2 * 256 * 256 * 4 + 2 * 256 * 128 * 4 + 2 * 256 * 4;
       for (let l = 0; l < 6; l++) expect(attentionBytes(model, l, 256)).toBe(weights + 2 * 256 * 128 * 2);
       expect(attentionBytes(model, 0, 1000, "f32")).toBe(weights + 2 * 1000 * 128 * 4);
       expect(() => attentionBytes(model, 6, 256)).toThrow(/no layer 6 \(the model has 6\)/);

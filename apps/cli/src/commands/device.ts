@@ -81,6 +81,8 @@ export interface LoadedWithDevice {
 export async function loadModelWithDevice(
   o: ModelCliOptions & DeviceCliOptions,
   quiet = false,
+  /** KV cache positions the command will hold over all its sessions (default: one session of -c). */
+  kvPositions?: (nCtxDefault: number) => number,
 ): Promise<LoadedWithDevice> {
   const note = (s: string) => {
     if (!quiet) process.stderr.write(`${s}\n`);
@@ -138,7 +140,10 @@ export async function loadModelWithDevice(
     const havePlanInput = existsSync(statsPath) || existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model));
     const budget = budgetBytes(o, device.devices[0]?.freeMemory ?? 0);
     let hot: Int32Array[] = Array.from({ length: cfg.n_layer }, () => new Int32Array(0));
+    let attention: boolean[] | undefined;
     if (havePlanInput && sparse) {
+      // the planner weighs each layer's attention and KV cache against hot neurons in the same budget
+      const nCtxDefault = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
       const r = await resolvePlan(model, {
         budgetBytes: budget,
         backend: device.name,
@@ -147,10 +152,14 @@ export async function loadModelWithDevice(
         reset: o.resetGpuIndex,
         solver: o.solver as "ilp",
         bucketSize: o.bucketSize,
+        nCtx: kvPositions?.(nCtxDefault) ?? nCtxDefault,
+        kvType: o.kvType as "f16",
+        nGpuLayers: ngl,
       });
       for (const n of r.notes) note(n);
       out.plan = r.plan;
       hot = r.plan.layers.map((L) => L.hot);
+      attention = r.plan.layers.map((L) => !!L.attention);
     } else if (ngl === 0) {
       drop(
         sparse
@@ -159,10 +168,11 @@ export async function loadModelWithDevice(
       );
       return out;
     }
-    // --n-gpu-layers: the last N layers' attention (dense FFN models: the whole layers) on the device
+    // the planner's attention layers, or (no statistics) --n-gpu-layers: the last N layers' attention — and,
+    // for a dense FFN, the whole layers — on the device
     const plan: DevicePlan = {
       layers: hot.map((h, l) => {
-        const offloaded = l >= cfg.n_layer - ngl;
+        const offloaded = attention ? attention[l]! : l >= cfg.n_layer - ngl;
         return {
           hot: offloaded && !sparse ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
           attention: offloaded,

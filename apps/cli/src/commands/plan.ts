@@ -7,7 +7,7 @@ import { resolvePlan } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { float, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
 import { budgetBytes, type DeviceCliOptions, deviceOptions } from "./device.js";
 
 /** The options of `plan` beside the model's: the device options every decoding command has. */
@@ -42,11 +42,6 @@ export function register(program: Command): void {
         ),
     ),
   )
-    .option(
-      "--n-gpu-layers <N>",
-      "force the attention + KV cache of the last N layers onto the device (as llama.cpp's -ngl); the rest is decided by the planner",
-      int("n-gpu-layers", { min: 0 }),
-    )
     .option(
       "--device-gbps <GB/s>",
       `device read throughput for the expected tokens/s (default ${DEFAULT_THROUGHPUT.deviceBytesPerSecond / 1e9}; with --cpu-gbps)`,

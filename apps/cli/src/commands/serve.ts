@@ -178,6 +178,8 @@ export function register(program: Command): void {
         const loaded = loadModelWithDevice(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
           true,
+          // the KV cache over all slots: -c, else slots × the model's context (at most 4096 each)
+          (n) => o.ctxSize ?? n * o.parallel,
         );
         const server = createServer({
           model: loaded.then((l) => l.model),

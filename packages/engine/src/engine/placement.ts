@@ -13,10 +13,9 @@ import {
   readGpuIndex,
   writeGpuIndex,
 } from "@powerinfer/gguf";
-import type { TensorHandle } from "@powerinfer/core";
 import type { Model } from "./engine.js";
 import { EngineError } from "../errors.js";
-import { hotNeuronBytes } from "./offload.js";
+import { attentionWeightBytes, hotNeuronBytes } from "./offload.js";
 import { checkStatsForModel } from "./profile.js";
 import {
   attentionByRule,
@@ -33,28 +32,10 @@ import {
 export const defaultStatsPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.activations.gguf`;
 export const defaultGpuIndexPath = (modelPath: string) => `${modelPath.replace(/\.gguf$/i, "")}.generated.gpuidx`;
 
-/** The layer's attention tensors, in the order `attentionBytes` sums them. */
-const ATTENTION_FIELDS = [
-  "attnNorm",
-  "attnNormB",
-  "attnNorm2",
-  "attnNorm2B",
-  "wq",
-  "wk",
-  "wv",
-  "wqkv",
-  "attnQNorm",
-  "attnKNorm",
-  "bq",
-  "bk",
-  "bv",
-  "wo",
-  "bo",
-] as const;
-
 /**
- * Device bytes of layer l's attention: the bytes of its attention tensors as mapped (attn_norm and its bias,
- * attn_norm_2, wq/wk/wv or wqkv, q/k norms, biases, wo and its bias) plus its KV cache for `nCtx` positions,
+ * Device bytes of layer l's attention: what `Model.offload` copies to the device when the layer's attention
+ * runs there ({@link attentionWeightBytes}: attention weights and biases, norms, the predictor and the down
+ * bias) plus its KV cache for `nCtx` positions,
  * 2 · nCtx · head_dim · n_head_kv · (2 for f16, 4 for f32) bytes (as `KvCache` allocates it).
  * @throws EngineError 'BAD_INPUT' for a layer out of range or nCtx not an integer ≥ 1.
  */
@@ -64,9 +45,7 @@ export function attentionBytes(model: Model, l: number, nCtx: number, kvType: "f
   if (!Number.isInteger(l) || !L) throw new EngineError("BAD_INPUT", `no layer ${l} (the model has ${cfg.n_layer})`);
   if (!Number.isInteger(nCtx) || nCtx < 1)
     throw new EngineError("BAD_INPUT", `nCtx must be an integer ≥ 1, got ${nCtx}`);
-  let bytes = 0;
-  for (const f of ATTENTION_FIELDS) bytes += (L[f] as TensorHandle | undefined)?.byteLength ?? 0;
-  return bytes + 2 * nCtx * cfg.head_dim * cfg.n_head_kv * (kvType === "f32" ? 4 : 2);
+  return attentionWeightBytes(model, l) + 2 * nCtx * cfg.head_dim * cfg.n_head_kv * (kvType === "f32" ? 4 : 2);
 }
 
 export interface ResolvePlanOptions {
