@@ -199,6 +199,43 @@ void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_
   }
 }
 
+/// NR × NC outputs in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS<8, __m256>: `gemm_bloc`):
+/// each output one accumulator, acc = fma(w[i..i+8), x[i..i+8), acc) for i = 0, 8, …, then hsum_ps (the
+/// same reduction as tinyBLAS's hsum). k must be a multiple of 8.
+template <int KIND, int NR, int NC>
+void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
+  const float* x[NC];
+  for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+  __m256 a[NR][NC];
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i + 8 <= k; i += 8) {
+    __m256 wr[NR];
+    for (int r = 0; r < NR; r++) wr[r] = wload<KIND>(w[r], i);
+    for (int c = 0; c < NC; c++) {
+      const __m256 xc = _mm256_loadu_ps(x[c] + i);
+      for (int r = 0; r < NR; r++) a[r][c] = _mm256_fmadd_ps(wr[r], xc, a[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) out[r * NC + c] = hsum_ps(a[r][c]);
+  }
+}
+
+template <int KIND>
+void gemm_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  if (nr == 2 && nc == 2) {
+    gemm_tile_float<KIND, 2, 2>(k, w, x, out);
+  } else if (nr == 2) {
+    gemm_tile_float<KIND, 2, 1>(k, w, x, out);
+  } else if (nc == 2) {
+    gemm_tile_float<KIND, 1, 2>(k, w, x, out);
+  } else {
+    gemm_tile_float<KIND, 1, 1>(k, w, x, out);
+  }
+}
+
 template <int KIND>
 float dot_f(int64_t k, const void* w, const void* x) {
   const uint8_t* wp = static_cast<const uint8_t*>(w);
@@ -289,6 +326,25 @@ float dot_q8_0(int64_t k, const void* w, const void* x) {
 }
 
 /// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
+/// Q8_0 weights in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS_Q0_AVX): per output one
+/// accumulator, acc = fma(d_w · d_x, float(Σ of the block's byte products, 8 int32 lanes), acc) block by
+/// block, then hsum_ps.
+void gemm_tile_q8_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  const int64_t nb = k / QK;
+  for (int r = 0; r < nr; r++) {
+    const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
+    for (int c = 0; c < nc; c++) {
+      const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x[c]);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < nb; i++) {
+        const __m256i p = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+      }
+      out[r * nc + c] = hsum_ps(acc);
+    }
+  }
+}
+
 template <int DT>
 void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   if (nc == 1 && nr == 4) return dot_rows_q<DT, 4>(k, w, x[0], out);
@@ -793,11 +849,15 @@ KernelTable make_table() {
   t.dot_tile[DT_F32] = dot_tile_f<0>;
   t.dot_tile[DT_F16] = dot_tile_f<1>;
   t.dot_tile[DT_BF16] = dot_tile_f<2>;
+  t.gemm_tile[DT_F32] = gemm_tile_f<0>;
+  t.gemm_tile[DT_F16] = gemm_tile_f<1>;
+  t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
   t.dot_tile[DT_Q4_0] = dot_tile_q<DT_Q4_0>;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
   t.dot_tile[DT_Q8_0] = dot_tile_q<DT_Q8_0>;
+  t.gemm_tile[DT_Q8_0] = gemm_tile_q8_0;
   t.dot_tile[DT_Q4_K] = dot_tile_loop<DT_Q4_K>;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
   t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;

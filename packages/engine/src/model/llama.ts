@@ -354,6 +354,9 @@ export function buildLlamaBatchGraph(
     if (opts.capture) throw new EngineError("BAD_INPUT", "capture works on one sequence only");
   }
   const g = new Graph();
+  // llama.cpp computes the matrix products of a sequence's ≥ 2 tokens with its GEMM arithmetic
+  if (seqs.some((s) => s.tokens.length > 1))
+    g.gemmColumns(Int32Array.from(seqs.flatMap((s) => Array.from(s.tokens, () => (s.tokens.length > 1 ? 1 : 0)))));
   const sparseNodes: SparseNodes = { layers: [] };
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")
