@@ -163,6 +163,23 @@ const nel = (ne: readonly number[]) => ne.reduce((a, b) => a * b, 1);
 export class Graph {
   readonly tensors: GraphTensor[] = [];
   readonly nodes: GraphNode[] = [];
+  /**
+   * Optional labels of tensors (llama.cpp's node names: `Qcur-0`, `ffn_out-3`, …), for debugging dumps
+   * ({@link Graph.name}). Never part of the wire form: backends do not see them.
+   */
+  readonly names = new Map<TensorId, string>();
+
+  /**
+   * Labels tensor `t` (e.g. `attn_norm-2`) and returns `t`, so a builder can name a node where it makes it.
+   * A tensor has one label; naming it again replaces the label.
+   * @throws RangeError when `t` is not a tensor of this graph or the label is empty.
+   */
+  name(t: TensorId, label: string): TensorId {
+    if (!Number.isInteger(t) || t < 0 || t >= this.tensors.length) throw new RangeError(`name: no tensor ${t}`);
+    if (label === "") throw new RangeError("name: empty label");
+    this.names.set(t, label);
+    return t;
+  }
 
   /** A host array copied in at compute time (F32 or I32). */
   input(dtype: "f32" | "i32", ne: readonly number[], data: Float32Array | Int32Array): TensorId {
