@@ -189,8 +189,8 @@ function printShape(g: Graph, n: GraphNode): [number, number, number, number] {
  * and returns the nodes in graph order with llama.cpp's names ({@link labelLlamaGraph}). Uses a KV cache of
  * its own: the model's sessions are not touched.
  * @param tokens token ids (BOS included when the model wants one), at least one
- * @throws EngineError 'BAD_INPUT' (no tokens, an id outside the vocabulary, nCtx smaller than the prompt),
- *   'DISPOSED'; BackendError from the backend.
+ * @throws EngineError 'BAD_INPUT' (no tokens, an id outside the vocabulary, nCtx smaller than the prompt);
+ *   BackendError from the backend (e.g. 'OUT_OF_MEMORY' for the KV cache).
  */
 export function evalCallback(model: Model, tokens: readonly number[], opts: EvalCallbackOptions = {}): TraceNode[] {
   const cfg = model.config;
