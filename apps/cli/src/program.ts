@@ -5,6 +5,7 @@ import { register as batched } from "./commands/batched.js";
 import { register as bench } from "./commands/bench.js";
 import { register as chat } from "./commands/chat.js";
 import { register as convert } from "./commands/convert.js";
+import { register as evalCallback } from "./commands/eval-callback.js";
 import { register as genModel } from "./commands/gen-model.js";
 import { register as ggufSplit } from "./commands/gguf-split.js";
 import { register as inspect } from "./commands/inspect.js";
@@ -55,6 +56,10 @@ export const EXAMPLES: Record<string, string[]> = {
     "gen-model --preset 7b --layers 1 --format pwri -o slice.pwri.gguf",
   ],
   bench: ["bench -m model.gguf -p 512 -n 128 -t 1,2 -r 3"],
+  "eval-callback": [
+    'eval-callback -m model.gguf -p "Once upon a time" --out ours.txt',
+    'eval-callback -m model.gguf -p "Once upon a time" --compare llama-eval-callback.txt',
+  ],
   backends: ["backends", "backends --json"],
 };
 
@@ -81,6 +86,7 @@ export function createProgram(): Command {
     ggufSplit,
     genModel,
     bench,
+    evalCallback,
     backends,
   ])
     reg(program);

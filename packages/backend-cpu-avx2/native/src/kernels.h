@@ -72,6 +72,11 @@ struct KernelTable {
   const char* name;
   DotFn dot[DT_TABLE];          // indexed by weight dtype code
   DotTileFn dot_tile[DT_TABLE]; // indexed by weight dtype code
+  /// llama.cpp's prompt-processing GEMM arithmetic (llamafile's tinyBLAS on AVX2, used by ggml for a
+  /// matrix product of ≥ 2 columns when k % 8 == 0 and the row count % 4 == 0): per output one 8-lane
+  /// FMA accumulator over k in steps of 8, then one horizontal sum. F32/F16/BF16 weights only (null
+  /// elsewhere); k must be a multiple of 8. Same signature as dot_tile.
+  DotTileFn gemm_tile[DT_TABLE];
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
   AxpyRowsFn axpy_rows[DT_TABLE];

@@ -107,77 +107,45 @@ inline float ggml_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 /// AVX2: four accumulators over 32-element steps, {@link ggml_reduce4}, then the tail — F32: each product
 /// rounded, then added to the float sum (no FMA: checked bit for bit against llama.cpp's ffn_down with
 /// n_ff = 172); F16: products added in double); its decode steps
-/// then give the same floats as llama.cpp's. BF16: two accumulators over 16-element chunks, one more
-/// 8-chunk into the first, hsum, then the scalar tail.
+/// then give the same floats as llama.cpp's. BF16 as `ggml_vec_dot_bf16`: the same four accumulators
+/// (its products are exact, so its mul + add equals the FMA), summed (c1 + c3) + (c2 + c4), hsum_ps, then
+/// the tail's products added in double (checked against llama.cpp's BF16 ffn_out, n_ff = 172).
 template <int KIND, int NR, int NC>
 void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
   const float* x[NC];
   for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
-  if (KIND == 0 || KIND == 1) {
-    __m256 a[NR][NC][4];
-    for (int r = 0; r < NR; r++) {
-      for (int c = 0; c < NC; c++) {
-        for (int j = 0; j < 4; j++) a[r][c][j] = _mm256_setzero_ps();
-      }
-    }
-    int64_t i = 0;
-    for (; i + 32 <= k; i += 32) {
-      for (int j = 0; j < 4; j++) {
-        __m256 wj[NR];
-        for (int r = 0; r < NR; r++) wj[r] = wload<KIND>(w[r], i + 8 * j);
-        for (int c = 0; c < NC; c++) {
-          const __m256 xj = _mm256_loadu_ps(x[c] + i + 8 * j);
-          for (int r = 0; r < NR; r++) a[r][c][j] = _mm256_fmadd_ps(wj[r], xj, a[r][c][j]);
-        }
-      }
-    }
-    for (int r = 0; r < NR; r++) {
-      for (int c = 0; c < NC; c++) {
-        const float red = ggml_reduce4(a[r][c][0], a[r][c][1], a[r][c][2], a[r][c][3]);
-        if (KIND == 0) {
-          float s = red;
-          for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
-          out[r * NC + c] = s;
-        } else {
-          double s = red;
-          for (int64_t j = i; j < k; j++) s += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
-          out[r * NC + c] = static_cast<float>(s);
-        }
-      }
-    }
-    return;
-  }
-  __m256 s0[NR][NC], s1[NR][NC];
+  __m256 a[NR][NC][4];
   for (int r = 0; r < NR; r++) {
-    for (int c = 0; c < NC; c++) s0[r][c] = s1[r][c] = _mm256_setzero_ps();
+    for (int c = 0; c < NC; c++) {
+      for (int j = 0; j < 4; j++) a[r][c][j] = _mm256_setzero_ps();
+    }
   }
   int64_t i = 0;
-  for (; i + 16 <= k; i += 16) {
-    __m256 wa[NR], wb[NR];
-    for (int r = 0; r < NR; r++) {
-      wa[r] = wload<KIND>(w[r], i);
-      wb[r] = wload<KIND>(w[r], i + 8);
-    }
-    for (int c = 0; c < NC; c++) {
-      const __m256 xa = _mm256_loadu_ps(x[c] + i), xb = _mm256_loadu_ps(x[c] + i + 8);
-      for (int r = 0; r < NR; r++) {
-        s0[r][c] = _mm256_fmadd_ps(wa[r], xa, s0[r][c]);
-        s1[r][c] = _mm256_fmadd_ps(wb[r], xb, s1[r][c]);
+  for (; i + 32 <= k; i += 32) {
+    for (int j = 0; j < 4; j++) {
+      __m256 wj[NR];
+      for (int r = 0; r < NR; r++) wj[r] = wload<KIND>(w[r], i + 8 * j);
+      for (int c = 0; c < NC; c++) {
+        const __m256 xj = _mm256_loadu_ps(x[c] + i + 8 * j);
+        for (int r = 0; r < NR; r++) a[r][c][j] = _mm256_fmadd_ps(wj[r], xj, a[r][c][j]);
       }
     }
   }
-  if (i + 8 <= k) {
-    for (int r = 0; r < NR; r++) {
-      const __m256 wa = wload<KIND>(w[r], i);
-      for (int c = 0; c < NC; c++) s0[r][c] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(x[c] + i), s0[r][c]);
-    }
-    i += 8;
-  }
   for (int r = 0; r < NR; r++) {
     for (int c = 0; c < NC; c++) {
-      float s = hsum_ps(_mm256_add_ps(s0[r][c], s1[r][c]));
-      for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
-      out[r * NC + c] = s;
+      // BF16: ggml_vec_dot_bf16 sums its four accumulators as (c1 + c3) + (c2 + c4), then hsum_ps
+      const float red =
+          KIND == 2 ? hsum_ps(_mm256_add_ps(_mm256_add_ps(a[r][c][0], a[r][c][2]), _mm256_add_ps(a[r][c][1], a[r][c][3])))
+                    : ggml_reduce4(a[r][c][0], a[r][c][1], a[r][c][2], a[r][c][3]);
+      if (KIND == 0) {
+        float s = red;
+        for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
+        out[r * NC + c] = s;
+      } else {
+        double s = red;
+        for (int64_t j = i; j < k; j++) s += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
+        out[r * NC + c] = static_cast<float>(s);
+      }
     }
   }
 }
@@ -196,6 +164,43 @@ void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_
     dot_tile_float<KIND, 1, 2>(k, w, x, out);
   } else {
     dot_tile_float<KIND, 1, 1>(k, w, x, out);
+  }
+}
+
+/// NR × NC outputs in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS<8, __m256>: `gemm_bloc`):
+/// each output one accumulator, acc = fma(w[i..i+8), x[i..i+8), acc) for i = 0, 8, …, then hsum_ps (the
+/// same reduction as tinyBLAS's hsum). k must be a multiple of 8.
+template <int KIND, int NR, int NC>
+void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
+  const float* x[NC];
+  for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+  __m256 a[NR][NC];
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i + 8 <= k; i += 8) {
+    __m256 wr[NR];
+    for (int r = 0; r < NR; r++) wr[r] = wload<KIND>(w[r], i);
+    for (int c = 0; c < NC; c++) {
+      const __m256 xc = _mm256_loadu_ps(x[c] + i);
+      for (int r = 0; r < NR; r++) a[r][c] = _mm256_fmadd_ps(wr[r], xc, a[r][c]);
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) out[r * NC + c] = hsum_ps(a[r][c]);
+  }
+}
+
+template <int KIND>
+void gemm_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  if (nr == 2 && nc == 2) {
+    gemm_tile_float<KIND, 2, 2>(k, w, x, out);
+  } else if (nr == 2) {
+    gemm_tile_float<KIND, 2, 1>(k, w, x, out);
+  } else if (nc == 2) {
+    gemm_tile_float<KIND, 1, 2>(k, w, x, out);
+  } else {
+    gemm_tile_float<KIND, 1, 1>(k, w, x, out);
   }
 }
 
@@ -218,9 +223,11 @@ void dot_tile_loop(int64_t k, int nr, int nc, const uint8_t* const* w, const uin
 
 /// NR (1–4) rows of Q4_0 / Q8_0 against one activation row, interleaved block by block: several rows
 /// are read as concurrent streams (more memory-level parallelism than one row after another) and
-/// share the activation loads. Each row's arithmetic is the same whatever NR: two accumulators taking
-/// alternate blocks; Q4_0 as Σ (q − 8)·y = Σ q·y − 8·Σy (unsigned nibbles go straight into maddubs, and
-/// d_x·Σy is the activation block's s).
+/// share the activation loads. Each row's arithmetic is the same whatever NR: Q8_0 as llama.cpp's AVX2
+/// `ggml_vec_dot_q8_0_q8_0` (one accumulator, acc = fma(d_w·d_x, Σ bytes, acc) block after block, then
+/// hsum: checked against llama.cpp's result_output); Q4_0 with two accumulators taking alternate blocks,
+/// as Σ (q − 8)·y = Σ q·y − 8·Σy (unsigned nibbles go straight into maddubs, and d_x·Σy is the activation
+/// block's s).
 template <int DT, int NR>
 void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
   const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x);
@@ -247,8 +254,9 @@ void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out
         const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
         const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), x0);
         const __m256i p1 = dot_i8_i32(loadu256(a[i + 1].qs), x1);
+        // one accumulator, block after block, as ggml_vec_dot_q8_0_q8_0 on AVX2
         acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc0[r]);
-        acc1[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc1[r]);
+        acc0[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i + 1].d) * b[i + 1].d), _mm256_cvtepi32_ps(p1), acc0[r]);
       }
     }
   }
@@ -269,8 +277,7 @@ void dot_rows_q(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out
     }
   }
   for (int r = 0; r < NR; r++) {
-    const float s = hsum_ps(_mm256_add_ps(acc0[r], acc1[r]));
-    out[r] = DT == DT_Q4_0 ? s - 8.0f * corr[r] : s;
+    out[r] = DT == DT_Q4_0 ? hsum_ps(_mm256_add_ps(acc0[r], acc1[r])) - 8.0f * corr[r] : hsum_ps(acc0[r]);
   }
 }
 
@@ -289,6 +296,25 @@ float dot_q8_0(int64_t k, const void* w, const void* x) {
 }
 
 /// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
+/// Q8_0 weights in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS_Q0_AVX): per output one
+/// accumulator, acc = fma(d_w · d_x, float(Σ of the block's byte products, 8 int32 lanes), acc) block by
+/// block, then hsum_ps.
+void gemm_tile_q8_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  const int64_t nb = k / QK;
+  for (int r = 0; r < nr; r++) {
+    const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
+    for (int c = 0; c < nc; c++) {
+      const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x[c]);
+      __m256 acc = _mm256_setzero_ps();
+      for (int64_t i = 0; i < nb; i++) {
+        const __m256i p = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+      }
+      out[r * nc + c] = hsum_ps(acc);
+    }
+  }
+}
+
 template <int DT>
 void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   if (nc == 1 && nr == 4) return dot_rows_q<DT, 4>(k, w, x[0], out);
@@ -793,11 +819,15 @@ KernelTable make_table() {
   t.dot_tile[DT_F32] = dot_tile_f<0>;
   t.dot_tile[DT_F16] = dot_tile_f<1>;
   t.dot_tile[DT_BF16] = dot_tile_f<2>;
+  t.gemm_tile[DT_F32] = gemm_tile_f<0>;
+  t.gemm_tile[DT_F16] = gemm_tile_f<1>;
+  t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
   t.dot_tile[DT_Q4_0] = dot_tile_q<DT_Q4_0>;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
   t.dot_tile[DT_Q8_0] = dot_tile_q<DT_Q8_0>;
+  t.gemm_tile[DT_Q8_0] = gemm_tile_q8_0;
   t.dot_tile[DT_Q4_K] = dot_tile_loop<DT_Q4_K>;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
   t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;

@@ -428,6 +428,37 @@ void dot_tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t*
   }
 }
 
+/// llama.cpp's prompt GEMM arithmetic (see KernelTable::gemm_tile) lane by lane: 8 lanes, one fused
+/// multiply-add per lane and step of 8, then the AVX2 table's horizontal sum ((l0+l4) + (l2+l6)) +
+/// ((l1+l5) + (l3+l7)), so this table rounds as the AVX2 one.
+template <int DT>
+float gemm_dot(int64_t k, const uint8_t* w, const float* x) {
+  float lane[8] = {};
+  for (int64_t i = 0; i + 8 <= k; i += 8) {
+    for (int l = 0; l < 8; l++) {
+      const int64_t j = i + l;
+      float wv;
+      if (DT == DT_F32) {
+        wv = reinterpret_cast<const float*>(w)[j];
+      } else if (DT == DT_F16) {
+        wv = f16_to_f32(reinterpret_cast<const uint16_t*>(w)[j]);
+      } else {
+        wv = bf16_to_f32(reinterpret_cast<const uint16_t*>(w)[j]);
+      }
+      lane[l] = std::fma(wv, x[j], lane[l]);
+    }
+  }
+  const float h0 = lane[0] + lane[4], h1 = lane[1] + lane[5], h2 = lane[2] + lane[6], h3 = lane[3] + lane[7];
+  return (h0 + h2) + (h1 + h3);
+}
+
+template <int DT>
+void gemm_tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  for (int r = 0; r < nr; r++) {
+    for (int c = 0; c < nc; c++) out[r * nc + c] = gemm_dot<DT>(k, w[r], reinterpret_cast<const float*>(x[c]));
+  }
+}
+
 /// ggml's vector primitives in scalar form, lane by lane in the AVX2 build's order (8 lanes, 4
 /// accumulators over 32-element steps, ggml's tree reduction), so this table rounds as the AVX2 one.
 struct GgmlScalar {
@@ -514,6 +545,9 @@ KernelTable make_table() {
   t.dot_tile[DT_F32] = dot_tile<DT_F32>;
   t.dot_tile[DT_F16] = dot_tile<DT_F16>;
   t.dot_tile[DT_BF16] = dot_tile<DT_BF16>;
+  t.gemm_tile[DT_F32] = gemm_tile<DT_F32>;
+  t.gemm_tile[DT_F16] = gemm_tile<DT_F16>;
+  t.gemm_tile[DT_BF16] = gemm_tile<DT_BF16>;
   t.dot_tile[DT_Q4_0] = dot_tile<DT_Q4_0>;
   t.dot_tile[DT_Q4_1] = dot_tile<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile<DT_Q5_0>;

@@ -91,11 +91,16 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   sync(n);
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
-  const DotTileFn tile = n.k->dot_tile[W.dtype];
+  const DotTileFn dot_tile = n.k->dot_tile[W.dtype];
+  // Columns flagged for llama.cpp's prompt GEMM arithmetic (source 2, see graph.ts) take it where ggml's
+  // llamafile path would: a kernel for the weight type, k % 8 == 0 and a row count % 4 == 0.
+  const DotTileFn gemm_tile = K % 8 == 0 && N % 4 == 0 ? n.k->gemm_tile[W.dtype] : nullptr;
+  const int32_t* gemm = n.has[2] && gemm_tile ? n.src[2].i32() : nullptr;
+  const auto tile_of = [&](int64_t t) { return gemm && gemm[t] ? gemm_tile : dot_tile; };
   float* y = n.dst.f32();
   const int64_t chunk = chunk_size(N, nth, 16);
   int64_t r0, r1;
-  if (T == 1) {
+  if (T == 1 && tile_of(0) == dot_tile) {
     // Rows of a page or more: four at a time, read as four concurrent streams. One long row after
     // another leaves the memory system mostly idle (one DRAM stream per core, the prefetcher stopping
     // at each page); four in flight nearly double F16 matrix × vector throughput on a Zen 3 core.
@@ -116,7 +121,7 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
         const int nr = r + 4 <= r1 ? 4 : static_cast<int>(r1 - r);
         const uint8_t* w[4];
         for (int i = 0; i < nr; i++) w[i] = W.data + (r + i) * wrb;
-        tile(K, nr, 1, w, &xq, y + r);
+        dot_tile(K, nr, 1, w, &xq, y + r);
       }
     }
     return;
@@ -132,14 +137,17 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
         for (int64_t r = rb; r < re; r += 2) {
           const int nr = r + 1 < re ? 2 : 1;
           const uint8_t* w[2] = {W.data + r * wrb, W.data + (r + 1) * wrb};
-          for (int64_t t = tb; t < te; t += 2) {
-            const int nc = t + 1 < te ? 2 : 1;
+          for (int64_t t = tb; t < te;) {
+            // two columns share a tile when they take the same arithmetic
+            const DotTileFn tile = tile_of(t);
+            const int nc = t + 1 < te && tile_of(t + 1) == tile ? 2 : 1;
             const uint8_t* x[2] = {xq + t * xrb, xq + (t + 1) * xrb};
             float out[4];
             tile(K, nr, nc, w, x, out);
             for (int i = 0; i < nr; i++) {
               for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
             }
+            t += nc;
           }
         }
       }

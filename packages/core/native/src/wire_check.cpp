@@ -20,7 +20,7 @@ struct OpInfo {
 OpInfo op_info(int op) {
   switch (op) {
     case OP_GET_ROWS: return {"get_rows", 2, 0, 0};
-    case OP_MUL_MAT: return {"mul_mat", 2, 0, 0};
+    case OP_MUL_MAT: return {"mul_mat", 2, 1, 0};
     case OP_RMS_NORM: return {"rms_norm", 1, 0, 1};
     case OP_NORM: return {"norm", 1, 0, 1};
     case OP_ROPE: return {"rope", 2, 0, 5};
@@ -374,6 +374,18 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find, const Che
         c.columns(c.src(1).ne[1]);
         if (c.src(0).ne[0] != c.src(1).ne[0]) c.len("x", c.src(1).ne[0], c.src(0).ne[0]);
         c.dst_is(c.src(0).ne[1], c.src(1).ne[1]);
+        if (c.has(2)) {
+          // per-column GEMM flags (0/1): an input, one per column of x
+          c.i32(2);
+          const GTensor& f = c.src(2);
+          if (!f.i32) c.bad("the gemm flags must be an input or a backend tensor");
+          if (f.nel != c.src(1).ne[1]) c.len("gemm flags", f.nel, c.src(1).ne[1]);
+          for (int64_t j = 0; j < f.nel; j++) {
+            if (f.i32[j] != 0 && f.i32[j] != 1) {
+              c.bad("gemm flag " + std::to_string(j) + " is " + std::to_string(f.i32[j]) + ", not 0 or 1");
+            }
+          }
+        }
         break;
       case OP_RMS_NORM:
       case OP_NORM:

@@ -8,8 +8,11 @@
  * Op contracts (all outputs F32 unless stated; "any" = any {@link DType} the backend claims). After the
  * semicolon: the node's `params`, in order.
  * - `get_rows(W[K,R] any, ids i32[T])` → [K,T]: column t = row ids[t] of W, dequantized.
- * - `mul_mat(W[K,N] any, x[K,T])` → [N,T]: y[n,t] = Σ_k W[k,n]·x[k,t]. Backends may round x the way
+ * - `mul_mat(W[K,N] any, x[K,T], gemm i32[T]?)` → [N,T]: y[n,t] = Σ_k W[k,n]·x[k,t]. Backends may round x the way
  *   llama.cpp does for the weight type (F16 for F16/BF16 weights, Q8_0 blocks for Q4/Q5/Q8 weights, Q8_K for K-quants).
+ *   `gemm` ({@link Graph.gemmColumns}): per column, 1 where llama.cpp would compute it in its prompt-processing
+ *   matrix-product arithmetic (its GEMM path, taken for ≥ 2 columns) rather than its matrix × vector one (0);
+ *   the two differ in the last bits only. Backends may ignore it.
  * - `rms_norm(x[n,T]; eps)` → x / sqrt(mean(x²) + eps) per column (Zhang & Sennrich 2019).
  * - `norm(x[n,T]; eps)` → (x − mean) / sqrt(var + eps) per column (layer norm without affine).
  * - `rope(x[d·H,T], pos i32[T]; n_dims, mode, freq_base, freq_scale, head_dim)` → same shape, each head of
@@ -160,6 +163,23 @@ const nel = (ne: readonly number[]) => ne.reduce((a, b) => a * b, 1);
 export class Graph {
   readonly tensors: GraphTensor[] = [];
   readonly nodes: GraphNode[] = [];
+  /**
+   * Optional labels of tensors (llama.cpp's node names: `Qcur-0`, `ffn_out-3`, …), for debugging dumps
+   * ({@link Graph.name}). Never part of the wire form: backends do not see them.
+   */
+  readonly names = new Map<TensorId, string>();
+
+  /**
+   * Labels tensor `t` (e.g. `attn_norm-2`) and returns `t`, so a builder can name a node where it makes it.
+   * A tensor has one label; naming it again replaces the label.
+   * @throws RangeError when `t` is not a tensor of this graph or the label is empty.
+   */
+  name(t: TensorId, label: string): TensorId {
+    if (!Number.isInteger(t) || t < 0 || t >= this.tensors.length) throw new RangeError(`name: no tensor ${t}`);
+    if (label === "") throw new RangeError("name: empty label");
+    this.names.set(t, label);
+    return t;
+  }
 
   /** A host array copied in at compute time (F32 or I32). */
   input(dtype: "f32" | "i32", ne: readonly number[], data: Float32Array | Int32Array): TensorId {
@@ -215,9 +235,31 @@ export class Graph {
 
   mulMat(w: TensorId, x: TensorId): TensorId {
     const [k, n] = this.shape(w);
-    const [kx, t] = this.shape(x);
+    const [kx, t, t2, t3] = this.shape(x);
     this.check(k === kx, `mul_mat: W row length ${k} != x length ${kx}`);
-    return this.node("mul_mat", [n, t], [w, x]);
+    // a product over the batch's columns reads the batch's GEMM flags (see gemmColumns)
+    const gemm = this.gemm && this.gemm.cols === t && t2 * t3 === 1 ? [this.gemm.flags] : [];
+    return this.node("mul_mat", [n, t], [w, x, ...gemm]);
+  }
+
+  private gemm?: { flags: TensorId; cols: number };
+
+  /**
+   * Says, for the T columns (tokens) of this graph's batch, which ones llama.cpp would compute with its
+   * prompt-processing matrix-product arithmetic: flag 1 where the column's sequence has ≥ 2 tokens in the
+   * step (ggml takes its GEMM path — llamafile's tinyBLAS on x86 — for a product of ≥ 2 columns), 0 where it
+   * has one (matrix × vector). Every `mul_mat` built afterwards over exactly T columns reads the flags as its
+   * optional third source; products over other column counts (the last token's logits) do not. Backends may
+   * ignore the flags: the two arithmetics differ in the last bits only. Call it before building the layers.
+   * @throws RangeError when flags are not 0/1, or gemmColumns was already called.
+   */
+  gemmColumns(flags: Int32Array): void {
+    this.check(this.gemm === undefined, "gemmColumns: already set");
+    this.check(
+      flags.length > 0 && flags.every((f) => f === 0 || f === 1),
+      "gemmColumns: flags must be 0 or 1, one per column",
+    );
+    this.gemm = { flags: this.input("i32", [flags.length], flags), cols: flags.length };
   }
 
   rmsNorm(x: TensorId, eps: number): TensorId {

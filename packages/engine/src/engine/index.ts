@@ -11,3 +11,4 @@ export * from "./generate.js";
 export * from "./generation.js";
 export * from "./placement.js";
 export * from "./sparse-verdict.js";
+export * from "./trace.js";

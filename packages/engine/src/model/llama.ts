@@ -381,6 +381,9 @@ export function buildLlamaBatchGraph(
     throw new EngineError("BAD_INPUT", `offload has ${opts.offload.length} layers, the model has ${w.layers.length}`);
   }
   const g = new Graph();
+  // llama.cpp computes the matrix products of a sequence's ≥ 2 tokens with its GEMM arithmetic
+  if (seqs.some((s) => s.tokens.length > 1))
+    g.gemmColumns(Int32Array.from(seqs.flatMap((s) => Array.from(s.tokens, () => (s.tokens.length > 1 ? 1 : 0)))));
   const sparseNodes: SparseNodes = { layers: [], up: [] };
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")

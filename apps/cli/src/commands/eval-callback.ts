@@ -1,0 +1,84 @@
+/**
+ * `powerinfer eval-callback`: llama.cpp's `llama-eval-callback` for our forward graph — the prompt evaluated
+ * in one batch, every node printed (first/last 3 values per row, sum) under llama.cpp's node names, so
+ * both dumps can be compared node by node; `--compare` does the comparison against a llama.cpp dump.
+ */
+import { writeFileSync } from "node:fs";
+import {
+  compareTrace,
+  evalCallback,
+  formatEvalCallback,
+  type NodeComparison,
+  parseEvalCallback,
+} from "@powerinfer/engine";
+import { type Command, InvalidArgumentError } from "commander";
+import { action } from "../errors.js";
+import { checkOutputPath, type ModelCliOptions, loadModelFromCli, modelOptions, readTextFile } from "./common.js";
+
+interface EvalCallbackCliOptions extends ModelCliOptions {
+  prompt?: string;
+  file?: string;
+  out?: string;
+  compare?: string;
+  namedOnly?: boolean;
+}
+
+/** One line per compared node: "name  max |Δ| in the 4th decimal  Δ sum in the 6th". */
+function comparisonReport(cmp: readonly NodeComparison[]): string {
+  const lines = cmp.map(
+    (c) =>
+      `${c.name.padStart(16)}  max Δ ${String(c.maxDiff).padStart(5)} (1e-4)  Δ sum ${String(c.sumDiff).padStart(8)} (1e-6)${c.lastColumn ? "  (last token)" : ""}`,
+  );
+  const first = cmp.find((c) => c.maxDiff > 2 || c.sumDiff > 2);
+  lines.push(
+    first
+      ? `first node beyond ±2 in the last printed digit: ${first.name} (row ${first.at.row}, value ${first.at.col}: ours ${(first.ours / 1e4).toFixed(4)}, llama.cpp ${(first.ref / 1e4).toFixed(4)}; Δ sum ${first.sumDiff}e-6)`
+      : `all ${cmp.length} compared nodes within ±2 in the last printed digit`,
+  );
+  return `${lines.join("\n")}\n`;
+}
+
+export function register(program: Command): void {
+  modelOptions(
+    program
+      .command("eval-callback")
+      .description(
+        "print every node of the prompt's forward pass as llama.cpp's llama-eval-callback does (llama.cpp's node names), or compare with its output",
+      ),
+  )
+    .option("-p, --prompt <text>", "prompt text (BOS added as the model says)")
+    .option("-f, --file <file>", "read the prompt from a file")
+    .option("-o, --out <file>", "write the dump to this file instead of stdout")
+    .option(
+      "--compare <file>",
+      "a llama-eval-callback output for the same model and prompt: print, per node, the largest difference and the first node beyond ±2 in the last printed digit",
+    )
+    .option("--named-only", "only the nodes with a llama.cpp name (default: every node, unnamed ones as node_N)")
+    .action(
+      action(async (o: EvalCallbackCliOptions) => {
+        if (o.prompt === undefined && o.file === undefined)
+          throw new InvalidArgumentError("give a prompt with -p or -f");
+        const prompt = o.prompt ?? readTextFile(o.file!);
+        if (o.out) checkOutputPath(o.out, o.model, o.file, o.compare);
+        const ref = o.compare ? parseEvalCallback(readTextFile(o.compare)) : undefined;
+        if (ref?.length === 0) throw new InvalidArgumentError(`${o.compare} holds no llama-eval-callback node`);
+        const { backend, model } = await loadModelFromCli(o, true);
+        try {
+          const ids = model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: false });
+          if (ids.length === 0) throw new InvalidArgumentError("the prompt is empty");
+          const nodes = evalCallback(model, ids, {
+            nCtx: o.ctxSize ?? ids.length,
+            kvType: o.kvType as "f16" | "f32",
+            nodes: o.namedOnly ? "named" : "all",
+          });
+          const text = formatEvalCallback(nodes);
+          if (o.out) writeFileSync(o.out, text);
+          else if (!ref) process.stdout.write(text);
+          if (ref) process.stdout.write(comparisonReport(compareTrace(nodes, ref)));
+        } finally {
+          model.dispose();
+          backend.dispose();
+        }
+      }),
+    );
+}
