@@ -158,6 +158,43 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     });
   }
 
+  it("bench has hybrid rows beside the CPU rows", () => {
+    const r = cli(
+      undefined,
+      "bench",
+      "-m",
+      relu,
+      "--no-llama-cpp",
+      "-p",
+      "8",
+      "-n",
+      "4",
+      "-r",
+      "1",
+      "-t",
+      "1",
+      "--bandwidth-mib",
+      "0",
+      "--sparse",
+      "oracle",
+      "--device-backend",
+      "cpu",
+      "--vram-budget",
+      String(4 / 1024),
+      "--json",
+      "-q",
+    );
+    expect(r.code, r.stderr).toBe(0);
+    const rows = JSON.parse(r.stdout) as { backend: string; test: string; sparse: string; avg_ts: number }[];
+    expect(rows.map((x) => `${x.backend} ${x.sparse} ${x.test}`)).toEqual([
+      "CPU oracle pp8",
+      "CPU oracle tg4",
+      "CPU+cpu oracle pp8",
+      "CPU+cpu oracle tg4",
+    ]);
+    for (const x of rows) expect(x.avg_ts).toBeGreaterThan(0);
+  });
+
   it("a foreign GPU index is used as it is and never rewritten", () => {
     const idx = join(dir, "tiny.powerinfer.generated.gpuidx");
     const before = readFileSync(idx);

@@ -21,7 +21,15 @@ import { availableParallelism, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
-import { defaultStatsPath, Model, type Session, type SparseMode } from "@powerinfer/engine";
+import {
+  defaultGpuIndexPath,
+  defaultStatsPath,
+  Model,
+  resolvePlan,
+  type Session,
+  type SparseMode,
+} from "@powerinfer/engine";
+import { loadDeviceBackend } from "../backends.js";
 import {
   type GgufFile,
   getOptionalNumber,
@@ -74,6 +82,12 @@ export interface BenchOptions {
   llamaCpp?: boolean;
   /** Bytes: our sparse modes run with this RAM budget (neuron cache; see ModelLoadOptions.ramBudget). */
   ramBudget?: number;
+  /**
+   * Hybrid rows: each of our modes also runs with hot neurons (and the planner's attention layers) on this
+   * device backend within `budgetBytes` (a GPU; "cpu" stands in for one), from `<model>.activations.gguf`
+   * or a matching `<model>.generated.gpuidx` (never written by the bench).
+   */
+  device?: { backend: string; budgetBytes?: number };
   /** Which llama.cpp (see LlamaCppPeerChoice). Default "auto". */
   llamaCppPeer?: LlamaCppPeerChoice;
   /** Folder of the native build (default: resolveLlamaCppDir()). */
@@ -226,6 +240,8 @@ interface Engine {
   label: string;
   engine: BenchRow["engine"];
   engineLabel: string;
+  /** The row's backend field (default "CPU"). */
+  backendName?: string;
   /** Warms itself up before every measurement (llama-bench): skipped in the warm-up round. */
   selfWarming?: boolean;
   sparse: SparseMode | null;
@@ -244,7 +260,7 @@ export const LLAMA_BENCH_UBATCH = 512;
  * n_prompt + n_gen tokens (ppN: N, tgN: N) and evaluates prompts in ubatches of 512, so each test
  * here gets its own session with nCtx = N and nBatch = 512.
  */
-function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
+function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: string): Engine {
   const sessions = new Map<number, Session>();
   const sessionFor = (n: number) => {
     let s = sessions.get(n);
@@ -265,10 +281,13 @@ function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
     const perLayer = cfg.moe ? cfg.moe.n_expert_used * cfg.moe.n_ff_exp : cfg.n_ff;
     return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer), rowsPerToken };
   };
+  // with a device each step's pieces run off the JavaScript thread, device and CPU at once
+  const evaluate = (s: Session, t: number[]) => (model.placement ? s.evaluateAsync(t) : s.evaluate(t));
   return {
-    label: `powerinfer-ts ${sparse}`,
+    label: `powerinfer-ts ${sparse}${hybrid ? " hybrid" : ""}`,
     engine: "powerinfer-ts",
-    engineLabel: "powerinfer-ts CPU",
+    engineLabel: hybrid ? `powerinfer-ts CPU + ${hybrid} (hybrid)` : "powerinfer-ts CPU",
+    backendName: hybrid ? `CPU+${hybrid}` : undefined,
     sparse,
     file: model.file,
     path,
@@ -277,7 +296,7 @@ function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
       session.reset();
       const s0 = snapshot(session);
       const t0 = performance.now();
-      session.evaluate(tokens);
+      await evaluate(session, tokens);
       const ms = performance.now() - t0;
       return { ms, active: delta(session, s0).active };
     },
@@ -286,15 +305,71 @@ function ourEngine(model: Model, path: string, sparse: SparseMode): Engine {
       session.reset();
       const s0 = snapshot(session);
       const t0 = performance.now();
-      for (const t of tokens) session.evaluate([t]);
+      for (const t of tokens) await evaluate(session, [t]);
       const ms = performance.now() - t0;
       return { ms, ...delta(session, s0) };
     },
     async dispose() {
       for (const s of sessions.values()) s.dispose();
+      const device = model.placement?.device;
       model.dispose();
+      device?.dispose();
     },
   };
+}
+
+/**
+ * Our engine with a device: hot neurons and the planner's attention layers on the device backend. Undefined
+ * (with a note) when no plan can be made: no statistics, a dense FFN, or a budget that holds nothing.
+ */
+async function hybridEngine(
+  backend: Backend,
+  path: string,
+  mode: SparseMode,
+  d: { backend: string; budgetBytes?: number },
+  note: (line: string) => void,
+): Promise<Engine | undefined> {
+  let device: Backend | undefined;
+  let model: Model | undefined;
+  try {
+    device = await loadDeviceBackend(d.backend, { threads: 1, memoryBudget: d.budgetBytes || undefined }, () => {});
+    if (!device) {
+      note(`hybrid rows: no device backend is usable (${d.backend})`);
+      return undefined;
+    }
+    model = await Model.load(path, { backend, sparse: mode });
+    // default: 90 % of the device's free memory
+    const budgetBytes = d.budgetBytes ?? Math.floor((device.devices[0]?.freeMemory ?? 0) * 0.9);
+    const has = existsSync(defaultStatsPath(path)) || existsSync(defaultGpuIndexPath(path));
+    if (!has || model.config.ffn.activation !== "relu") {
+      note(
+        `hybrid rows: ${basename(path)} has no activation statistics or is not a ReLU model; run \`powerinfer profile\``,
+      );
+      model.dispose();
+      device.dispose();
+      return undefined;
+    }
+    const r = await resolvePlan(model, {
+      budgetBytes,
+      backend: device.name,
+      noWrite: true,
+      nCtx: 1024,
+      kvType: "f16",
+    });
+    if (r.plan.layers.every((L) => L.hot.length === 0 && !L.attention)) {
+      note(`hybrid rows: the ${(budgetBytes / 2 ** 30).toFixed(2)} GiB budget holds nothing of ${basename(path)}`);
+      model.dispose();
+      device.dispose();
+      return undefined;
+    }
+    model.offload(device, { layers: r.plan.layers.map((L) => ({ hot: L.hot, attention: L.attention })) });
+    return ourEngine(model, path, mode, device.name);
+  } catch (e) {
+    note(`hybrid rows: ${basename(path)} --sparse ${mode}: ${(e as Error).message.split("\n")[0]}`);
+    model?.dispose();
+    device?.dispose();
+    return undefined;
+  }
 }
 
 function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string, engineLabel: string): Engine {
@@ -484,6 +559,10 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               const why = (e as Error).message.split("\n")[0];
               notes.push(`${name}: powerinfer-ts --sparse ${mode} cannot run ${basename(path)}: ${why}`);
             }
+            if (o.device) {
+              const e = await hybridEngine(backend, path, mode, o.device, (n) => notes.push(`${name}: ${n}`));
+              if (e) engines.push(e);
+            }
           }
         }
         const tests = [
@@ -546,7 +625,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               model_n_params: params,
               engine: e.engine,
               engine_label: e.engineLabel,
-              backend: "CPU",
+              backend: e.backendName ?? "CPU",
               n_threads: threads,
               sparse: e.sparse,
               active_fraction: e.sparse && e.sparse !== "off" && s.active.length ? mean(s.active) : null,

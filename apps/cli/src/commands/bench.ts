@@ -63,6 +63,9 @@ export interface BenchCliOptions {
   quiet?: boolean;
   /** GiB (see run --ram-budget). */
   ramBudget?: number;
+  /** Hybrid rows: the device backend and its budget in GiB. */
+  deviceBackend?: string;
+  vramBudget?: number;
 }
 
 export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
@@ -82,6 +85,13 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     bandwidthMiB: o.bandwidthMib,
     seed: o.seed,
     ramBudget: o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined,
+    device:
+      o.deviceBackend !== undefined || o.vramBudget !== undefined
+        ? {
+            backend: o.deviceBackend ?? "auto",
+            budgetBytes: o.vramBudget === undefined ? undefined : Math.floor(o.vramBudget * 2 ** 30),
+          }
+        : undefined,
     log,
   };
 }
@@ -131,6 +141,15 @@ export function register(program: Command): void {
       "--ram-budget <GiB>",
       "our sparse modes: GiB held for weights + the neuron cache (rows beyond it are read from the file on demand; see run --ram-budget); the dense mode runs without it",
       float("ram-budget", { above: 0 }),
+    )
+    .option(
+      "--device-backend <name>",
+      'hybrid rows too: hot neurons and attention layers on this backend ("auto": a usable GPU; "cpu" stands in), planned from <model>.activations.gguf',
+    )
+    .option(
+      "--vram-budget <GiB>",
+      "device memory for the hybrid rows in GiB (default: 90 % of the device's free memory)",
+      float("vram-budget", { min: 0 }),
     )
     .option("--json", "print llama-bench-style JSON rows")
     .option("-q, --quiet", "no progress lines on stderr")
