@@ -7,7 +7,14 @@
 import { existsSync } from "node:fs";
 import type { Backend } from "@powerinfer/core";
 import type { PlacementPlan } from "@powerinfer/core/placement";
-import { type DevicePlan, defaultGpuIndexPath, defaultStatsPath, type Model, resolvePlan } from "@powerinfer/engine";
+import {
+  type DevicePlan,
+  defaultGpuIndexPath,
+  defaultStatsPath,
+  type Model,
+  measureReadThroughput,
+  resolvePlan,
+} from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadDeviceBackend } from "../backends.js";
 import { choice, float, int, loadModelFromCli, type ModelCliOptions } from "./common.js";
@@ -144,6 +151,13 @@ export async function loadModelWithDevice(
     if (havePlanInput && sparse) {
       // the planner weighs each layer's attention and KV cache against hot neurons in the same budget
       const nCtxDefault = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
+      // a short calibration: each backend's read speed in a matrix × vector product, for the expected tokens/s
+      const cpuBps = measureReadThroughput(backend);
+      const devBps = measureReadThroughput(device, Math.min(64 * 2 ** 20, Math.max(2 ** 20, budget / 4)));
+      const throughput =
+        cpuBps && devBps
+          ? { cpuBytesPerSecond: cpuBps, deviceBytesPerSecond: devBps, source: "measured" as const }
+          : undefined;
       const r = await resolvePlan(model, {
         budgetBytes: budget,
         backend: device.name,
@@ -155,8 +169,17 @@ export async function loadModelWithDevice(
         nCtx: kvPositions?.(nCtxDefault) ?? nCtxDefault,
         kvType: o.kvType as "f16",
         nGpuLayers: ngl,
+        throughput,
       });
       for (const n of r.notes) note(n);
+      const tps = r.plan.expectedTokensPerSecond;
+      if (Number.isFinite(tps)) {
+        const gbs = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
+        const t = r.plan.throughput;
+        note(
+          `plan: expected ${tps.toFixed(1)} tokens/s from the layers' bytes read (${t.source === "measured" ? "measured at load" : "planner defaults"}: ${backend.name} ${gbs(t.cpuBytesPerSecond)}, ${device.name} ${gbs(t.deviceBytesPerSecond)})`,
+        );
+      }
       out.plan = r.plan;
       hot = r.plan.layers.map((L) => L.hot);
       attention = r.plan.layers.map((L) => !!L.attention);

@@ -22,7 +22,7 @@
  * device, 3·n_layer + 2 (the last layer's sum returns to main for the head). `Session.stats.calls` counts
  * them.
  */
-import type { Backend, TensorHandle } from "@powerinfer/core";
+import { type Backend, Graph, type TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { FfnPlacement, LayerOffload } from "../model/layer.js";
 import type { LlamaLayerWeights } from "../model/llama.js";
@@ -220,4 +220,38 @@ export class ModelOffload {
     for (const [b, t] of this.owned) b.freeTensor(t);
     this.owned.length = 0;
   }
+}
+
+/**
+ * Bytes per second a backend reads weights at in a matrix × vector product (memory-bound decoding,
+ * PowerInfer §2): a short calibration, the median of `reps` products over an F16 weight of about `bytes`
+ * bytes (zeros; the kernels' speed does not depend on the values). It allocates and frees the weight; on a
+ * backend whose memory budget cannot hold it, a smaller one is tried, down to 1 MiB.
+ * @returns bytes/s, or undefined when nothing could be allocated or computed.
+ */
+export function measureReadThroughput(b: Backend, bytes = 64 * 2 ** 20, reps = 5): number | undefined {
+  const k = 4096;
+  for (let size = bytes; size >= 2 ** 20; size /= 4) {
+    const rows = Math.max(1, Math.floor(size / (2 * k)));
+    let w: TensorHandle | undefined;
+    try {
+      w = b.createTensor("f16", [k, rows]);
+      const times: number[] = [];
+      for (let i = 0; i <= reps; i++) {
+        const g = new Graph();
+        g.output(g.mulMat(g.handle(w), g.input("f32", [k, 1], new Float32Array(k))));
+        const t0 = performance.now();
+        b.compute(g);
+        if (i > 0) times.push(performance.now() - t0); // the first warms caches and threads
+      }
+      times.sort((x, y) => x - y);
+      const ms = times[times.length >> 1]!;
+      return ms > 0 ? (w.byteLength * 1000) / ms : undefined;
+    } catch {
+      // too large for the backend's budget: try a quarter of it
+    } finally {
+      if (w) b.freeTensor(w);
+    }
+  }
+  return undefined;
 }
