@@ -24,7 +24,7 @@ import {
   type SparseMode,
   splitLayerFixedBytes,
 } from "@powerinfer/engine";
-import { generateSyntheticModel } from "@powerinfer/synthetic";
+import { generateSyntheticModel, generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -191,6 +191,47 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
       device.dispose();
     }
   });
+
+  for (const arch of ["llama-moe", "smallthinker"] as const) {
+    it(`routed experts (${arch}): attention of layer 1 on the device, experts on main — the single-backend ids; hot expert neurons refused`, async () => {
+      const path = join(dir, `${arch}.gguf`);
+      generateSyntheticMoeModel(path, {
+        arch,
+        shape: {
+          n_embd: 64,
+          n_ff: 96,
+          n_ff_exp: 64,
+          n_expert: 8,
+          n_expert_used: 2,
+          n_head: 4,
+          n_head_kv: 2,
+          n_layer: 2,
+          n_ctx: 256,
+        },
+      });
+      const model = await Model.load(path, { backend: main });
+      const device = await cpuBackend.load({ threads: 1 });
+      try {
+        const prompt = [1, 20, 30, 40];
+        const single = await greedy(model, prompt, 8, false);
+        const none = new Int32Array(0);
+        expect(() => model.offload(device, { layers: [{ hot: Int32Array.of(0) }, { hot: none }] })).toThrow(
+          EngineError,
+        );
+        model.offload(device, { layers: [{ hot: none }, { hot: none, attention: true }] });
+        const h = await greedy(model, prompt, 8, true);
+        expect(h.ids).toEqual(single.ids);
+        h.logits.forEach((l, i) => {
+          expect(maxDiff(l, single.logits[i]!), `step ${i}`).toBeLessThanOrEqual(1e-4 * maxAbs(single.logits[i]!));
+        });
+        // main [embd, layer 0 and layer 1's norm-to-experts input]: the device piece reads the layer input
+        expect(h.calls / h.steps).toBeGreaterThan(1);
+      } finally {
+        model.dispose();
+        device.dispose();
+      }
+    });
+  }
 
   it("device and CPU halves of a split layer overlap in time", async () => {
     const model = await Model.load(relu(), { backend: main, sparse: "off" });

@@ -137,13 +137,16 @@ export async function loadModelWithDevice(
         note(`note: no device backend is usable: everything runs on ${backend.name}`);
       return out;
     }
-    if (cfg.moe) {
-      drop(`note: device placement of routed experts is not supported yet: everything runs on ${backend.name}`);
+    if (cfg.moe && !o.nGpuLayers) {
+      drop(
+        `note: hot neurons of routed experts on a device are not supported yet: everything runs on ${backend.name} (--n-gpu-layers N moves N layers' attention)`,
+      );
       return out;
     }
     const ngl = o.nGpuLayers ?? 0;
     const statsPath = o.stats ?? defaultStatsPath(o.model);
-    const sparse = model.sparse !== "off" || cfg.ffn.activation === "relu";
+    // routed experts: attention only (--n-gpu-layers), every expert stays on main
+    const sparse = (model.sparse !== "off" || cfg.ffn.activation === "relu") && !cfg.moe;
     const havePlanInput = existsSync(statsPath) || existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model));
     const budget = budgetBytes(o, device.devices[0]?.freeMemory ?? 0);
     let hot: Int32Array[] = Array.from({ length: cfg.n_layer }, () => new Int32Array(0));
@@ -197,7 +200,7 @@ export async function loadModelWithDevice(
       layers: hot.map((h, l) => {
         const offloaded = attention ? attention[l]! : l >= cfg.n_layer - ngl;
         return {
-          hot: offloaded && !sparse ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
+          hot: offloaded && !sparse && !cfg.moe ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
           attention: offloaded,
         };
       }),

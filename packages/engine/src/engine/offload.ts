@@ -110,11 +110,10 @@ export class ModelOffload {
     plan: DevicePlan,
   ) {
     const cfg = model.config;
-    const main = model.backend;
-    if (cfg.moe) {
+    if (cfg.moe && plan.layers.some((L) => L.hot.length > 0)) {
       throw new EngineError(
         "UNSUPPORTED_ARCH",
-        `device placement of routed experts (${cfg.arch}) is not supported yet: the model runs on ${main.name} alone`,
+        `hot neurons of routed experts (${cfg.arch}) on a device are not supported yet: only whole layers' attention (--n-gpu-layers) moves there`,
       );
     }
     if (plan.layers.length !== cfg.n_layer) {

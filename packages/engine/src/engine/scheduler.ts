@@ -8,7 +8,8 @@
  *
  * Cutting rule, node by node in graph order: a node joins its backend's open piece unless it reads a tensor
  * made by a piece of another backend that the open piece does not already wait for; then that open piece is
- * closed and a new one started. A piece whose tensor another backend reads is closed at that point (its
+ * closed and a new one started (except when the node also reads a non-F32 tensor of the open piece, which
+ * only crosses within a piece: the open piece then waits too). A piece whose tensor another backend reads is closed at that point (its
  * later nodes would delay the reader). So the pieces of one sparse FFN layer split between device and CPU
  * are: main [residual, attention, norms, predictor] → device [hot rows] ∥ main [cold rows] → main [sum, …].
  */
@@ -57,7 +58,12 @@ export function splitGraph(g: Graph, nodeBackend: ArrayLike<number>): GraphPiece
     // a piece read by another backend takes no more nodes
     for (const q of foreign) if (open.get(pieces[q]!.backend) === q) open.delete(pieces[q]!.backend);
     let p = open.get(b);
-    if (p !== undefined && [...foreign].some((q) => !pieces[p!]!.deps.has(q))) p = undefined;
+    // a node that reads another backend's tensor starts a piece of its own (so what came before it on this
+    // backend runs meanwhile) — unless it reads a non-F32 tensor of the open piece (top-k expert ids), which
+    // cannot cross pieces: then that piece waits for the other backend instead
+    const readsLocalInt =
+      p !== undefined && n.src.some((t) => t >= 0 && prod[t] === p && g.tensors[t]!.dtype !== "f32");
+    if (p !== undefined && !readsLocalInt && [...foreign].some((q) => !pieces[p!]!.deps.has(q))) p = undefined;
     if (p === undefined) {
       p = pieces.length;
       const deps = new Set<number>();
@@ -90,7 +96,7 @@ export function splitGraph(g: Graph, nodeBackend: ArrayLike<number>): GraphPiece
       }
     }
   });
-  return pieces.map((piece, p) => {
+  return pieces.map((piece) => {
     const sub = new Graph();
     const map = new Map<number, number>();
     const add = (t: GraphTensor) => {
