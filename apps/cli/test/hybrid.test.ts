@@ -103,9 +103,9 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
   }, 180_000);
   afterAll(() => main?.dispose());
 
-  // F32 weights: only the summation order differs (y_hot + y_cold against one sum). F16 / Q4_0 weights:
-  // the kernels round activations to F16 / Q8_0 as llama.cpp does, which turns a summation-order
-  // difference of 1e-7 into a whole rounding step on a few elements.
+  // Only the summation order differs (y_hot + y_cold against one sum), for F32, F16 and Q4_0 weights alike:
+  // logits within 1e-4 of the largest (the issue's bound), with an F32 KV cache (an F16 cache would round a
+  // 1e-7 difference of K and V into whole F16 steps).
   const relu = () => join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
   const cases: [string, () => string, SparseMode[], number][] = [
     ["stories260K (llama, SiLU)", () => join(models, "stories260K.gguf"), ["off"], 1e-4],
@@ -116,8 +116,8 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
       ["predictor", "oracle"],
       1e-4,
     ],
-    ["PowerInfer F16 fixture", () => join(models, "powerinfer", "tiny-f16.powerinfer.gguf"), ["predictor"], 1e-3],
-    ["PowerInfer Q4_0 fixture", () => join(models, "powerinfer", "tiny-q4_0.powerinfer.gguf"), ["predictor"], 1e-3],
+    ["PowerInfer F16 fixture", () => join(models, "powerinfer", "tiny-f16.powerinfer.gguf"), ["predictor"], 1e-4],
+    ["PowerInfer Q4_0 fixture", () => join(models, "powerinfer", "tiny-q4_0.powerinfer.gguf"), ["predictor"], 1e-4],
     ["generated bamboo", () => generated.bamboo!, ["off", "oracle", "predictor"], 1e-4],
     ["generated falcon", () => generated.falcon!, ["off", "oracle", "predictor"], 1e-4],
     ["generated opt", () => generated.opt!, ["off", "oracle", "predictor"], 1e-4],
