@@ -373,7 +373,7 @@ if [ $quick = 0 ]; then
   "${PI[@]}" serve -m "$kit/models/stories260K.gguf" --host 127.0.0.1 --port "$port" -np 8 -c 2048 --backend "$backend" \
     >"$out/logs/server.log" 2>&1 &
   server_pid=$!
-  # the hybrid split is reachable from `run` only (issue 14); the server runs the whole model on $backend
+  # one backend here (the server takes the same device options as run; the hybrid rows above measure the split)
   check "6 serve on $backend: 8 concurrent" serve-load 120 "${CHECKS[@]}" serve-load --url "http://127.0.0.1:$port" --n 8 \
     --pid "$server_pid" --log "$out/logs/server.log"
   kill "$server_pid" 2>/dev/null
