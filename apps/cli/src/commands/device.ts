@@ -6,13 +6,14 @@
  */
 import { existsSync } from "node:fs";
 import type { Backend } from "@powerinfer/core";
-import type { PlacementPlan } from "@powerinfer/core/placement";
+import type { PlacementPlan, Throughput } from "@powerinfer/core/placement";
 import {
   type DevicePlan,
   defaultGpuIndexPath,
   defaultStatsPath,
   type Model,
   measureReadThroughput,
+  type ResolvedPlan,
   resolvePlan,
 } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
@@ -64,6 +65,41 @@ export function budgetBytes(o: Pick<DeviceCliOptions, "vramBudget">, deviceFree:
     return Math.floor(o.vramBudget * 2 ** 30);
   }
   return Math.floor(deviceFree * 0.9);
+}
+
+/**
+ * The placement plan for the device options: `resolvePlan` with --stats, --gpu-index, --reset-gpu-index,
+ * --solver, --bucket-size, --kv-type and --n-gpu-layers.
+ * @throws InvalidArgumentError for --n-gpu-layers beyond the model's layers; what resolvePlan throws.
+ */
+export function resolvePlanFromCli(
+  model: Model,
+  deviceName: string,
+  o: ModelCliOptions & DeviceCliOptions,
+  at: { budget: number; nCtx: number; throughput?: Throughput },
+): Promise<ResolvedPlan> {
+  checkGpuLayers(o, model);
+  return resolvePlan(model, {
+    budgetBytes: at.budget,
+    backend: deviceName,
+    statsPath: o.stats,
+    gpuIndexPath: o.gpuIndex,
+    reset: o.resetGpuIndex,
+    solver: o.solver as "ilp",
+    bucketSize: o.bucketSize,
+    nCtx: at.nCtx,
+    kvType: o.kvType as "f16",
+    nGpuLayers: o.nGpuLayers ?? 0,
+    throughput: at.throughput,
+  });
+}
+
+/** @throws InvalidArgumentError when --n-gpu-layers is more than the model's layers. */
+function checkGpuLayers(o: Pick<DeviceCliOptions, "nGpuLayers">, model: Model): void {
+  const n = model.config.n_layer;
+  if (o.nGpuLayers !== undefined && o.nGpuLayers > n) {
+    throw new InvalidArgumentError(`--n-gpu-layers ${o.nGpuLayers} is more than the model's ${n} layers`);
+  }
 }
 
 export interface LoadedWithDevice {
@@ -129,9 +165,7 @@ export async function loadModelWithDevice(
     device = undefined;
   };
   try {
-    if (o.nGpuLayers !== undefined && o.nGpuLayers > cfg.n_layer) {
-      throw new InvalidArgumentError(`--n-gpu-layers ${o.nGpuLayers} is more than the model's ${cfg.n_layer} layers`);
-    }
+    checkGpuLayers(o, model);
     if (!device) {
       if (wantDevice && (o.nGpuLayers || o.vramBudget !== undefined || o.deviceBackend !== "auto"))
         note(`note: no device backend is usable: everything runs on ${backend.name}`);
@@ -161,17 +195,9 @@ export async function loadModelWithDevice(
         cpuBps && devBps
           ? { cpuBytesPerSecond: cpuBps, deviceBytesPerSecond: devBps, source: "measured" as const }
           : undefined;
-      const r = await resolvePlan(model, {
-        budgetBytes: budget,
-        backend: device.name,
-        statsPath: o.stats,
-        gpuIndexPath: o.gpuIndex,
-        reset: o.resetGpuIndex,
-        solver: o.solver as "ilp",
-        bucketSize: o.bucketSize,
+      const r = await resolvePlanFromCli(model, device.name, o, {
+        budget,
         nCtx: kvPositions?.(nCtxDefault) ?? nCtxDefault,
-        kvType: o.kvType as "f16",
-        nGpuLayers: ngl,
         throughput,
       });
       for (const n of r.notes) note(n);

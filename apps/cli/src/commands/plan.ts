@@ -3,12 +3,11 @@
  * cache live on the device), explained with its expected tokens/s, without running.
  */
 import { DEFAULT_THROUGHPUT, explainPlan, expectedTokensPerSecond, type Throughput } from "@powerinfer/core/placement";
-import { resolvePlan } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { float, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
-import { budgetBytes, type DeviceCliOptions, deviceOptions } from "./device.js";
+import { budgetBytes, type DeviceCliOptions, deviceOptions, resolvePlanFromCli } from "./device.js";
 
 /** The options of `plan` beside the model's: the device options every decoding command has. */
 export type PlanCliOptions = DeviceCliOptions;
@@ -68,24 +67,9 @@ export function register(program: Command): void {
           const free = device.devices[0]?.freeMemory ?? 0;
           const budget = budgetBytes(o, free);
           const cfg = model.config;
-          if (o.nGpuLayers !== undefined && o.nGpuLayers > cfg.n_layer) {
-            throw new InvalidArgumentError(`--n-gpu-layers must be at most ${cfg.n_layer} (the model's layers)`);
-          }
           // the KV cache is sized as a session sizes it
           const nCtx = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
-          const r = await resolvePlan(model, {
-            budgetBytes: budget,
-            backend: device.name,
-            statsPath: o.stats,
-            gpuIndexPath: o.gpuIndex,
-            reset: o.resetGpuIndex,
-            solver: o.solver as "ilp",
-            bucketSize: o.bucketSize,
-            nCtx,
-            kvType: o.kvType as "f16",
-            nGpuLayers: o.nGpuLayers,
-            throughput,
-          });
+          const r = await resolvePlanFromCli(model, device.name, o, { budget, nCtx, throughput });
           // the output layer stays on the CPU (the planner places the repeating layers only)
           const outputBytes = model.weights.output.byteLength + model.weights.outputNorm.byteLength;
           const withOutput = expectedTokensPerSecond(r.plan, throughput, { cpuBytesPerToken: outputBytes });
