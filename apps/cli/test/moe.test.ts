@@ -342,7 +342,7 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
       });
       sd.dispose();
       const so = oracle.createSession({ nCtx: 64 });
-      so.evaluate(prompt);
+      so.evaluate(prompt, { allLogits: true }); // every token through the last layer's experts too
       const rows = so.stats.activeRows;
       so.dispose();
       return { d, o, fired, rows, cfg: dense.config };

@@ -77,7 +77,9 @@ describe.skipIf(!probe.usable)("sparse inference on the CPU backend", () => {
             }),
         });
         const so = oracle.createSession({ nCtx: 64 });
-        so.evaluate(ids);
+        // every column's logits: the last layer's FFN runs on every token too (else on the last one only)
+        so.evaluate(ids, { allLogits: true });
+        expect(so.stats.layerTokens).toEqual(firing.map(() => ids.length));
         const nff = oracle.config.n_ff;
         for (let l = 0; l < firing.length; l++) {
           // the up projection reads one row per firing (neuron, token); the down projection the same

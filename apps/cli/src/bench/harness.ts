@@ -271,12 +271,18 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
     return s;
   };
   const cfg = model.config;
-  const snapshot = (session: Session) => ({ tokens: session.stats.tokens, rows: [...session.stats.activeRows] });
+  const snapshot = (session: Session) => ({
+    tokens: session.stats.tokens,
+    rows: [...session.stats.activeRows],
+    layerTokens: [...session.stats.layerTokens],
+  });
   const delta = (session: Session, a: ReturnType<typeof snapshot>) => {
     const b = snapshot(session);
     const n = b.tokens - a.tokens;
     if (n === 0) return {};
-    const rowsPerToken = b.rows.map((r, l) => (r - (a.rows[l] ?? 0)) / n);
+    const rowsPerToken = b.rows.map(
+      (r, l) => (r - (a.rows[l] ?? 0)) / Math.max(1, (b.layerTokens[l] ?? 0) - (a.layerTokens[l] ?? 0)),
+    );
     // routed experts: the neurons of the chosen experts (n_expert_used · n_ff_exp per layer)
     const perLayer = cfg.moe ? cfg.moe.n_expert_used * cfg.moe.n_ff_exp : cfg.n_ff;
     return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer), rowsPerToken };

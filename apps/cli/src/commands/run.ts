@@ -110,7 +110,8 @@ export function register(program: Command): void {
           // with routed experts the neurons that could run per token are those of the chosen experts
           const moe = model.config.moe;
           const nff = moe ? moe.n_ff_exp * moe.n_expert_used : model.config.n_ff;
-          const frac = session.stats.activeRows.map((r) => r / session.stats.tokens / nff);
+          const st = session.stats;
+          const frac = st.activeRows.map((r, l) => r / Math.max(1, st.layerTokens[l] ?? 0) / nff);
           const mean = frac.reduce((a, b) => a + b, 0) / frac.length;
           process.stderr.write(
             `sparse: ${model.sparse} mode${model.sparse === "predictor" ? `, threshold ${model.threshold}` : ""}; neurons computed per token: ${(mean * 100).toFixed(1)} % of ${moe ? "the chosen experts' neurons" : "n_ff"} on average (per layer: ${frac.map((f) => (f * 100).toFixed(1)).join(", ")} %)\n`,

@@ -413,6 +413,7 @@ export class Model {
     if (sparseNodes.layers.length) {
       result.sparse = {
         activeRows: sparseNodes.up.map((nodes) => nodes.reduce((a, n) => a + r.rowsRead[n]!, 0)),
+        layerTokens: sparseNodes.cols,
         rowsRead: sparseNodes.layers.reduce((s, nodes) => s + nodes.reduce((a, n) => a + r.rowsRead[n]!, 0), 0),
       };
     }
@@ -483,8 +484,11 @@ export interface BatchResult {
   computeMs: number;
   /** Backend compute calls the step made (host round trips; 1 without a device). */
   calls: number;
-  /** Sparse mode only: per layer the neurons computed summed over the step's tokens, and all rows read. */
-  sparse?: { activeRows: number[]; rowsRead: number };
+  /**
+   * Sparse mode only: per layer the neurons computed summed over the tokens its FFN ran on (`layerTokens`:
+   * the step's tokens, in the last layer those whose logits are wanted), and all rows read.
+   */
+  sparse?: { activeRows: number[]; layerTokens: number[]; rowsRead: number };
 }
 
 /** Options of a {@link Session}. */
@@ -511,6 +515,11 @@ export class Session {
     tokens: 0,
     /** Per layer: neurons computed, summed over tokens (rows of W_up read). */
     activeRows: [] as number[],
+    /**
+     * Per layer: the tokens its FFN ran on (the last layer of a prompt runs only the tokens whose logits are
+     * wanted, as llama.cpp does): neurons per token of layer l = activeRows[l] / layerTokens[l].
+     */
+    layerTokens: [] as number[],
     /** Weight rows read by every sparse op together. */
     rowsRead: 0,
     /** Backend compute calls (host round trips) and graphs evaluated: calls per decoded token = calls / steps. */
@@ -640,6 +649,7 @@ export class Session {
               built.sparseNodes.up.forEach((nodes, l) => {
                 // the up projection's rows read = neurons computed, summed over tokens (hot + cold when split)
                 st.activeRows[l] = (st.activeRows[l] ?? 0) + nodes.reduce((a, x) => a + r.rowsRead[x]!, 0);
+                st.layerTokens[l] = (st.layerTokens[l] ?? 0) + built.sparseNodes.cols[l]!;
               });
               st.rowsRead += built.sparseNodes.layers.reduce(
                 (s, ns) => s + ns.reduce((a, x) => a + r.rowsRead[x]!, 0),

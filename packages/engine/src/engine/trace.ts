@@ -12,8 +12,8 @@
  *   the FLASH_ATTN_EXT node itself (we name our fused attention's output `kqv_out-L`, llama.cpp's reshape of it);
  * - our `silu` of the gate before the product with `ffn_up` (llama.cpp fuses both into SWIGLU): named
  *   `ffn_silu-L`, no counterpart in llama.cpp's trace (older llama.cpp builds used that name);
- * - llama.cpp computes the last layer's FFN for the last token only (GET_ROWS before `ffn_inp-L`); we compute
- *   every token there and select the last one before `result_norm`: compare the last column.
+ * - the last layer's FFN runs on the wanted columns only in both (llama.cpp's GET_ROWS by `inp_out_ids` before
+ *   `ffn_inp-L`, ours in the layer recipe); a dump taken while every column is wanted compares the last one.
  */
 import type { Graph, GraphNode, TensorHandle, TensorId } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
@@ -127,11 +127,18 @@ export function labelLlamaGraph(g: Graph, w: LlamaWeights): void {
   const layerOf = (weight: string) => /^blk\.(\d+)\.(.*)$/.exec(weight);
   const suffix = (s: string | undefined, prefix: string) =>
     s?.startsWith(`${prefix}-`) ? s.slice(prefix.length) : undefined;
+  // the last layer's selection of the wanted columns (get_rows of an activation) keeps its source's name
+  const producer = new Map<TensorId, GraphNode>();
+  const through = (t: TensorId | undefined) => {
+    const p = t === undefined ? undefined : producer.get(t);
+    return p?.op === "get_rows" && !handleName(p.src[0]) ? label(p.src[0]) : label(t);
+  };
   for (const n of g.nodes) {
+    producer.set(n.dst, n);
     const w0 = handleName(n.src[0]);
     const w1 = handleName(n.src[1]);
-    const s0 = label(n.src[0]);
-    const s1 = label(n.src[1]);
+    const s0 = through(n.src[0]);
+    const s1 = through(n.src[1]);
     if (n.op === "get_rows" && w0 === "token_embd.weight" && g.tensors[n.src[1]!]?.kind === "input") {
       g.name(n.dst, "embd");
       g.name(n.src[1]!, "inp_tokens");

@@ -58,6 +58,27 @@ export interface LayerContext {
   home: 0 | 1;
   /** Its weights on the main backend (which hold every FFN row). */
   mainLayer?: LlamaLayerWeights;
+  /**
+   * The columns whose logits are wanted (i32), when not all: the last layer selects them after attention
+   * (llama.cpp's `inp_out_ids`) so its FFN runs on those columns only. See {@link lastLayerRows}.
+   */
+  outIds?: TensorId;
+}
+
+/**
+ * In the last layer, the wanted columns of each tensor (llama.cpp's `inp_out_ids`: rows nobody reads are
+ * dropped before the FFN); elsewhere the tensors as they are.
+ */
+export function lastLayerRows(ctx: LayerContext, l: number, ts: TensorId[]): TensorId[] {
+  if (ctx.outIds === undefined || l !== ctx.cfg.n_layer - 1) return ts;
+  return ts.map((t) => ctx.g.getRows(t, ctx.outIds!));
+}
+
+/** Records a layer's sparse op nodes, its up projection node(s) and the columns it ran on. */
+function recordSparse(ctx: LayerContext, nodes: number[], up: number[], h: TensorId): void {
+  ctx.sparseNodes.layers.push(nodes);
+  ctx.sparseNodes.up.push(up);
+  ctx.sparseNodes.cols.push(ctx.g.shape(h)[1]);
 }
 
 /**
@@ -189,7 +210,7 @@ export function feedForward(
  * the cold rows on main over the same selection, their sums added at home.
  */
 function splitFfn(ctx: LayerContext, off: LayerOffload, L: LlamaLayerWeights, h: TensorId, ffnInp: TensorId): TensorId {
-  const { g, cfg, opts, sparseNodes } = ctx;
+  const { g, cfg, opts } = ctx;
   const mode = opts.sparse ?? "off";
   const M = ctx.mainLayer!;
   let logits: TensorId | undefined;
@@ -226,10 +247,7 @@ function splitFfn(ctx: LayerContext, off: LayerOffload, L: LlamaLayerWeights, h:
   const away = half(ctx.home === 1 ? 0 : 1);
   const home = half(ctx.home);
   const [hot, cold] = ctx.home === 1 ? [home, away] : [away, home];
-  if (mode !== "off") {
-    sparseNodes.layers.push([...hot.ops, ...cold.ops]);
-    sparseNodes.up.push([hot.ops[0]!, cold.ops[0]!]);
-  }
+  if (mode !== "off") recordSparse(ctx, [...hot.ops, ...cold.ops], [hot.ops[0]!, cold.ops[0]!], h);
   // in the same order whatever the home: y_hot + y_cold
   let down = g.add(hot.y, cold.y);
   if (L.bDown) down = g.add(down, g.handle(L.bDown));
@@ -238,7 +256,7 @@ function splitFfn(ctx: LayerContext, off: LayerOffload, L: LlamaLayerWeights, h:
 
 /** The FFN of a layer on one backend (see {@link feedForward}). */
 function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: TensorId, layerIn: TensorId): TensorId {
-  const { g, cfg, opts, captures, sparseNodes } = ctx;
+  const { g, cfg, opts, captures } = ctx;
   const act = cfg.ffn.activation;
   const mode = opts.sparse ?? "off";
   let down: TensorId;
@@ -255,10 +273,7 @@ function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: 
         expertGate: g.output(r.gate),
       });
     }
-    if (mode !== "off") {
-      sparseNodes.layers.push(r.sparseNodes);
-      sparseNodes.up.push([r.sparseNodes[0]!]);
-    }
+    if (mode !== "off") recordSparse(ctx, r.sparseNodes, [r.sparseNodes[0]!], h);
   } else if (mode === "off") {
     let up = linear(ctx, L.ffnUp!, h, L.bUp);
     const upRaw = up;
@@ -303,8 +318,7 @@ function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: 
     const nodes = g.nodes
       .map((n, i) => (i >= first && (n.op === "mul_mat_sparse" || n.op === "axpy_sparse") ? i : -1))
       .filter((i) => i >= 0);
-    sparseNodes.layers.push(nodes);
-    sparseNodes.up.push([nodes[0]!]);
+    recordSparse(ctx, nodes, [nodes[0]!], h);
   }
   if (L.bDown) down = g.add(down, g.handle(L.bDown));
   return down;

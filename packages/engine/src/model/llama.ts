@@ -225,6 +225,8 @@ export interface SparseNodes {
    * when the layer is split between a device and main (hot and cold rows).
    */
   up: number[][];
+  /** Per layer, the columns (tokens) its FFN ran on: the last layer runs only the columns whose logits are wanted. */
+  cols: number[];
 }
 
 /**
@@ -384,7 +386,7 @@ export function buildLlamaBatchGraph(
   // llama.cpp computes the matrix products of a sequence's ≥ 2 tokens with its GEMM arithmetic
   if (seqs.some((s) => s.tokens.length > 1))
     g.gemmColumns(Int32Array.from(seqs.flatMap((s) => Array.from(s.tokens, () => (s.tokens.length > 1 ? 1 : 0)))));
-  const sparseNodes: SparseNodes = { layers: [], up: [] };
+  const sparseNodes: SparseNodes = { layers: [], up: [], cols: [] };
   const captures: LayerCapture[] = [];
   if (opts.capture && (opts.sparse ?? "off") !== "off")
     throw new EngineError("BAD_INPUT", "capture needs the dense FFN");
@@ -423,6 +425,20 @@ export function buildLlamaBatchGraph(
   if (act !== "silu" && act !== "relu" && act !== "gelu") {
     throw new EngineError("UNSUPPORTED_ARCH", `FFN activation ${act} is not supported`);
   }
+  // the columns whose logits are wanted, in sequence order
+  const outCols: number[] = [];
+  const outStart: number[] = [];
+  seqs.forEach((s, i) => {
+    outStart.push(outCols.length);
+    const mode = s.logits ?? "last";
+    if (mode === "all") for (let j = 0; j < s.tokens.length; j++) outCols.push(offsets[i]! + j);
+    else if (mode === "last") outCols.push(offsets[i]! + s.tokens.length - 1);
+  });
+  // llama.cpp's inp_out_ids: the last layer runs its FFN on the wanted columns only (not while capturing,
+  // which reads every column)
+  const identity = outCols.length === T; // every column, in order
+  const outIds =
+    outCols.length > 0 && !identity ? g.input("i32", [outCols.length], Int32Array.from(outCols)) : undefined;
   const nodeBackend: number[] | undefined = opts.offload ? [] : undefined;
   const ctx: LayerContext = {
     g,
@@ -441,6 +457,7 @@ export function buildLlamaBatchGraph(
     nodeBackend,
     layer: 0,
     home: 0,
+    outIds: opts.capture ? undefined : outIds,
   };
   const layer = LAYER_BUILDERS[cfg.arch];
   if (!layer) throw new EngineError("UNSUPPORTED_ARCH", `no layer builder for architecture ${cfg.arch}`);
@@ -456,20 +473,11 @@ export function buildLlamaBatchGraph(
     x = onBackend(ctx, ctx.home, () => layer(ctx, l, L, xin));
   }
   ctx.home = 0;
-  // the columns whose logits are wanted, in sequence order
-  const outCols: number[] = [];
-  const outStart: number[] = [];
-  seqs.forEach((s, i) => {
-    outStart.push(outCols.length);
-    const mode = s.logits ?? "last";
-    if (mode === "all") for (let j = 0; j < s.tokens.length; j++) outCols.push(offsets[i]! + j);
-    else if (mode === "last") outCols.push(offsets[i]! + s.tokens.length - 1);
-  });
   const nv = cfg.n_vocab;
   const result: (Float32Array | undefined)[] = seqs.map(() => undefined);
   if (outCols.length > 0) {
-    const identity = outCols.length === T; // every column, in order
-    if (!identity) x = g.getRows(x, g.input("i32", [outCols.length], Int32Array.from(outCols)));
+    // (selected in the last layer unless capturing)
+    if (!identity && ctx.outIds === undefined) x = g.getRows(x, outIds!);
     const out = normed(ctx, x, w.outputNorm, w.outputNormB);
     const all = g.output(g.mulMat(g.handle(w.output), out));
     seqs.forEach((s, i) => {

@@ -6,15 +6,15 @@
  */
 import type { TensorId } from "@powerinfer/core";
 import type { LlamaLayerWeights } from "../llama.js";
-import { feedForward, type LayerContext, normed, selfAttention } from "../layer.js";
+import { feedForward, type LayerContext, lastLayerRows, normed, selfAttention } from "../layer.js";
 
 /** One parallel layer on x [n_embd, T]; returns the layer's output. */
 export function falconLayer(ctx: LayerContext, l: number, L: LlamaLayerWeights, x: TensorId): TensorId {
   const { g } = ctx;
   const h = normed(ctx, x, L.attnNorm, L.attnNormB);
   const attnIn = L.attnNorm2 ? normed(ctx, x, L.attnNorm2, L.attnNorm2B) : h;
-  const attnOut = selfAttention(ctx, l, L, h, attnIn);
-  const down = feedForward(ctx, L, h, x, x);
+  const [attnOut, hr, xr] = lastLayerRows(ctx, l, [selfAttention(ctx, l, L, h, attnIn), h, x]);
+  const down = feedForward(ctx, L, hr, xr, xr);
   // llama.cpp's order: (ffn + attn) + x
-  return g.add(g.add(down, attnOut), x);
+  return g.add(g.add(down, attnOut), xr);
 }

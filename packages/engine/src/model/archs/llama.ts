@@ -8,15 +8,15 @@
  */
 import type { TensorId } from "@powerinfer/core";
 import type { LlamaLayerWeights } from "../llama.js";
-import { feedForward, type LayerContext, normed, selfAttention } from "../layer.js";
+import { feedForward, type LayerContext, lastLayerRows, normed, selfAttention } from "../layer.js";
 
 /** One sequential layer on x [n_embd, T]; returns the layer's output. */
 export function llamaLayer(ctx: LayerContext, l: number, L: LlamaLayerWeights, x: TensorId): TensorId {
   const { g } = ctx;
   const h = normed(ctx, x, L.attnNorm, L.attnNormB);
-  const attnOut = selfAttention(ctx, l, L, h, h);
-  const ffnInp = g.add(attnOut, x);
-  const down = feedForward(ctx, L, normed(ctx, ffnInp, L.ffnNorm!, L.ffnNormB), ffnInp, x);
+  const [attnOut, xr] = lastLayerRows(ctx, l, [selfAttention(ctx, l, L, h, h), x]);
+  const ffnInp = g.add(attnOut, xr);
+  const down = feedForward(ctx, L, normed(ctx, ffnInp, L.ffnNorm!, L.ffnNormB), ffnInp, xr);
   // llama.cpp's order: ffn + (attn + x)
   return g.add(down, ffnInp);
 }
