@@ -46,7 +46,9 @@ async function serve(args: string[], prompts: string[]): Promise<{ texts: string
           method: "POST",
           body: JSON.stringify({ prompt, max_tokens: 12, temperature: 0 }),
         });
-        return ((await r.json()) as { choices: { text: string }[] }).choices[0]!.text;
+        const body = (await r.json()) as { choices?: { text: string }[] };
+        if (!body.choices) throw new Error(`${r.status}: ${JSON.stringify(body)}`);
+        return body.choices[0]!.text;
       }),
     );
     return { texts, stderr };
@@ -94,7 +96,9 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
         const b = cli(undefined, "run", ...dev(), ...args);
         expect(a.code, a.stderr).toBe(0);
         expect(b.code, b.stderr).toBe(0);
-        expect(b.stderr).toMatch(/hybrid: \d+ hot neurons and \d+ attention layers .* on cpu, the rest on cpu/);
+        expect(b.stderr).toMatch(
+          /hybrid: \d+ hot neurons and \d+ attention layers? on cpu \(.* MiB of weights.*\), the rest on cpu/,
+        );
         expect(b.stderr).toMatch(/backend calls per step/);
         expect(b.stdout).toBe(a.stdout);
       });
@@ -142,14 +146,21 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
       });
 
       it("serve with 1 and 4 concurrent requests: the same completions", async () => {
-        const prompts = ["Once upon a time", "The cat", "One day, a little", "Lily and Tom"];
+        // prompts of 20–40 tokens decoded together: the device gathers their attention outputs in a scratch
+        // that the plan sets aside
+        const prompts = [
+          "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun with her dog.",
+          "The cat sat on the mat and looked at the bird in the tree. The bird sang a song.",
+          "One day, a little boy went to the park with his mom. They saw a big red ball",
+          "Lily and Tom were best friends. They liked to play with blocks and build tall towers together every day.",
+        ];
         for (const [np, ps] of [
           ["1", prompts.slice(0, 1)],
           ["4", prompts],
         ] as const) {
-          const a = await serve([...cpu(), "-np", np, "-c", String(128 * Number(np))], [...ps]);
-          const b = await serve([...dev(), "-np", np, "-c", String(128 * Number(np))], [...ps]);
-          expect(b.stderr).toMatch(/hot neurons on cpu/);
+          const a = await serve([...cpu(), "-np", np, "-c", String(256 * Number(np))], [...ps]);
+          const b = await serve([...dev(), "-np", np, "-c", String(256 * Number(np))], [...ps]);
+          expect(b.stderr).toMatch(/hot neurons and \d+ attention layers? on cpu/);
           expect(b.texts).toEqual(a.texts);
         }
       }, 120_000);
@@ -192,6 +203,108 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     ]);
     for (const x of rows) expect(x.avg_ts).toBeGreaterThan(0);
   });
+
+  it("never replaces the model, its statistics, a file that is not a GPU index, or PowerInfer's own index", () => {
+    const model = join(dir, "guard.gguf");
+    const stats = join(dir, "guard.activations.gguf");
+    const txt = join(dir, "notes.txt");
+    copyFileSync(relu, model);
+    copyFileSync(join(dir, "relu.activations.gguf"), stats);
+    writeFileSync(txt, "mine\n");
+    const before = [model, stats, txt].map((f) => readFileSync(f));
+    for (const target of [model, stats, txt]) {
+      const r = cli(
+        undefined,
+        "plan",
+        "-m",
+        model,
+        "--device-backend",
+        "cpu",
+        "--vram-budget",
+        "0.004",
+        "--gpu-index",
+        target,
+        "--reset-gpu-index",
+      );
+      expect(r.code, r.stderr).toBe(1);
+      expect(r.stderr.trim().split("\n")).toHaveLength(1);
+      expect(r.stderr).toMatch(
+        /is the model file|is the activation statistics file|is not a GPU index: refusing to replace it/,
+      );
+    }
+    [model, stats, txt].forEach((f, i) => {
+      expect(readFileSync(f).equals(before[i]!), f).toBe(true);
+    });
+    // PowerInfer's index beside the model, too large for the budget: kept, the new plan not saved over it
+    const pidx = join(dir, "tiny.powerinfer.generated.gpuidx");
+    const keep = readFileSync(pidx);
+    const fstats = join(dir, "tiny.stats.gguf");
+    expect(cli(undefined, "profile", "-m", fixture, "-f", small, "--tokens", "64", "-o", fstats).code).toBe(0);
+    const r = cli(
+      undefined,
+      "run",
+      "-m",
+      fixture,
+      "-t",
+      "1",
+      "--device-backend",
+      "cpu",
+      "--vram-budget",
+      "0.0002",
+      "--stats",
+      fstats,
+      "-p",
+      "Hi",
+      "-n",
+      "2",
+    );
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/is kept as it is \(written by PowerInfer\?\)/);
+    expect(readFileSync(pidx).equals(keep)).toBe(true);
+  });
+
+  it("a budget too small for PowerInfer's index and no statistics: a note and the CPU's text", () => {
+    const args = ["-m", fixture, "-t", "1", "-p", "Once upon a time", "-n", "12", "--temp", "0"];
+    const cpu = cli(undefined, "run", ...args, "--disable-gpu-index");
+    const r = cli(undefined, "run", ...args, "--device-backend", "cpu", "--vram-budget", "0");
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/note: no activation statistics .*every FFN neuron stays on cpu/);
+    expect(r.stdout).toBe(cpu.stdout);
+  });
+
+  it("--n-gpu-layers is exact and capped at the model's layers, as llama.cpp's -ngl", () => {
+    const args = ["-m", relu, "-t", "1", "-p", "Once upon a time", "-n", "8", "--temp", "0", "--device-backend", "cpu"];
+    const all = cli(undefined, "run", ...args, "-ngl", "99", "--vram-budget", "0.05");
+    expect(all.code, all.stderr).toBe(0);
+    expect(all.stderr).toMatch(/hot neurons and 6 attention layers on cpu/);
+    const none = cli(undefined, "run", ...args, "-ngl", "0", "--vram-budget", "0.004");
+    expect(none.code, none.stderr).toBe(0);
+    expect(none.stderr).toMatch(/hybrid: \d+ hot neurons and 0 attention layers on cpu/);
+    const tight = cli(undefined, "run", ...args, "-ngl", "6", "--vram-budget", "0.001");
+    expect(tight.code).toBe(1);
+    expect(tight.stderr).toMatch(
+      /^powerinfer: --n-gpu-layers 6 needs [\d.]+ MiB on cpu .*more than the [\d.]+ MiB budget \(--vram-budget\)\n/,
+    );
+  });
+
+  it("serve -np 4 under a tight budget: concurrent requests fit (the device's batch scratch is set aside in the plan)", async () => {
+    // before the scratch was set aside, this plan filled the budget and every concurrent request failed with
+    // OUT_OF_MEMORY on the device
+    const args = ["-m", relu, "-np", "4", "-c", "512", "--device-backend", "cpu", "--vram-budget", "0.004"];
+    const prompts = Array.from({ length: 4 }, () => "Hello there, tell me a story about a cat and a dog please");
+    const r = await serve(args, prompts);
+    expect(r.stderr).toMatch(/ready — 4 slots × 128 tokens, .*attention layers? on cpu/);
+    expect(r.texts.every((t) => t.length > 0)).toBe(true);
+    expect(new Set(r.texts).size).toBe(1);
+  }, 60_000);
+
+  it("plan on a routed-expert model is one clear line", () => {
+    const st = join(dir, "st.gguf");
+    expect(cli(undefined, "gen-model", "--preset", "smallthinker-4b-a0.6b", "--layers", "1", "-o", st).code).toBe(0);
+    const r = cli(undefined, "plan", "-m", st, "--device-backend", "cpu", "-ngl", "1");
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/^powerinfer: no placement plan for routed experts yet/);
+  }, 120_000);
 
   it("a foreign GPU index is used as it is and never rewritten", () => {
     const idx = join(dir, "tiny.powerinfer.generated.gpuidx");

@@ -10,6 +10,8 @@ export type EngineErrorCode =
   | "ABORTED"
   | "QUEUE_FULL"
   | "RAM_BUDGET"
+  /** A placement plan had to be solved, and there are no activation statistics to solve it from. */
+  | "NO_STATS"
   /** The backend computed a step but left logits unwritten or NaN. */
   | "BACKEND_FAULT"
   | "DISPOSED";

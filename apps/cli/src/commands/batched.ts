@@ -55,7 +55,10 @@ export function register(program: Command): void {
           throw new InvalidArgumentError("give a prompt with -p or -f");
         if (o.parallel < 1) throw new InvalidArgumentError("--parallel must be ≥ 1");
         const prompt = o.prompt ?? readTextFile(o.file!);
-        const loaded = await loadModelWithDevice(o, !!o.json, (n) => n * o.parallel);
+        const loaded = await loadModelWithDevice(o, !!o.json, {
+          kvPositions: (n) => n * o.parallel,
+          batchColumns: o.parallel > 1 ? o.parallel : undefined,
+        });
         const { backend, model } = loaded;
         const sessions: Session[] = [];
         try {

@@ -5,12 +5,16 @@
  * on the device, so every command decodes through the same hybrid path.
  */
 import { existsSync } from "node:fs";
-import type { Backend } from "@powerinfer/core";
+import { type Backend, BackendError } from "@powerinfer/core";
 import type { PlacementPlan, Throughput } from "@powerinfer/core/placement";
 import {
+  attentionBytes,
+  attentionWeightBytes,
   type DevicePlan,
   defaultGpuIndexPath,
   defaultStatsPath,
+  EngineError,
+  hotNeuronBytes,
   type Model,
   measureReadThroughput,
   type ResolvedPlan,
@@ -69,16 +73,16 @@ export function budgetBytes(o: Pick<DeviceCliOptions, "vramBudget">, deviceFree:
 
 /**
  * The placement plan for the device options: `resolvePlan` with --stats, --gpu-index, --reset-gpu-index,
- * --solver, --bucket-size, --kv-type and --n-gpu-layers.
- * @throws InvalidArgumentError for --n-gpu-layers beyond the model's layers; what resolvePlan throws.
+ * --solver, --bucket-size, --kv-type and --n-gpu-layers (the planner places the forced layers' attention and
+ * decides the rest).
+ * @throws what resolvePlan throws.
  */
 export function resolvePlanFromCli(
   model: Model,
   deviceName: string,
   o: ModelCliOptions & DeviceCliOptions,
-  at: { budget: number; nCtx: number; throughput?: Throughput },
+  at: { budget: number; nCtx?: number; throughput?: Throughput; nGpuLayers?: number },
 ): Promise<ResolvedPlan> {
-  checkGpuLayers(o, model);
   return resolvePlan(model, {
     budgetBytes: at.budget,
     backend: deviceName,
@@ -89,17 +93,14 @@ export function resolvePlanFromCli(
     bucketSize: o.bucketSize,
     nCtx: at.nCtx,
     kvType: o.kvType as "f16",
-    nGpuLayers: o.nGpuLayers ?? 0,
+    nGpuLayers: at.nGpuLayers ?? gpuLayers(o, model),
     throughput: at.throughput,
   });
 }
 
-/** @throws InvalidArgumentError when --n-gpu-layers is more than the model's layers. */
-function checkGpuLayers(o: Pick<DeviceCliOptions, "nGpuLayers">, model: Model): void {
-  const n = model.config.n_layer;
-  if (o.nGpuLayers !== undefined && o.nGpuLayers > n) {
-    throw new InvalidArgumentError(`--n-gpu-layers ${o.nGpuLayers} is more than the model's ${n} layers`);
-  }
+/** --n-gpu-layers, at most the model's layers (llama.cpp's `-ngl 99` means every layer); 0 when absent. */
+export function gpuLayers(o: Pick<DeviceCliOptions, "nGpuLayers">, model: Model): number {
+  return Math.min(o.nGpuLayers ?? 0, model.config.n_layer);
 }
 
 export interface LoadedWithDevice {
@@ -109,28 +110,55 @@ export interface LoadedWithDevice {
   device?: Backend;
   /** The hot-neuron plan (absent without statistics, e.g. a dense model with --n-gpu-layers only). */
   plan?: PlacementPlan;
+  /** One line: what is on the device (empty without one). */
+  summary: string;
   /** Frees the model, the device placement and both backends. */
   dispose(): void;
 }
 
+export interface DeviceLoadOptions {
+  /** KV cache positions the command will hold over all its sessions (default: one session of -c). */
+  kvPositions?: (nCtxDefault: number) => number;
+  /**
+   * Several sequences decode in one step (serve, batched): columns of the largest step, for the device's
+   * scratch where the attention outputs of offloaded layers are gathered (kept out of the plan's budget).
+   */
+  batchColumns?: number;
+}
+
+const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
 /**
- * Loads the model (main backend: the CPU when a device is used and --backend is "auto") and places hot
- * neurons and the last --n-gpu-layers layers on the device backend. Without a usable device, without
- * statistics or a GPU index (and no --n-gpu-layers), or with a budget that holds nothing, everything stays
- * on the main backend with a one-line note on stderr (unless `quiet`).
- * @throws what loadModelFromCli, resolvePlan and Model.offload throw; InvalidArgumentError for
- *   --n-gpu-layers beyond the model's layers.
+ * Loads the model (main backend: the CPU when a device is used and --backend is "auto") and places part of
+ * it on the device backend: the planner's hot neurons and attention layers, or with --n-gpu-layers N the
+ * attention and KV cache of exactly the last N layers (a dense model: the whole layers) and the planner's hot
+ * neurons in what is left. Without a usable device, without statistics or a GPU index (and no
+ * --n-gpu-layers), or with a budget that holds nothing, everything stays on the main backend with a one-line
+ * note on stderr (unless `quiet`).
+ * @throws what loadModelFromCli, resolvePlan and Model.offload throw; InvalidArgumentError when
+ *   --n-gpu-layers does not fit in --vram-budget or the placement does not fit on the device.
  */
 export async function loadModelWithDevice(
   o: ModelCliOptions & DeviceCliOptions,
   quiet = false,
-  /** KV cache positions the command will hold over all its sessions (default: one session of -c). */
-  kvPositions?: (nCtxDefault: number) => number,
+  lo: DeviceLoadOptions = {},
 ): Promise<LoadedWithDevice> {
   const note = (s: string) => {
     if (!quiet) process.stderr.write(`${s}\n`);
   };
   const wantDevice = !o.disableGpuIndex;
+  if (!wantDevice) {
+    const ignored = [
+      o.vramBudget !== undefined && "--vram-budget",
+      o.deviceBackend !== "auto" && "--device-backend",
+      o.nGpuLayers !== undefined && "--n-gpu-layers",
+      o.gpuIndex !== undefined && "--gpu-index",
+      o.resetGpuIndex && "--reset-gpu-index",
+    ].filter(Boolean);
+    if (ignored.length)
+      note(`note: --disable-gpu-index: ${ignored.join(", ")} ignored, everything runs on the main backend`);
+  }
   let device = wantDevice
     ? await loadDeviceBackend(
         o.deviceBackend,
@@ -153,6 +181,7 @@ export async function loadModelWithDevice(
   const out: LoadedWithDevice = {
     backend,
     model,
+    summary: "",
     dispose() {
       model.dispose();
       backend.dispose();
@@ -165,29 +194,46 @@ export async function loadModelWithDevice(
     device = undefined;
   };
   try {
-    checkGpuLayers(o, model);
     if (!device) {
       if (wantDevice && (o.nGpuLayers || o.vramBudget !== undefined || o.deviceBackend !== "auto"))
         note(`note: no device backend is usable: everything runs on ${backend.name}`);
       return out;
     }
-    if (cfg.moe && !o.nGpuLayers) {
+    const ngl = gpuLayers(o, model);
+    const forced = o.nGpuLayers !== undefined;
+    if (cfg.moe && !ngl) {
       drop(
         `note: hot neurons of routed experts on a device are not supported yet: everything runs on ${backend.name} (--n-gpu-layers N moves N layers' attention)`,
       );
       return out;
     }
-    const ngl = o.nGpuLayers ?? 0;
-    const statsPath = o.stats ?? defaultStatsPath(o.model);
     // routed experts: attention only (--n-gpu-layers), every expert stays on main
     const sparse = (model.sparse !== "off" || cfg.ffn.activation === "relu") && !cfg.moe;
+    const statsPath = o.stats ?? defaultStatsPath(o.model);
     const havePlanInput = existsSync(statsPath) || existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model));
     const budget = budgetBytes(o, device.devices[0]?.freeMemory ?? 0);
+    const nCtxDefault = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
+    const nCtx = lo.kvPositions?.(nCtxDefault) ?? nCtxDefault;
+    const kvBytes = (l: number) => attentionBytes(model, l, nCtx, o.kvType as "f16") - attentionWeightBytes(model, l);
+    // the scratch where several sequences' attention outputs are gathered on the device
+    const scratch = lo.batchColumns ? cfg.head_dim * cfg.n_head * Math.max(16, lo.batchColumns) * 4 : 0;
+    const last = (l: number) => l >= cfg.n_layer - ngl;
+    // --n-gpu-layers N: exactly the last N layers' attention (and, for a dense FFN, the whole layers)
+    let forcedBytes = 0;
+    for (let l = 0; l < cfg.n_layer; l++) {
+      if (!forced || !last(l)) continue;
+      forcedBytes += attentionBytes(model, l, nCtx, o.kvType as "f16");
+      if (!sparse && !cfg.moe) forcedBytes += cfg.n_ff * hotNeuronBytes(model, l);
+    }
+    if (forced && forcedBytes + (ngl ? scratch : 0) > budget) {
+      throw new InvalidArgumentError(
+        `--n-gpu-layers ${ngl} needs ${mib(forcedBytes + (ngl ? scratch : 0))} on ${device.name} (attention${sparse ? "" : ", FFN"} and KV cache for ${nCtx} positions), more than the ${mib(budget)} budget (--vram-budget)`,
+      );
+    }
     let hot: Int32Array[] = Array.from({ length: cfg.n_layer }, () => new Int32Array(0));
-    let attention: boolean[] | undefined;
+    let attention: boolean[] = Array.from({ length: cfg.n_layer }, (_, l) => forced && last(l));
+    let throughputLine = "";
     if (havePlanInput && sparse) {
-      // the planner weighs each layer's attention and KV cache against hot neurons in the same budget
-      const nCtxDefault = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
       // a short calibration: each backend's read speed in a matrix × vector product, for the expected tokens/s
       const cpuBps = measureReadThroughput(backend);
       const devBps = measureReadThroughput(device, Math.min(64 * 2 ** 20, Math.max(2 ** 20, budget / 4)));
@@ -195,24 +241,37 @@ export async function loadModelWithDevice(
         cpuBps && devBps
           ? { cpuBytesPerSecond: cpuBps, deviceBytesPerSecond: devBps, source: "measured" as const }
           : undefined;
-      const r = await resolvePlanFromCli(model, device.name, o, {
-        budget,
-        nCtx: kvPositions?.(nCtxDefault) ?? nCtxDefault,
-        throughput,
-      });
-      for (const n of r.notes) note(n);
-      const tps = r.plan.expectedTokensPerSecond;
-      if (Number.isFinite(tps)) {
-        const gbs = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
-        const t = r.plan.throughput;
-        note(
-          `plan: expected ${tps.toFixed(1)} tokens/s from the layers' bytes read (${t.source === "measured" ? "measured at load" : "planner defaults"}: ${backend.name} ${gbs(t.cpuBytesPerSecond)}, ${device.name} ${gbs(t.deviceBytesPerSecond)})`,
-        );
+      let r: ResolvedPlan;
+      try {
+        // without --n-gpu-layers the planner weighs each layer's attention and KV cache against hot neurons;
+        // with it, the forced layers are set aside and the neurons planned in what is left
+        r = await resolvePlanFromCli(model, device.name, o, {
+          budget: Math.max(0, budget - forcedBytes - scratch),
+          nCtx: forced ? undefined : nCtx,
+          throughput,
+          nGpuLayers: 0,
+        });
+      } catch (e) {
+        if (!(e instanceof EngineError && e.code === "NO_STATS")) throw e;
+        if (!forced) {
+          drop(`note: ${e.message}; every FFN neuron stays on ${backend.name}`);
+          return out;
+        }
+        note(`note: ${e.message}; only the --n-gpu-layers layers go to ${device.name}`);
+        r = undefined as never;
       }
-      out.plan = r.plan;
-      hot = r.plan.layers.map((L) => L.hot);
-      attention = r.plan.layers.map((L) => !!L.attention);
-    } else if (ngl === 0) {
+      if (r) {
+        for (const n of r.notes) note(n);
+        out.plan = r.plan;
+        hot = r.plan.layers.map((L) => L.hot);
+        if (!forced) attention = r.plan.layers.map((L) => !!L.attention);
+        const tps = r.plan.expectedTokensPerSecond;
+        const t = r.plan.throughput;
+        const gbs = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
+        if (Number.isFinite(tps) && !forced)
+          throughputLine = `plan: expected ${tps.toFixed(1)} tokens/s from the layers' bytes read (${t.source === "measured" ? "read speeds measured at load" : "the planner's default read speeds"}: main ${backend.name} ${gbs(t.cpuBytesPerSecond)}, device ${device.name} ${gbs(t.deviceBytesPerSecond)})`;
+      }
+    } else if (!forced) {
       drop(
         sparse
           ? `note: no activation statistics (${statsPath}), so no hot/cold split: every FFN neuron stays on ${backend.name}; run \`powerinfer profile\` first`
@@ -220,26 +279,33 @@ export async function loadModelWithDevice(
       );
       return out;
     }
-    // the planner's attention layers, or (no statistics) --n-gpu-layers: the last N layers' attention — and,
-    // for a dense FFN, the whole layers — on the device
     const plan: DevicePlan = {
-      layers: hot.map((h, l) => {
-        const offloaded = attention ? attention[l]! : l >= cfg.n_layer - ngl;
-        return {
-          hot: offloaded && !sparse && !cfg.moe ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
-          attention: offloaded,
-        };
-      }),
+      layers: hot.map((h, l) => ({
+        hot: attention[l] && !sparse && !cfg.moe ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
+        attention: attention[l],
+      })),
     };
     if (plan.layers.every((L) => L.hot.length === 0 && !L.attention)) {
       drop(`note: the device budget holds no hot neuron: every FFN neuron stays on ${backend.name}`);
       return out;
     }
-    const placed = model.offload(device, plan);
+    let placed: ReturnType<Model["offload"]>;
+    try {
+      placed = model.offload(device, plan);
+    } catch (e) {
+      if (e instanceof BackendError && e.code === "OUT_OF_MEMORY") {
+        throw new InvalidArgumentError(
+          `the placement does not fit on ${device.name} (${e.message.replace(/^[^:]*: /, "")}): lower --n-gpu-layers or --vram-budget`,
+        );
+      }
+      throw e;
+    }
     out.device = device;
-    note(
-      `hybrid: ${placed.hotNeurons} hot neurons and ${placed.attentionLayers} attention layers (${(placed.deviceBytes() / 2 ** 20).toFixed(2)} MiB) on ${device.name}, the rest on ${backend.name}`,
-    );
+    if (throughputLine) note(throughputLine);
+    const whole = plan.layers.filter((L) => L.attention && L.hot.length === cfg.n_ff).length;
+    const kv = plan.layers.reduce((s, L, l) => s + (L.attention ? kvBytes(l) : 0), 0);
+    out.summary = `${sparse ? `${placed.hotNeurons} hot neurons and ${plural(placed.attentionLayers, "attention layer")}` : plural(whole, "whole layer")} on ${device.name} (${mib(placed.deviceBytes())} of weights${kv ? ` + ${mib(kv)} of KV cache` : ""}), the rest on ${backend.name}`;
+    note(`hybrid: ${out.summary}`);
     return out;
   } catch (e) {
     device?.dispose();

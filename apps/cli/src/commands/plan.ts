@@ -7,7 +7,7 @@ import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
 import { float, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
-import { budgetBytes, type DeviceCliOptions, deviceOptions, resolvePlanFromCli } from "./device.js";
+import { budgetBytes, type DeviceCliOptions, deviceOptions, gpuLayers, resolvePlanFromCli } from "./device.js";
 
 /** The options of `plan` beside the model's: the device options every decoding command has. */
 export type PlanCliOptions = DeviceCliOptions;
@@ -90,7 +90,7 @@ export function register(program: Command): void {
               );
             }
             process.stdout.write(
-              `device backend: ${device.name}; n_ctx ${nCtx} (${o.kvType} KV cache)${o.nGpuLayers ? `; attention of the last ${o.nGpuLayers} layers forced on the device (--n-gpu-layers)` : ""}\n` +
+              `device backend: ${device.name}; n_ctx ${nCtx} (${o.kvType} KV cache)${gpuLayers(o, model) ? `; attention of the last ${gpuLayers(o, model)} layers forced on the device (--n-gpu-layers)` : ""}\n` +
                 `${explainPlan(r.plan, cfg.n_ff)}\n` +
                 `with the output layer on the CPU (${(outputBytes / 2 ** 20).toFixed(2)} MiB read per token): expected ${Number.isNaN(withOutput) ? "?" : withOutput.toFixed(1)} tokens/s\n`,
             );

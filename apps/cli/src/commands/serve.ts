@@ -178,8 +178,12 @@ export function register(program: Command): void {
         const loaded = loadModelWithDevice(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
           true,
-          // the KV cache over all slots: -c, else slots × the model's context (at most 4096 each)
-          (n) => o.ctxSize ?? n * o.parallel,
+          {
+            // the KV cache over all slots: -c, else slots × the model's context (at most 4096 each)
+            kvPositions: (n) => o.ctxSize ?? n * o.parallel,
+            // a step holds at most -b tokens over the slots
+            batchColumns: o.parallel > 1 ? o.batchSize : undefined,
+          },
         );
         const server = createServer({
           model: loaded.then((l) => l.model),
@@ -239,7 +243,7 @@ export function register(program: Command): void {
         }
         for (const w of [...model.config.warnings, ...s.warnings]) process.stderr.write(`warning: ${w}\n`);
         process.stderr.write(
-          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads)${device ? `, hot neurons on ${device.name}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
+          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads)${device ? `, ${(await loaded).summary}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
         );
         await done;
         (await loaded).dispose();

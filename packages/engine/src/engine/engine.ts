@@ -430,7 +430,8 @@ export class Model {
     if (cur) b.freeTensor(cur);
     if (dev) this.deviceScratch = undefined;
     else this.scratch = undefined;
-    const t = b.createTensor("f32", [rows, Math.max(columns, 2 * have, 16)]);
+    // main grows by doubling; the device exactly (its bytes are set aside in the plan's budget)
+    const t = b.createTensor("f32", [rows, dev ? Math.max(columns, 16) : Math.max(columns, 2 * have, 16)]);
     if (dev) this.deviceScratch = t;
     else this.scratch = t;
     return t;

@@ -5,6 +5,7 @@
  * whose attention the plan offloads are an extra key PowerInfer ignores).
  */
 import { existsSync } from "node:fs";
+import { resolve as resolvePath } from "node:path";
 import {
   type ActivationStats,
   type GpuIndex,
@@ -97,6 +98,12 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   const path = model.file.path;
   const gpuIndexPath = o.gpuIndexPath ?? defaultGpuIndexPath(path);
   const statsPath = o.statsPath ?? defaultStatsPath(path);
+  if (cfg.moe) {
+    throw new EngineError(
+      "UNSUPPORTED_ARCH",
+      `no placement plan for routed experts yet (${cfg.arch}: profiling experts is not supported); run with --n-gpu-layers N to put N layers' attention on the device`,
+    );
+  }
   const bytesPerNeuron = Array.from({ length: cfg.n_layer }, (_, l) => hotNeuronBytes(model, l));
   const attBytes =
     o.attentionBytes ??
@@ -178,7 +185,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   }
   if (!existsSync(statsPath)) {
     throw new EngineError(
-      "BAD_INPUT",
+      "NO_STATS",
       `no activation statistics at ${statsPath}: run \`powerinfer profile -m ${path} -f TEXT\` first`,
     );
   }
@@ -192,14 +199,33 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     if ((e as { code?: string }).code === "BAD_PLANNER_INPUT") throw new EngineError("BAD_INPUT", (e as Error).message);
     throw e;
   }
-  // A GPU index the user named is theirs: replaced only on --reset-gpu-index; a new plan goes to the
-  // default path beside the model instead (when that is another file), or stays in memory.
+  // A GPU index the user named, or one written by PowerInfer, is kept: replaced only on --reset-gpu-index; a
+  // new plan goes to the default path beside the model instead (when that is another file holding nothing or
+  // a plan of ours), or stays in memory. The model, its statistics and a file that is not a GPU index are never
+  // replaced.
+  const userNamed = o.gpuIndexPath !== undefined;
+  const same = (a: string, b: string) => resolvePath(a) === resolvePath(b);
+  if (same(gpuIndexPath, path) || same(gpuIndexPath, statsPath)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `the GPU index path ${gpuIndexPath} is the ${same(gpuIndexPath, path) ? "model" : "activation statistics"} file; name another file`,
+    );
+  }
+  const kind = indexFileKind(gpuIndexPath);
+  if (kind === "other") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `${gpuIndexPath} exists and is not a GPU index: refusing to replace it; name another file`,
+    );
+  }
   let writePath: string | undefined = gpuIndexPath;
-  if (o.gpuIndexPath !== undefined && !o.reset && existsSync(gpuIndexPath)) {
+  const keep = kind === "foreign" ? !o.reset : kind === "ours" && userNamed && !o.reset;
+  if (keep) {
     const fallback = defaultGpuIndexPath(path);
-    writePath = fallback !== gpuIndexPath ? fallback : undefined;
+    const fk = indexFileKind(fallback);
+    writePath = !same(fallback, gpuIndexPath) && (fk === "absent" || fk === "ours") ? fallback : undefined;
     notes.push(
-      `${gpuIndexPath} is kept as it is (--reset-gpu-index replaces it); ${writePath ? `the new plan goes to ${writePath}` : "the new plan is not saved"}`,
+      `${gpuIndexPath} is kept as it is${kind === "foreign" ? " (written by PowerInfer?)" : ""} (--reset-gpu-index replaces it); ${writePath ? `the new plan goes to ${writePath}` : "the new plan is not saved"}`,
     );
   }
   if (!o.noWrite && writePath) {
@@ -216,12 +242,31 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     } catch (e) {
       // a read-only model folder: use the plan without saving it
       notes.push(
-        `could not write ${writePath} (${(e as Error).message}); using the plan unsaved — pass --gpu-index PATH to keep it`,
+        `could not write ${writePath} (${(e as Error).message}); using the plan unsaved${userNamed ? "" : " — pass --gpu-index PATH to keep it"}`,
       );
       writePath = undefined;
     }
   }
   return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes };
+}
+
+/**
+ * What a file at a GPU index path holds: nothing ("absent"), a GPU index with powerinfer-ts's provenance keys
+ * ("ours"), one without them (PowerInfer's, "foreign"), or something else ("other": a model, statistics, text).
+ */
+function indexFileKind(p: string): "absent" | "ours" | "foreign" | "other" {
+  if (!existsSync(p)) return "absent";
+  try {
+    const idx = readGpuIndex(p);
+    return gpuIndexToPlan(
+      idx,
+      idx.layers.map(() => 0),
+    ).provenance
+      ? "ours"
+      : "foreign";
+  } catch {
+    return "other";
+  }
 }
 
 /** A plan read from a GPU index without usable statistics: bytes known, shares and tokens/s unknown (NaN). */
