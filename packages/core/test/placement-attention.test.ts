@@ -206,6 +206,23 @@ describe("attention placement", () => {
     expect(S(ngl)).toBeCloseTo(bruteForce({ ...base, budgetBytes: 17_000, nGpuLayers: 3 }).S, 9);
     // -ngl 0 and -ngl 6
     expect((await planPlacement({ ...base, budgetBytes: 40_000, nGpuLayers: 6 })).attentionBytes).toBe(30_000);
+    // exact (llama.cpp's -ngl N): the last N layers' attention and no other, the rest of the budget for neurons
+    const exact = await planPlacement({ ...base, budgetBytes: 40_000, nGpuLayers: 2, exactGpuLayers: true });
+    expect(exact.layers.map((L) => L.attention)).toEqual([false, false, false, false, true, true]);
+    expect(exact.neuronBytes).toBe(40_000 - 10_000 - ((40_000 - 10_000) % 800));
+    // the optimum over neurons with those two layers' attention taken (the others' attention worth nothing)
+    const others = { ...base, budgetBytes: 40_000, nGpuLayers: 2, attentionBytes: [0, 0, 0, 0, 5_000, 5_000] };
+    expect(S(exact)).toBeCloseTo(bruteForce(others).S, 9);
+    const none = await planPlacement({ ...base, budgetBytes: 40_000, nGpuLayers: 0, exactGpuLayers: true });
+    expect(none.attentionBytes).toBe(0);
+    expect(attentionByRule(base.attentionBytes!, 0, 40_000, 1, true)).toEqual([
+      false,
+      false,
+      false,
+      false,
+      false,
+      true,
+    ]);
     expect(() => planGreedy({ ...base, budgetBytes: 14_999, nGpuLayers: 3 })).toThrow(
       /attention of the last 3 layers \(nGpuLayers\) needs 15000 bytes, more than the 14999-byte budget/,
     );
@@ -284,6 +301,7 @@ describe("attention placement", () => {
       statsFile: "s.gguf",
       attentionBytes: 13 * 64 * 200,
       nGpuLayers: 2,
+      exactGpuLayers: true,
     };
     writeGpuIndex(path, planToGpuIndex(plan, 512, prov));
     const idx = readGpuIndex(path);

@@ -154,6 +154,7 @@ describe("placement planner", () => {
       statsFile: "s.gguf",
       attentionBytes: 0,
       nGpuLayers: 0,
+      exactGpuLayers: false,
     });
     expect(back.attention).toEqual(plan.layers.map(() => false));
   });

@@ -73,15 +73,15 @@ export function budgetBytes(o: Pick<DeviceCliOptions, "vramBudget">, deviceFree:
 
 /**
  * The placement plan for the device options: `resolvePlan` with --stats, --gpu-index, --reset-gpu-index,
- * --solver, --bucket-size, --kv-type and --n-gpu-layers (the planner places the forced layers' attention and
- * decides the rest).
+ * --solver, --bucket-size, --kv-type and --n-gpu-layers (exactly the last N layers' attention, as llama.cpp's
+ * -ngl; without it the planner decides which layers' attention goes to the device).
  * @throws what resolvePlan throws.
  */
 export function resolvePlanFromCli(
   model: Model,
   deviceName: string,
   o: ModelCliOptions & DeviceCliOptions,
-  at: { budget: number; nCtx?: number; throughput?: Throughput; nGpuLayers?: number },
+  at: { budget: number; nCtx: number; throughput?: Throughput },
 ): Promise<ResolvedPlan> {
   return resolvePlan(model, {
     budgetBytes: at.budget,
@@ -93,7 +93,9 @@ export function resolvePlanFromCli(
     bucketSize: o.bucketSize,
     nCtx: at.nCtx,
     kvType: o.kvType as "f16",
-    nGpuLayers: at.nGpuLayers ?? gpuLayers(o, model),
+    nGpuLayers: gpuLayers(o, model),
+    // -ngl N: exactly those layers' attention, as llama.cpp's
+    exactGpuLayers: o.nGpuLayers !== undefined,
     throughput: at.throughput,
   });
 }
@@ -243,13 +245,12 @@ export async function loadModelWithDevice(
           : undefined;
       let r: ResolvedPlan;
       try {
-        // without --n-gpu-layers the planner weighs each layer's attention and KV cache against hot neurons;
-        // with it, the forced layers are set aside and the neurons planned in what is left
+        // the planner weighs each layer's attention and KV cache against hot neurons (with --n-gpu-layers
+        // exactly the last N layers'), in the budget less the batch scratch
         r = await resolvePlanFromCli(model, device.name, o, {
-          budget: Math.max(0, budget - forcedBytes - scratch),
-          nCtx: forced ? undefined : nCtx,
+          budget: Math.max(0, budget - scratch),
+          nCtx,
           throughput,
-          nGpuLayers: 0,
         });
       } catch (e) {
         if (!(e instanceof EngineError && e.code === "NO_STATS")) throw e;
@@ -264,11 +265,11 @@ export async function loadModelWithDevice(
         for (const n of r.notes) note(n);
         out.plan = r.plan;
         hot = r.plan.layers.map((L) => L.hot);
-        if (!forced) attention = r.plan.layers.map((L) => !!L.attention);
+        attention = r.plan.layers.map((L) => !!L.attention);
         const tps = r.plan.expectedTokensPerSecond;
         const t = r.plan.throughput;
         const gbs = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
-        if (Number.isFinite(tps) && !forced)
+        if (Number.isFinite(tps))
           throughputLine = `plan: expected ${tps.toFixed(1)} tokens/s from the layers' bytes read (${t.source === "measured" ? "read speeds measured at load" : "the planner's default read speeds"}: main ${backend.name} ${gbs(t.cpuBytesPerSecond)}, device ${device.name} ${gbs(t.deviceBytesPerSecond)})`;
       }
     } else if (!forced) {

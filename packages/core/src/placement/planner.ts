@@ -98,6 +98,11 @@ export interface PlannerInput {
    * layers); the other layers are decided by the objective. Needs `attentionBytes`.
    */
   nGpuLayers?: number;
+  /**
+   * With `nGpuLayers`: the last N layers' attention and no other (llama.cpp's `-ngl N` exactly); the
+   * objective decides only the neurons. Default false (N is a minimum).
+   */
+  exactGpuLayers?: boolean;
   /** Per-backend speed for the plan's expected tokens/s (default {@link DEFAULT_THROUGHPUT}). */
   throughput?: Throughput;
 }
@@ -221,7 +226,7 @@ function prepare(input: PlannerInput): Prepared {
   const att = Array.from({ length: n }, (_, l) => ({
     bytes: attBytes?.[l] ?? 0,
     read: attRead?.[l] ?? 0,
-    allowed: attBytes !== undefined,
+    allowed: attBytes !== undefined && (!input.exactGpuLayers || l >= n - ngl),
     forced: l >= n - ngl,
   }));
   const forcedBytes = att.reduce((s, a) => s + (a.forced ? a.bytes : 0), 0);
@@ -749,6 +754,7 @@ export async function planGlpk(input: PlannerInput, opts: { timeLimitMs?: number
  * attention still fits in the budget left after the neurons (llama.cpp's -ngl order; each attention byte is read
  * every token, so any attention that fits is worth placing).
  * @param neuronBytes device bytes the given hot neurons take (all layers).
+ * @param exact only the forced layers (llama.cpp's `-ngl N` exactly).
  * @returns per layer, whether the device holds its attention; undefined when the forced layers do not fit.
  * @throws PlannerInputError for a bad nGpuLayers or sizes.
  */
@@ -757,6 +763,7 @@ export function attentionByRule(
   neuronBytes: number,
   budgetBytes: number,
   nGpuLayers = 0,
+  exact = false,
 ): boolean[] | undefined {
   const n = attentionBytes.length;
   sizes("attentionBytes", attentionBytes, n);
@@ -767,6 +774,7 @@ export function attentionByRule(
   const on = attentionBytes.map(() => false);
   for (let l = n - 1; l >= 0; l--) {
     const forced = l >= n - nGpuLayers;
+    if (exact && !forced) continue;
     if (attentionBytes[l]! <= left) {
       on[l] = true;
       left -= attentionBytes[l]!;
@@ -818,6 +826,8 @@ export interface PlanProvenance {
   attentionBytes?: number;
   /** The nGpuLayers it was solved with (0 = none). Key `powerinfer.plan.n_gpu_layers`. */
   nGpuLayers?: number;
+  /** Whether nGpuLayers was exact ({@link PlannerInput.exactGpuLayers}). Key `powerinfer.plan.exact_gpu_layers` (0/1). */
+  exactGpuLayers?: boolean;
 }
 
 /**
@@ -845,6 +855,11 @@ export function planToGpuIndex(plan: PlacementPlan, nFf: number, prov: PlanProve
         value: BigInt(prov.attentionBytes ?? 0),
       },
       { key: "powerinfer.plan.n_gpu_layers", type: { type: GgufValueType.UINT32 }, value: prov.nGpuLayers ?? 0 },
+      {
+        key: "powerinfer.plan.exact_gpu_layers",
+        type: { type: GgufValueType.UINT32 },
+        value: prov.exactGpuLayers ? 1 : 0,
+      },
       {
         key: "powerinfer.plan.attention_layers",
         type: { type: GgufValueType.STRING },
@@ -886,6 +901,7 @@ export function gpuIndexToPlan(
     statsFile: String(get("powerinfer.plan.stats_file") ?? ""),
     attentionBytes: Number(get("powerinfer.plan.attention_bytes") ?? 0),
     nGpuLayers: Number(get("powerinfer.plan.n_gpu_layers") ?? 0),
+    exactGpuLayers: Number(get("powerinfer.plan.exact_gpu_layers") ?? 0) === 1,
   };
   const list = String(get("powerinfer.plan.attention_layers") ?? "");
   const attention = layers.map(() => false);

@@ -76,6 +76,8 @@ export interface ResolvePlanOptions {
   kvType?: "f16" | "f32";
   /** Force attention of the last N layers on the device (llama.cpp -ngl); needs attention planned. */
   nGpuLayers?: number;
+  /** With nGpuLayers: those layers' attention and no other (see PlannerInput.exactGpuLayers). */
+  exactGpuLayers?: boolean;
   /** Per-backend speed for the plan's expected tokens/s (default: the planner's documented defaults). */
   throughput?: Throughput;
 }
@@ -127,6 +129,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     bucketSize: o.bucketSize,
     attentionBytes: attBytes,
     nGpuLayers,
+    exactGpuLayers: o.exactGpuLayers,
     throughput: o.throughput,
   };
   const notes: string[] = [];
@@ -144,13 +147,14 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       provenance.backend === o.backend &&
       provenance.statsFile === statsPath &&
       (provenance.attentionBytes ?? 0) === attTotal &&
-      (provenance.nGpuLayers ?? 0) === nGpuLayers;
+      (provenance.nGpuLayers ?? 0) === nGpuLayers &&
+      !!provenance.exactGpuLayers === !!o.exactGpuLayers;
     // An index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits: its
     // neurons as given, attention decided by the rule (the last layers that fit beside them, forced ones first).
     const foreignAttention =
       !provenance && neuronBytes <= o.budgetBytes
         ? attBytes
-          ? attentionByRule(attBytes, neuronBytes, o.budgetBytes, nGpuLayers)
+          ? attentionByRule(attBytes, neuronBytes, o.budgetBytes, nGpuLayers, o.exactGpuLayers)
           : layers.map(() => false)
         : undefined;
     const attention = ours ? (recorded ?? layers.map(() => false)) : foreignAttention;
@@ -235,6 +239,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       statsFile: statsPath,
       attentionBytes: attTotal,
       nGpuLayers,
+      exactGpuLayers: o.exactGpuLayers,
     });
     try {
       writeGpuIndex(writePath, idx);
