@@ -133,6 +133,21 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     throughput: o.throughput,
   };
   const notes: string[] = [];
+  const userNamed = o.gpuIndexPath !== undefined;
+  const same = (a: string, b: string) => resolvePath(a) === resolvePath(b);
+  if (same(gpuIndexPath, path) || same(gpuIndexPath, statsPath)) {
+    throw new EngineError(
+      "BAD_INPUT",
+      `the GPU index path ${gpuIndexPath} is the ${same(gpuIndexPath, path) ? "model" : "activation statistics"} file; name another file`,
+    );
+  }
+  const kind = indexFileKind(gpuIndexPath);
+  if (kind === "other") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `${gpuIndexPath} exists and is not a GPU index (${indexReadError(gpuIndexPath)}): neither read nor replaced; name another file`,
+    );
+  }
   if (!o.reset && existsSync(gpuIndexPath)) {
     const idx = readGpuIndex(gpuIndexPath);
     const { layers, provenance, attention: recorded } = gpuIndexToPlan(idx, bytesPerNeuron);
@@ -207,21 +222,6 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   // new plan goes to the default path beside the model instead (when that is another file holding nothing or
   // a plan of ours), or stays in memory. The model, its statistics and a file that is not a GPU index are never
   // replaced.
-  const userNamed = o.gpuIndexPath !== undefined;
-  const same = (a: string, b: string) => resolvePath(a) === resolvePath(b);
-  if (same(gpuIndexPath, path) || same(gpuIndexPath, statsPath)) {
-    throw new EngineError(
-      "BAD_INPUT",
-      `the GPU index path ${gpuIndexPath} is the ${same(gpuIndexPath, path) ? "model" : "activation statistics"} file; name another file`,
-    );
-  }
-  const kind = indexFileKind(gpuIndexPath);
-  if (kind === "other") {
-    throw new EngineError(
-      "BAD_INPUT",
-      `${gpuIndexPath} exists and is not a GPU index: refusing to replace it; name another file`,
-    );
-  }
   let writePath: string | undefined = gpuIndexPath;
   const keep = kind === "foreign" ? !o.reset : kind === "ours" && userNamed && !o.reset;
   if (keep) {
@@ -259,6 +259,15 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
  * What a file at a GPU index path holds: nothing ("absent"), a GPU index with powerinfer-ts's provenance keys
  * ("ours"), one without them (PowerInfer's, "foreign"), or something else ("other": a model, statistics, text).
  */
+function indexReadError(p: string): string {
+  try {
+    readGpuIndex(p);
+    return "";
+  } catch (e) {
+    return (e as Error).message;
+  }
+}
+
 function indexFileKind(p: string): "absent" | "ours" | "foreign" | "other" {
   if (!existsSync(p)) return "absent";
   try {
