@@ -229,7 +229,7 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
       expect(r.code, r.stderr).toBe(1);
       expect(r.stderr.trim().split("\n")).toHaveLength(1);
       expect(r.stderr).toMatch(
-        /is the model file|is the activation statistics file|is not a GPU index: refusing to replace it/,
+        /is the model file|is the activation statistics file|is not a GPU index \(.*\): neither read nor replaced/,
       );
     }
     [model, stats, txt].forEach((f, i) => {
