@@ -298,6 +298,15 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     expect(new Set(r.texts).size).toBe(1);
   }, 60_000);
 
+  it("plan on a dense model, and an empty --device-backend, are one clear line each", () => {
+    const d = cli(undefined, "plan", "-m", join(models, "stories260K.gguf"), "--device-backend", "cpu", "-ngl", "2");
+    expect(d.code).toBe(1);
+    expect(d.stderr).toMatch(/^powerinfer: this model's FFN is dense \(silu\): there is no hot\/cold neuron plan/);
+    const e = cli(undefined, "run", "-m", relu, "--device-backend", "", "-p", "x");
+    expect(e.code).toBe(1);
+    expect(e.stderr).toMatch(/^powerinfer: --device-backend is empty/);
+  });
+
   it("plan on a routed-expert model is one clear line", () => {
     const st = join(dir, "st.gguf");
     expect(cli(undefined, "gen-model", "--preset", "smallthinker-4b-a0.6b", "--layers", "1", "-o", st).code).toBe(0);

@@ -47,6 +47,10 @@ export function deviceOptions(cmd: Command): Command {
     .option(
       "--device-backend <name>",
       'backend holding the hot neurons ("auto": a GPU backend when one is usable; "cpu" stands in for tests)',
+      (v: string) => {
+        if (v.trim() === "") throw new InvalidArgumentError("--device-backend is empty: give a backend name or auto");
+        return v;
+      },
       "auto",
     )
     .option("--stats <file>", "activation statistics (default: <model>.activations.gguf)")

@@ -67,6 +67,11 @@ export function register(program: Command): void {
           const free = device.devices[0]?.freeMemory ?? 0;
           const budget = budgetBytes(o, free);
           const cfg = model.config;
+          if (cfg.ffn.activation !== "relu" && !cfg.moe) {
+            throw new InvalidArgumentError(
+              `this model's FFN is dense (${cfg.ffn.activation}): there is no hot/cold neuron plan to make; \`run -ngl N\` puts its last N whole layers on the device`,
+            );
+          }
           // the KV cache is sized as a session sizes it
           const nCtx = o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096);
           const r = await resolvePlanFromCli(model, device.name, o, { budget, nCtx, throughput });
