@@ -352,7 +352,13 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
       const k = 256;
       for (const n of [4, 12, 20, 52]) {
         const w = randomWeights(dtype, k, n, rng);
-        for (const flags of [[1, 1], [1, 1, 1], [1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1], new Array(53).fill(1)]) {
+        for (const flags of [
+          [1, 1],
+          [1, 1, 1],
+          [1, 1, 1, 1, 1],
+          [1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1],
+          new Array(53).fill(1),
+        ]) {
           const t = flags.length;
           const x = rng.f32(k * t, -2, 2);
           const run = async (opts: { threads: number; forceScalar?: boolean }, f: number[]) => {

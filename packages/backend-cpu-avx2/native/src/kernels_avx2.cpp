@@ -177,8 +177,6 @@ template <int KIND, int NR, int NC>
 void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
   const float* x[NC];
   for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
-  const uint8_t* wr[NR];
-  for (int r = 0; r < NR; r++) wr[r] = w[r];
   __m256 a[NR][NC];
   for (int r = 0; r < NR; r++) {
     for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
@@ -187,7 +185,7 @@ void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* x
     __m256 xc[NC];
     for (int c = 0; c < NC; c++) xc[c] = _mm256_loadu_ps(x[c] + i);
     for (int r = 0; r < NR; r++) {
-      const __m256 wv = wload<KIND>(wr[r], i);
+      const __m256 wv = wload<KIND>(w[r], i);
       for (int c = 0; c < NC; c++) a[r][c] = _mm256_fmadd_ps(wv, xc[c], a[r][c]);
     }
   }
@@ -203,6 +201,7 @@ struct GemmShapes {
                                         F<3, 1>::run, F<3, 2>::run, F<3, 3>::run, F<4, 1>::run, F<4, 2>::run, F<4, 3>::run};
   /// nr ≤ 4 rows × nc ≤ 3 columns; larger shapes in 4 × 3 pieces.
   static void tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+    if (nr <= 0 || nc <= 0) return;
     if (nr <= 4 && nc <= 3) return fns[(nr - 1) * 3 + (nc - 1)](k, nr, nc, w, x, out);
     for (int r = 0; r < nr; r += 4) {
       const int mr = nr - r < 4 ? nr - r : 4;
