@@ -345,6 +345,48 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
     });
   }
 
+  it("mul_mat GEMM columns (llama.cpp's prompt arithmetic): 1 and 2 threads equal the scalar mirror bit for bit, every tile edge", async () => {
+    const rng = new Rng(47);
+    const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+    for (const dtype of ["f32", "f16", "bf16", "q8_0"] as DType[]) {
+      const k = 256;
+      for (const n of [4, 12, 20, 52]) {
+        const w = randomWeights(dtype, k, n, rng);
+        for (const flags of [
+          [1, 1],
+          [1, 1, 1],
+          [1, 1, 1, 1, 1],
+          [1, 1, 0, 1, 1, 1, 1, 0, 0, 1, 1],
+          new Array(53).fill(1),
+        ]) {
+          const t = flags.length;
+          const x = rng.f32(k * t, -2, 2);
+          const run = async (opts: { threads: number; forceScalar?: boolean }, f: number[]) => {
+            const b = await backend(opts);
+            const wt = b.createTensor(dtype, [k, n], w.bytes);
+            const g = new Graph();
+            g.gemmColumns(Int32Array.from(f));
+            const y = g.output(g.mulMat(g.handle(wt), g.input("f32", [k, t], x)));
+            b.compute(g);
+            b.freeTensor(wt);
+            return bits(y);
+          };
+          // GEMM columns: the scalar mirror's values; the others (matrix × vector arithmetic, where the
+          // scalar table is not bit-exact for every dtype) the AVX2 table's without flags
+          const scalar = await run({ threads: 2, forceScalar: true }, flags);
+          const plain = await run({ threads: 1 }, new Array(t).fill(0));
+          const expected = scalar.map((v, i) => (flags[Math.floor(i / n)] ? v : plain[i]!));
+          const where = `${dtype} n=${n} flags=${flags.join("")}`;
+          expect(await run({ threads: 1 }, flags), where).toEqual(expected);
+          expect(await run({ threads: 2 }, flags), where).toEqual(expected);
+          // float weights: the flags take another arithmetic (differs in the last bits somewhere); Q8_0's
+          // matrix × vector dot already sums block by block into one accumulator, as the GEMM does
+          if (t === 53 && n === 52 && dtype !== "q8_0") expect(plain, where).not.toEqual(scalar);
+        }
+      }
+    }
+  });
+
   it("matvec results are bit-identical at 1 and 2 threads and across runs", async () => {
     const rng = new Rng(31);
     for (const dtype of ["f16", "q4_0", "q4_K"] as DType[]) {

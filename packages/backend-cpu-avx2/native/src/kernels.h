@@ -74,8 +74,10 @@ struct KernelTable {
   DotTileFn dot_tile[DT_TABLE]; // indexed by weight dtype code
   /// llama.cpp's prompt-processing GEMM arithmetic (llamafile's tinyBLAS on AVX2, used by ggml for a
   /// matrix product of ≥ 2 columns when k % 8 == 0 and the row count % 4 == 0): per output one 8-lane
-  /// FMA accumulator over k in steps of 8, then one horizontal sum. F32/F16/BF16 weights only (null
-  /// elsewhere); k must be a multiple of 8. Same signature as dot_tile.
+  /// FMA accumulator over k in steps of 8 (Q8_0: block by block, scale · the block's 8 int32 lane sums),
+  /// then one horizontal sum. F32/F16/BF16/Q8_0 weights only (null elsewhere); k must be a multiple of 8.
+  /// Same signature as dot_tile, any nr × nc (fastest at 4 × 3, the AVX2 register tile); each output's
+  /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code

@@ -169,7 +169,10 @@ void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_
 
 /// NR × NC outputs in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS<8, __m256>: `gemm_bloc`):
 /// each output one accumulator, acc = fma(w[i..i+8), x[i..i+8), acc) for i = 0, 8, …, then hsum_ps (the
-/// same reduction as tinyBLAS's hsum). k must be a multiple of 8.
+/// same reduction as tinyBLAS's hsum). k must be a multiple of 8. Up to 4 × 3 outputs (tinyBLAS's AVX2
+/// tile): 12 independent FMA chains cover the FMA latency; the NC activation vectors of a step are
+/// loaded once, each weight vector once (converted once) and used for its NC outputs; 12 accumulators
+/// + 3 activations + 1 weight = the 16 ymm registers.
 template <int KIND, int NR, int NC>
 void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
   const float* x[NC];
@@ -179,11 +182,11 @@ void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* x
     for (int c = 0; c < NC; c++) a[r][c] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i + 8 <= k; i += 8) {
-    __m256 wr[NR];
-    for (int r = 0; r < NR; r++) wr[r] = wload<KIND>(w[r], i);
-    for (int c = 0; c < NC; c++) {
-      const __m256 xc = _mm256_loadu_ps(x[c] + i);
-      for (int r = 0; r < NR; r++) a[r][c] = _mm256_fmadd_ps(wr[r], xc, a[r][c]);
+    __m256 xc[NC];
+    for (int c = 0; c < NC; c++) xc[c] = _mm256_loadu_ps(x[c] + i);
+    for (int r = 0; r < NR; r++) {
+      const __m256 wv = wload<KIND>(w[r], i);
+      for (int c = 0; c < NC; c++) a[r][c] = _mm256_fmadd_ps(wv, xc[c], a[r][c]);
     }
   }
   for (int r = 0; r < NR; r++) {
@@ -191,17 +194,42 @@ void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* x
   }
 }
 
+/// A tile kernel for every shape 1–4 rows × 1–3 columns, index (nr − 1) · 3 + (nc − 1).
+template <template <int, int> class F>
+struct GemmShapes {
+  static constexpr DotTileFn fns[12] = {F<1, 1>::run, F<1, 2>::run, F<1, 3>::run, F<2, 1>::run, F<2, 2>::run, F<2, 3>::run,
+                                        F<3, 1>::run, F<3, 2>::run, F<3, 3>::run, F<4, 1>::run, F<4, 2>::run, F<4, 3>::run};
+  /// nr ≤ 4 rows × nc ≤ 3 columns; larger shapes in 4 × 3 pieces.
+  static void tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+    if (nr <= 0 || nc <= 0) return;
+    if (nr <= 4 && nc <= 3) return fns[(nr - 1) * 3 + (nc - 1)](k, nr, nc, w, x, out);
+    for (int r = 0; r < nr; r += 4) {
+      const int mr = nr - r < 4 ? nr - r : 4;
+      for (int c = 0; c < nc; c += 3) {
+        const int mc = nc - c < 3 ? nc - c : 3;
+        float o[12];
+        fns[(mr - 1) * 3 + (mc - 1)](k, mr, mc, w + r, x + c, o);
+        for (int i = 0; i < mr; i++) {
+          for (int j = 0; j < mc; j++) out[(r + i) * nc + c + j] = o[i * mc + j];
+        }
+      }
+    }
+  }
+};
+
+template <int KIND>
+struct GemmFloat {
+  template <int NR, int NC>
+  struct S {
+    static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+      gemm_tile_float<KIND, NR, NC>(k, w, x, out);
+    }
+  };
+};
+
 template <int KIND>
 void gemm_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-  if (nr == 2 && nc == 2) {
-    gemm_tile_float<KIND, 2, 2>(k, w, x, out);
-  } else if (nr == 2) {
-    gemm_tile_float<KIND, 2, 1>(k, w, x, out);
-  } else if (nc == 2) {
-    gemm_tile_float<KIND, 1, 2>(k, w, x, out);
-  } else {
-    gemm_tile_float<KIND, 1, 1>(k, w, x, out);
-  }
+  GemmShapes<GemmFloat<KIND>::template S>::tile(k, nr, nc, w, x, out);
 }
 
 template <int KIND>
@@ -295,26 +323,54 @@ float dot_q8_0(int64_t k, const void* w, const void* x) {
   return out;
 }
 
-/// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
 /// Q8_0 weights in llama.cpp's prompt GEMM arithmetic (llamafile tinyBLAS_Q0_AVX): per output one
 /// accumulator, acc = fma(d_w · d_x, float(Σ of the block's byte products, 8 int32 lanes), acc) block by
-/// block, then hsum_ps.
-void gemm_tile_q8_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+/// block, then hsum_ps. NR × NC outputs (up to 4 × 3) per call: a block's weight bytes are loaded (and
+/// their absolute values taken) once for the NC columns, its scale converted once; the activation
+/// blocks come from L1 for each row.
+template <int NR, int NC>
+void gemm_tile_q8_0_t(int64_t k, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   const int64_t nb = k / QK;
-  for (int r = 0; r < nr; r++) {
-    const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
-    for (int c = 0; c < nc; c++) {
-      const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x[c]);
-      __m256 acc = _mm256_setzero_ps();
-      for (int64_t i = 0; i < nb; i++) {
-        const __m256i p = dot_i8_i32(loadu256(a[i].qs), loadu256(b[i].qs));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p), acc);
+  const BlockQ8_0* a[NR];
+  for (int r = 0; r < NR; r++) a[r] = reinterpret_cast<const BlockQ8_0*>(w[r]);
+  const XBlockQ8* b[NC];
+  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const XBlockQ8*>(x[c]);
+  __m256 acc[NR][NC];
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; i++) {
+    for (int r = 0; r < NR; r++) {
+      const __m256i wq = loadu256(a[r][i].qs);
+      const __m256i aw = _mm256_sign_epi8(wq, wq);
+      const float dw = h2f(a[r][i].d);
+      for (int c = 0; c < NC; c++) {
+        // dot_i8_i32(wq, xq) with |wq| shared by the columns
+        const __m256i sx = _mm256_sign_epi8(loadu256(b[c][i].qs), wq);
+        const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), _mm256_set1_epi16(1));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * b[c][i].d), _mm256_cvtepi32_ps(p), acc[r][c]);
       }
-      out[r * nc + c] = hsum_ps(acc);
     }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) out[r * NC + c] = hsum_ps(acc[r][c]);
   }
 }
 
+struct GemmQ8 {
+  template <int NR, int NC>
+  struct S {
+    static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+      gemm_tile_q8_0_t<NR, NC>(k, w, x, out);
+    }
+  };
+};
+
+void gemm_tile_q8_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  GemmShapes<GemmQ8::S>::tile(k, nr, nc, w, x, out);
+}
+
+/// Q4_0 / Q8_0 tiles: nc = 1 with 2–4 rows takes the interleaved rows; other shapes loop over the dot.
 template <int DT>
 void dot_tile_q(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   if (nc == 1 && nr == 4) return dot_rows_q<DT, 4>(k, w, x[0], out);

@@ -452,10 +452,35 @@ float gemm_dot(int64_t k, const uint8_t* w, const float* x) {
   return (h0 + h2) + (h1 + h3);
 }
 
+/// Q8_0 in the AVX2 table's tinyBLAS_Q0 arithmetic lane by lane: lane l of a block holds the exact sum
+/// of its bytes 4l..4l+3 products (maddubs + madd), lane = fma(d_w · d_x, float(sum), lane) block by
+/// block, then the same horizontal sum.
+float gemm_dot_q8_0(int64_t k, const uint8_t* w, const uint8_t* x) {
+  const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w);
+  const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x);
+  float lane[8] = {};
+  for (int64_t i = 0; i < k / QK; i++) {
+    const float d = f16_to_f32(a[i].d) * b[i].d;
+    for (int l = 0; l < 8; l++) {
+      int sumi = 0;
+      for (int j = 4 * l; j < 4 * l + 4; j++) sumi += a[i].qs[j] * b[i].qs[j];
+      lane[l] = std::fma(d, static_cast<float>(sumi), lane[l]);
+    }
+  }
+  const float h0 = lane[0] + lane[4], h1 = lane[1] + lane[5], h2 = lane[2] + lane[6], h3 = lane[3] + lane[7];
+  return (h0 + h2) + (h1 + h3);
+}
+
 template <int DT>
 void gemm_tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   for (int r = 0; r < nr; r++) {
-    for (int c = 0; c < nc; c++) out[r * nc + c] = gemm_dot<DT>(k, w[r], reinterpret_cast<const float*>(x[c]));
+    for (int c = 0; c < nc; c++) {
+      if constexpr (DT == DT_Q8_0) {
+        out[r * nc + c] = gemm_dot_q8_0(k, w[r], x[c]);
+      } else {
+        out[r * nc + c] = gemm_dot<DT>(k, w[r], reinterpret_cast<const float*>(x[c]));
+      }
+    }
   }
 }
 
@@ -548,6 +573,7 @@ KernelTable make_table() {
   t.gemm_tile[DT_F32] = gemm_tile<DT_F32>;
   t.gemm_tile[DT_F16] = gemm_tile<DT_F16>;
   t.gemm_tile[DT_BF16] = gemm_tile<DT_BF16>;
+  t.gemm_tile[DT_Q8_0] = gemm_tile<DT_Q8_0>;
   t.dot_tile[DT_Q4_0] = dot_tile<DT_Q4_0>;
   t.dot_tile[DT_Q4_1] = dot_tile<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile<DT_Q5_0>;

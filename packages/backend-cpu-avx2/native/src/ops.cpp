@@ -2,6 +2,7 @@
 
 #include "attn_ggml.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -96,9 +97,11 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   // llamafile path would: a kernel for the weight type, k % 8 == 0 and a row count % 4 == 0.
   const DotTileFn gemm_tile = K % 8 == 0 && N % 4 == 0 ? n.k->gemm_tile[W.dtype] : nullptr;
   const int32_t* gemm = n.has[2] && gemm_tile ? n.src[2].i32() : nullptr;
+  if (gemm && std::none_of(gemm, gemm + T, [](int32_t f) { return f != 0; })) gemm = nullptr;
   const auto tile_of = [&](int64_t t) { return gemm && gemm[t] ? gemm_tile : dot_tile; };
   float* y = n.dst.f32();
-  const int64_t chunk = chunk_size(N, nth, 16);
+  // with GEMM columns a multiple of 4 rows, so their tiles (4 rows) are cut only at the matrix's end
+  const int64_t chunk = gemm ? (chunk_size(N, nth, 16) + 3) / 4 * 4 : chunk_size(N, nth, 16);
   int64_t r0, r1;
   if (T == 1 && tile_of(0) == dot_tile) {
     // Rows of a page or more: four at a time, read as four concurrent streams. One long row after
@@ -126,29 +129,63 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
     }
     return;
   }
-  // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
-  // token of the tile is dotted with them, so each weight row is read from memory once per tile;
-  // inside, 2 rows × 2 tokens at a time share their loads (same per-output arithmetic as dot).
+  if (!gemm) {
+    // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
+    // token of the tile is dotted with them, so each weight row is read from memory once per tile;
+    // inside, 2 rows × 2 tokens at a time share their loads (same per-output arithmetic as dot).
+    while (next_chunk(n, N, chunk, &r0, &r1)) {
+      for (int64_t rb = r0; rb < r1; rb += 16) {
+        const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
+        for (int64_t tb = 0; tb < T; tb += 32) {
+          const int64_t te = tb + 32 < T ? tb + 32 : T;
+          for (int64_t r = rb; r < re; r += 2) {
+            const int nr = r + 1 < re ? 2 : 1;
+            const uint8_t* w[2] = {W.data + r * wrb, W.data + (r + 1) * wrb};
+            for (int64_t t = tb; t < te; t += 2) {
+              const int nc = t + 1 < te ? 2 : 1;
+              const uint8_t* x[2] = {xq + t * xrb, xq + (t + 1) * xrb};
+              float out[4];
+              dot_tile(K, nr, nc, w, x, out);
+              for (int i = 0; i < nr; i++) {
+                for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
+              }
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
+  // With GEMM columns: rows in blocks of 16, tokens in blocks of 48; a block's weight rows stay in
+  // cache while every token of the block is dotted with them. Inside, a run of columns taking the same
+  // arithmetic is cut into register tiles: GEMM columns 4 rows × 3 columns (12 accumulators), the
+  // others 2 × 2; a tile's columns go over all the block's rows before the next tile, so their
+  // activations are reused from cache. Per-output arithmetic does not depend on the tile (see
+  // DotTileFn and KernelTable::gemm_tile).
   while (next_chunk(n, N, chunk, &r0, &r1)) {
     for (int64_t rb = r0; rb < r1; rb += 16) {
       const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
-      for (int64_t tb = 0; tb < T; tb += 32) {
-        const int64_t te = tb + 32 < T ? tb + 32 : T;
-        for (int64_t r = rb; r < re; r += 2) {
-          const int nr = r + 1 < re ? 2 : 1;
-          const uint8_t* w[2] = {W.data + r * wrb, W.data + (r + 1) * wrb};
-          for (int64_t t = tb; t < te;) {
-            // two columns share a tile when they take the same arithmetic
-            const DotTileFn tile = tile_of(t);
-            const int nc = t + 1 < te && tile_of(t + 1) == tile ? 2 : 1;
-            const uint8_t* x[2] = {xq + t * xrb, xq + (t + 1) * xrb};
-            float out[4];
+      for (int64_t tb = 0; tb < T; tb += 48) {
+        const int64_t te = tb + 48 < T ? tb + 48 : T;
+        for (int64_t t = tb; t < te;) {
+          const DotTileFn tile = tile_of(t);
+          const bool g = tile != dot_tile;
+          const int mc = g ? 3 : 2, mr = g ? 4 : 2;
+          int nc = 1;
+          while (nc < mc && t + nc < te && tile_of(t + nc) == tile) nc++;
+          const uint8_t* x[3];
+          for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
+          for (int64_t r = rb; r < re; r += mr) {
+            const int nr = r + mr <= re ? mr : static_cast<int>(re - r);
+            const uint8_t* w[4];
+            for (int i = 0; i < nr; i++) w[i] = W.data + (r + i) * wrb;
+            float out[12];
             tile(K, nr, nc, w, x, out);
             for (int i = 0; i < nr; i++) {
               for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
             }
-            t += nc;
           }
+          t += nc;
         }
       }
     }

@@ -277,6 +277,66 @@ void test_dtype_kernels(const KernelTable& kt) {
   }
 }
 
+/// gemm_tile (llama.cpp's prompt GEMM arithmetic): every shape up to 9 rows × 7 columns (the 4 × 3
+/// register tile, its edges, and shapes cut into several tiles) gives, bit for bit, the 1 × 1 tile's
+/// value and the scalar mirror's, for F32/F16/BF16/Q8_0 weights (Q8_0 bytes include −128).
+void test_gemm_tiles() {
+  const CpuFeatures f = cpu_features();
+  const KernelTable& s = kernels_scalar();
+  const bool avx = f.avx2 && f.fma && f.f16c;
+  const KernelTable& a = avx ? kernels_avx2() : s;
+  for (int dt : {DT_F32, DT_F16, DT_BF16, DT_Q8_0}) {
+    CHECK(s.gemm_tile[dt] != nullptr && a.gemm_tile[dt] != nullptr, "%s gemm_tile missing", dtype_name(dt));
+    if (!s.gemm_tile[dt] || !a.gemm_tile[dt]) continue;
+    const std::vector<int64_t> ks = dt == DT_Q8_0 ? std::vector<int64_t>{32, 160, 4096} : std::vector<int64_t>{8, 40, 264, 4096};
+    for (int64_t k : ks) {
+      const int fmt = x_format(dt);
+      std::vector<std::vector<uint8_t>> wr, xr;
+      for (int r = 0; r < 9; r++) {
+        wr.push_back(random_row(dt, k));
+        if (dt == DT_Q8_0 && r % 3 == 0) {
+          for (int64_t i = 0; i < k / QK; i++) wr.back()[static_cast<size_t>(i * 34 + 2 + (r + i) % 32)] = 0x80;
+        }
+      }
+      for (int c = 0; c < 7; c++) {
+        std::vector<float> xf(k);
+        for (auto& v : xf) v = uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
+        xr.emplace_back(x_row_bytes(fmt, k));
+        a.convert[fmt](xf.data(), xr.back().data(), k);
+      }
+      const uint8_t* w[9];
+      const uint8_t* x[7];
+      for (int r = 0; r < 9; r++) w[r] = wr[static_cast<size_t>(r)].data();
+      for (int c = 0; c < 7; c++) x[c] = xr[static_cast<size_t>(c)].data();
+      float one[9][7], ref[9][7];
+      for (int r = 0; r < 9; r++) {
+        for (int c = 0; c < 7; c++) {
+          a.gemm_tile[dt](k, 1, 1, w + r, x + c, &one[r][c]);
+          s.gemm_tile[dt](k, 1, 1, w + r, x + c, &ref[r][c]);
+          CHECK(std::memcmp(&one[r][c], &ref[r][c], 4) == 0, "%s gemm_tile k=%ld (%d,%d): %s %.9g vs scalar %.9g",
+                dtype_name(dt), static_cast<long>(k), r, c, a.name, static_cast<double>(one[r][c]), static_cast<double>(ref[r][c]));
+        }
+      }
+      for (int nr = 1; nr <= 9; nr++) {
+        for (int nc = 1; nc <= 7; nc++) {
+          for (int r0 : {0, 9 - nr}) {
+            float out[63];
+            for (const KernelTable* kt : {&a, &s}) {
+              kt->gemm_tile[dt](k, nr, nc, w + r0, x + 7 - nc, out);
+              int bad = 0;
+              for (int r = 0; r < nr; r++) {
+                for (int c = 0; c < nc; c++) bad += std::memcmp(&out[r * nc + c], &ref[r0 + r][7 - nc + c], 4) != 0;
+              }
+              CHECK(bad == 0, "%s %s gemm_tile k=%ld %dx%d: %d outputs differ from the 1x1 tile", kt->name, dtype_name(dt),
+                    static_cast<long>(k), nr, nc, bad);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 /// attn_row against a float64 softmax(scale·qᵀk)·V of the same (rounded) q, K, V, every K/V type pair and
 /// head sizes below, at and above ggml's 32-element step; with `other` the same row must come out
 /// bit-identical (the scalar table emulates the AVX2 lanes).
@@ -795,6 +855,7 @@ int main() {
   test_silu_ggml();
   test_dtype_kernels(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
+  test_gemm_tiles();
   test_attention_kernels(kernels_scalar(), nullptr);
   if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());
   test_sum_probe(kernels_scalar());
