@@ -155,16 +155,18 @@ describe("error lines: the message and the fix, the class and code only with --v
 
   it.skipIf(!probe.usable)("a typed engine error from a command, with and without --verbose", () => {
     const stats = join(mkdtempSync(join(tmpdir(), "powerinfer-options-")), "none.gguf");
-    const args = ["plan", "-m", stories, "--stats", stats, "--device-backend", "cpu"];
+    // a ReLU model (a dense one has no neuron plan to make) without statistics: nothing is written
+    const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
+    const args = ["plan", "-m", relu, "--stats", stats, "--device-backend", "cpu"];
     const r = cli(...args);
     expect(r.code).toBe(1);
     expect(errorLines(r.stderr)).toEqual([
-      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${stories} -f TEXT\` first`,
+      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${relu} -f TEXT\` first`,
     ]);
     const v = cli(...args, "--verbose");
     expect(v.code).toBe(1);
     expect(errorLines(v.stderr).at(-1)).toBe(
-      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${stories} -f TEXT\` first [EngineError BAD_INPUT]`,
+      `powerinfer: no activation statistics at ${stats}: run \`powerinfer profile -m ${relu} -f TEXT\` first [EngineError NO_STATS]`,
     );
   });
 
