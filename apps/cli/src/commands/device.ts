@@ -247,7 +247,7 @@ export async function loadModelWithDevice(
         cpuBps && devBps
           ? { cpuBytesPerSecond: cpuBps, deviceBytesPerSecond: devBps, source: "measured" as const }
           : undefined;
-      let r: ResolvedPlan;
+      let r: ResolvedPlan | undefined;
       try {
         // the planner weighs each layer's attention and KV cache against hot neurons (with --n-gpu-layers
         // exactly the last N layers'), in the budget less the batch scratch
@@ -263,7 +263,6 @@ export async function loadModelWithDevice(
           return out;
         }
         note(`note: ${e.message}; only the --n-gpu-layers layers go to ${device.name}`);
-        r = undefined as never;
       }
       if (r) {
         for (const n of r.notes) note(n);

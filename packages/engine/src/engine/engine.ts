@@ -711,10 +711,16 @@ export class Session {
   generate(prompt: string | readonly number[], opts: GenerateOptions = {}): AsyncGenerator<GeneratedToken> {
     this.timings = { promptTokens: 0, promptMs: 0, generatedTokens: 0, generateMs: 0 };
     // with a device, each step's pieces run off the JavaScript thread, the device and the CPU at once
+    const self = this;
     const ev = this.model.placement
-      ? { nCtx: this.nCtx, nPast: 0, evaluate: (t: readonly number[]) => this.evaluateAsync(t) }
+      ? {
+          nCtx: this.nCtx,
+          get nPast() {
+            return self.nPast;
+          },
+          evaluate: (t: readonly number[]) => this.evaluateAsync(t),
+        }
       : this;
-    if (ev !== this) Object.defineProperty(ev, "nPast", { get: () => this.nPast });
     return generateTokens(ev, this.model.tokenizer, prompt, opts, this.timings);
   }
 
