@@ -72,7 +72,7 @@ function capture(cmd: string, args: string[], cwd?: string): string {
 export function nativeIsa(compiler: string): string[] {
   const macros = capture(compiler, ["-march=native", "-dM", "-E", "-x", "c++", "/dev/null"]);
   const found = new Set<string>();
-  for (const m of macros.matchAll(/^#define __(AVX\w*|FMA|F16C|BMI2|SSE3|SSSE3|SSE4_1|SSE4_2)__ /gm)) {
+  for (const m of macros.matchAll(/^#define __(AVX\w*|AMX\w*|FMA|F16C|BMI2|SSE3|SSSE3|SSE4_1|SSE4_2)__ /gm)) {
     found.add(m[1]!.toLowerCase());
   }
   return [...found].sort();
@@ -90,10 +90,25 @@ export function parseBuildInfoCpp(text: string): { buildNumber: number; commit: 
   return { buildNumber: Number(num), commit, compiler };
 }
 
+/**
+ * Compiler flags that keep ggml's AMX kernels out of the build. On the 2-vCPU Intel Xeon VM this project
+ * measured on (AMX advertised and usable after arch_prctl), llama.cpp's AMX path (ggml-cpu/amx, the
+ * prompt GEMM of Q4_0/Q8_0 weights) stops with an illegal instruction (`tileloadd` on a thread without a
+ * loaded tile configuration) in llama-bench pp512, so the peer is built without it unless `--amx`.
+ */
+export const NO_AMX_FLAGS = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16";
+
+/** CMAKE_ARGS plus, when -march=native enables AMX and `amx` is false, flags that turn it off. */
+export function cmakeArgsFor(nativeIsaList: readonly string[], amx: boolean): string[] {
+  if (amx || !nativeIsaList.some((f) => f.startsWith("amx"))) return [...CMAKE_ARGS];
+  return [...CMAKE_ARGS, `-DCMAKE_C_FLAGS=${NO_AMX_FLAGS}`, `-DCMAKE_CXX_FLAGS=${NO_AMX_FLAGS}`];
+}
+
 interface Options {
   dir?: string;
   jobs: number;
   force?: boolean;
+  amx?: boolean;
 }
 
 function main(): void {
@@ -102,6 +117,7 @@ function main(): void {
     .option("--dir <dir>", `build folder (default: $${LLAMA_CPP_DIR_ENV}, else ~/.cache/powerinfer-ts/llama.cpp/<tag>)`)
     .option("-j, --jobs <n>", "parallel compile jobs", (v) => Number(v), availableParallelism())
     .option("--force", "delete the folder's build and build again")
+    .option("--amx", "keep ggml's AMX kernels when the CPU has AMX (default: built without them; see NO_AMX_FLAGS)")
     // `pnpm … llama-cpp:build -- …` hands the script a literal "--" first
     .parse(process.argv.filter((a, i) => !(i === 2 && a === "--")))
     .opts<Options>();
@@ -112,10 +128,11 @@ function main(): void {
   const head = capture("git", ["bundle", "list-heads", src.bundle]).trim().split(/\s+/)[0] ?? "";
   if (!/^[0-9a-f]{40}$/.test(head)) throw new NativeLlamaCppError(`${src.bundle}: no head commit in the bundle`);
 
+  const cmakeArgs = cmakeArgsFor(nativeIsa(process.env.CXX ?? "c++"), o.amx ?? false);
   const existing = findNativeLlamaCpp(dir);
   if (!o.force && !("unavailable" in existing)) {
     const b = existing.build;
-    const sameArgs = b.cmakeArgs.join(" ") === CMAKE_ARGS.join(" ");
+    const sameArgs = b.cmakeArgs.join(" ") === cmakeArgs.join(" ");
     const allTargets = NATIVE_TARGETS.every((t) => existsSync(join(binDir(dir), t)));
     if (b.commit === head && sameArgs && allTargets) {
       log(`up to date: ${existing.label} in ${binDir(dir)} (built ${b.builtAt}; --force rebuilds)`);
@@ -155,8 +172,8 @@ function main(): void {
   if (generator.length && existsSync(cache) && !/CMAKE_GENERATOR:INTERNAL=Ninja/.test(readFileSync(cache, "utf8"))) {
     generator = []; // an existing build folder keeps its generator
   }
-  log(`configuring: cmake ${CMAKE_ARGS.join(" ")}`);
-  run("cmake", ["-S", srcDir, "-B", buildDir, ...generator, ...CMAKE_ARGS]);
+  log(`configuring: cmake ${cmakeArgs.join(" ")}`);
+  run("cmake", ["-S", srcDir, "-B", buildDir, ...generator, ...cmakeArgs]);
   log(`building ${NATIVE_TARGETS.join(", ")} with ${o.jobs} job(s) (several minutes on 2 cores)`);
   run("cmake", ["--build", buildDir, "--config", "Release", "-j", String(o.jobs), "--target", ...NATIVE_TARGETS]);
   for (const t of NATIVE_TARGETS) {
@@ -174,9 +191,9 @@ function main(): void {
     commit: head,
     buildNumber: bi.buildNumber,
     compiler: bi.compiler,
-    isa: nativeIsa(compilerPath),
+    isa: nativeIsa(compilerPath).filter((f) => !f.startsWith("amx") || cmakeArgs.length === CMAKE_ARGS.length),
     cpu: cpuModelName(),
-    cmakeArgs: CMAKE_ARGS,
+    cmakeArgs,
     targets: [...NATIVE_TARGETS],
     bundle: src.bundle,
     builtAt: new Date().toISOString(),
