@@ -36,6 +36,19 @@ describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
     expect(a.stdout).toBe(b.stdout);
   });
 
+  it("--no-repack (every weight zero-copy) samples the same Q4_0 text as the repacked default", () => {
+    // Q4_0 matrices with a row count divisible by 8 (attention, output) are repacked by default; the
+    // sampled text at temperature 0.9 would part at any difference in the logits' bits
+    const q4 = join(models, "stories260K-Q4_0-ffn_down-F16.gguf");
+    const args = ["run", "-m", q4, "-p", "Once upon a time", "-n", "48", "--seed", "7", "--temp", "0.9"];
+    const packed = cli(...args);
+    const plain = cli(...args, "--no-repack");
+    expect(packed.code).toBe(0);
+    expect(plain.code).toBe(0);
+    expect(plain.stdout).toBe(packed.stdout);
+    expect(packed.stdout.length).toBeGreaterThan("Once upon a time".length + 20);
+  });
+
   it("tells the user when the context is full instead of producing garbage", () => {
     const r = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "100", "--temp", "0", "-c", "16");
     expect(r.code).toBe(0);

@@ -31,12 +31,12 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
     super("cpu", native, devices, native.threads);
   }
 
-  /** The kernel set in use: "avx2" or "scalar". */
+  /** The kernel set in use: "avx2", "avx2+avx512vnni" (the same kernels, byte dot products in VNNI) or "scalar". */
   get kernel(): string {
     return this.native.kernel;
   }
 
-  /** Why that kernel set: "avx2+fma+f16c", "scalar (forced by forceScalar)", "scalar (CPU lacks AVX2)". */
+  /** Why that kernel set: "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c", "scalar (forced by forceScalar)", "scalar (CPU lacks AVX2)". */
   get kernelReason(): string {
     return this.native.kernelReason;
   }

@@ -40,6 +40,10 @@ function cpuDevice(): DeviceInfo {
  * - `memoryBudget`: bytes `createTensor` may allocate (mapped weights and the compute arena do not
  *   count); default unlimited.
  * - `forceScalar`: use the portable kernels even on an AVX2 CPU; default false.
+ * - `repack`: repack Q4_0 weights (row count divisible by 8) into groups of 8 interleaved rows at their
+ *   first dense matrix product, for a faster matrix × vector and prompt GEMM; the copy replaces the mapped
+ *   pages (which are released) and counts against `memoryBudget`, results are bit-identical; default true
+ *   (false: every weight stays zero-copy).
  * @throws BackendError 'UNAVAILABLE' when the addon is missing or options are invalid.
  */
 export const cpuBackend: BackendDescriptor = {
@@ -69,7 +73,12 @@ export const cpuBackend: BackendDescriptor = {
       throw new BackendError("UNAVAILABLE", `cpu: memoryBudget must be a number ≥ 0, got ${options.memoryBudget}`);
     }
     try {
-      const native = new addon.Backend({ threads, memoryBudget, forceScalar: options.forceScalar ?? false });
+      const native = new addon.Backend({
+        threads,
+        memoryBudget,
+        forceScalar: options.forceScalar ?? false,
+        repack: options.repack ?? true,
+      });
       return new CpuBackend(native, [cpuDevice()]);
     } catch (e) {
       throw toBackendError(e, "UNAVAILABLE");

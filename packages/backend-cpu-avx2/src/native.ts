@@ -13,9 +13,9 @@ export interface NativeCpuInfo {
   fma: boolean;
   f16c: boolean;
   avx512f: boolean;
-  /** "avx2" or "scalar". */
+  /** "avx2", "avx2+avx512vnni" or "scalar". */
   kernel: string;
-  /** Why: "avx2+fma+f16c" or e.g. "scalar (CPU lacks AVX2)". */
+  /** Why: "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c" or e.g. "scalar (CPU lacks AVX2)". */
   reason: string;
 }
 
@@ -52,6 +52,8 @@ export interface NativeAddon {
     threads: number;
     memoryBudget: number;
     forceScalar: boolean;
+    /** Repack Q4_0 weights at first dense use (default true). */
+    repack?: boolean;
   }) => NativeCpuBackend;
   cpuInfo(): NativeCpuInfo;
   /** Best read bandwidth in bytes/second over `iterations` sums of a `bytes`-sized F32 array. */

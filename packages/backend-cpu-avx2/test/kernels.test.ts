@@ -4,6 +4,9 @@
  * activation rounding (so a kernel that skipped the Q8 rounding, or rounded differently, fails).
  */
 import { bf16ToNumber, type DType, Graph, halfToNumber, numberToBf16, numberToHalf } from "@powerinfer/core";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import {
   backend,
@@ -384,6 +387,83 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
           if (t === 53 && n === 52 && dtype !== "q8_0") expect(plain, where).not.toEqual(scalar);
         }
       }
+    }
+  });
+
+  it("Q4_0 repacked (8-row groups, the default) equals the zero-copy kernels and the scalar table bit for bit: mapped and created, every batch shape, after a write", async () => {
+    const rng = new Rng(53);
+    const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+    const dir = mkdtempSync(join(tmpdir(), "q4-repack-"));
+    try {
+      for (const k of [32, 256, 4096]) {
+        for (const n of [8, 24, 29]) {
+          const w = randomWeights("q4_0", k, n, rng);
+          const path = join(dir, `w-${k}-${n}.bin`);
+          writeFileSync(path, w.bytes);
+          for (const flags of [[0], [1, 1], [1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1, 0, 0]]) {
+            const t = flags.length;
+            const x = rng.f32(k * t, -2, 2);
+            const run = async (opts: { threads: number; forceScalar?: boolean; repack?: boolean }, mapped: boolean) => {
+              const b = await backend(opts);
+              const wt = mapped
+                ? b.mapTensor("q4_0", [k, n], { path, fileOffset: 0, byteLength: w.bytes.length })
+                : b.createTensor("q4_0", [k, n], w.bytes);
+              const before = b.allocatedBytes();
+              const out: number[][] = [];
+              for (let rep = 0; rep < 2; rep++) {
+                const g = new Graph();
+                if (t > 1) g.gemmColumns(Int32Array.from(flags));
+                const y = g.output(g.mulMat(g.handle(wt), g.input("f32", [k, t], x)));
+                b.compute(g);
+                out.push(bits(y));
+              }
+              // the copy is made at the first product, once, and counted (8-row multiples only)
+              const grew = b.allocatedBytes() - before;
+              expect(grew, `k=${k} n=${n} ${JSON.stringify(opts)}`).toBe(
+                opts.repack === false || n % 8 ? 0 : w.bytes.length,
+              );
+              b.freeTensor(wt);
+              expect(out[1]).toEqual(out[0]);
+              return out[0]!;
+            };
+            const where = `k=${k} n=${n} flags=${flags.join("")}`;
+            const ref = await run({ threads: 1, forceScalar: true, repack: false }, false);
+            for (const opts of [
+              { threads: 1 },
+              { threads: 2 },
+              { threads: 2, repack: false },
+              { threads: 2, forceScalar: true },
+            ]) {
+              expect(await run(opts, false), `${where} ${JSON.stringify(opts)}`).toEqual(ref);
+              expect(await run(opts, true), `${where} ${JSON.stringify(opts)} mapped`).toEqual(ref);
+            }
+          }
+        }
+      }
+      // a write after the copy was made: the next product reads the new bytes
+      const k = 256,
+        n = 16;
+      const b = await backend({ threads: 2 });
+      const w1 = randomWeights("q4_0", k, n, rng),
+        w2 = randomWeights("q4_0", k, n, rng);
+      const x = rng.f32(k, -2, 2);
+      const wt = b.createTensor("q4_0", [k, n], w1.bytes);
+      const product = (h: number) => {
+        const g = new Graph();
+        const y = g.output(g.mulMat(g.handle(h), g.input("f32", [k, 1], x)));
+        b.compute(g);
+        return bits(y);
+      };
+      const first = product(wt);
+      b.writeTensor(wt, w2.bytes);
+      const fresh = b.createTensor("q4_0", [k, n], w2.bytes);
+      const after = product(wt);
+      expect(after).toEqual(product(fresh));
+      expect(after).not.toEqual(first);
+      b.freeTensor(wt);
+      b.freeTensor(fresh);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
     }
   });
 

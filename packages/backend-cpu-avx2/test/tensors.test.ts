@@ -35,7 +35,7 @@ describe("descriptor", () => {
     expect(cpuBackend.name).toBe("cpu");
     if (p.usable) {
       expect(p.score).toBe(10);
-      expect(p.reason).toMatch(/^(avx2\+fma\+f16c|scalar \(.+\))$/);
+      expect(p.reason).toMatch(/^(avx2\+fma\+f16c(\+avx512vnni)?|scalar \(.+\))$/);
     } else {
       expect(p.reason).toMatch(/^unavailable: /);
     }

@@ -131,6 +131,10 @@ export function modelOptions(cmd: Command): Command {
       "--ram-budget <GiB>",
       "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
       float("ram-budget", { above: 0 }),
+    )
+    .option(
+      "--no-repack",
+      "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)",
     );
 }
 
@@ -148,6 +152,8 @@ export interface ModelCliOptions {
   ramBudget?: number;
   /** Activation statistics (`profile` output) used to pin hot neurons under --ram-budget. */
   stats?: string;
+  /** false with --no-repack (commander's default for a --no- option is true). */
+  repack?: boolean;
 }
 
 /**
@@ -199,7 +205,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   checkModelOptions(o);
   checkInputFile(o.model);
   const threads = o.threads ?? availableParallelism();
-  const backend = await loadBackend(o.backend, { threads }, (line) => {
+  const backend = await loadBackend(o.backend, { threads, repack: o.repack ?? true }, (line) => {
     if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
   });
   const bar =

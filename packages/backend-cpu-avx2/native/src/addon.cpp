@@ -2,7 +2,7 @@
 //
 // Module exports:
 //   cpuInfo() → { avx2, fma, f16c, avx512f, kernel, reason }  (what select_kernels(false) picks)
-//   Backend class: new Backend({ threads, memoryBudget, forceScalar })
+//   Backend class: new Backend({ threads, memoryBudget, forceScalar, repack })
 //     createTensor(dtypeCode, ne[], data?) → id
 //     mapTensor(dtypeCode, ne[], path, fileOffset, byteLength) → id
 //     readTensor(id) → Uint8Array, writeTensor(id, view, offset), freeTensor(id)
@@ -243,16 +243,19 @@ class Backend : public Napi::ObjectWrap<Backend> {
     int threads = 1;
     double budget = -1;  // unlimited
     bool force_scalar = false;
+    bool repack = true;
     if (info.Length() > 0 && info[0].IsObject()) {
       Napi::Object o = info[0].As<Napi::Object>();
       if (o.Has("threads") && !o.Get("threads").IsUndefined()) threads = get_int(o.Get("threads"), "threads");
       if (o.Has("memoryBudget") && o.Get("memoryBudget").IsNumber()) budget = o.Get("memoryBudget").As<Napi::Number>().DoubleValue();
       if (o.Has("forceScalar")) force_scalar = o.Get("forceScalar").ToBoolean().Value();
+      if (o.Has("repack") && !o.Get("repack").IsUndefined()) repack = o.Get("repack").ToBoolean().Value();
     }
     if (threads < 1 || threads > 512) throw_error(env, "UNAVAILABLE", "threads must be in 1..512");
     if (std::isnan(budget)) throw_error(env, "UNAVAILABLE", "memoryBudget must be a number");
     const size_t limit = budget < 0 || budget >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(budget);
     st_ = std::make_shared<State>(limit, threads, force_scalar);
+    st_->exec.set_repack(repack);
   }
 
  private:
@@ -399,6 +402,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
                                          " exceeds the tensor's " + std::to_string(t->bytes) + " bytes");
     }
     if (src.bytes) std::memmove(t->data + static_cast<size_t>(off), src.data, src.bytes);
+    if (src.bytes) s.store.drop_packed(*t);  // the repacked copy no longer matches
     return env.Undefined();
   }
 

@@ -71,11 +71,25 @@ struct BlockQ6_K {
 };
 /// Internal activation block for the legacy quants (Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 weights): llama.cpp's
 /// Q8_0/Q8_1 values with the scale pre-converted to F32. d is the F16-rounded scale (as stored by
-/// llama.cpp), s = d·Σqs for Q8_0 rounding (exact) or the F16-rounded block sum for Q8_1 rounding.
+/// llama.cpp). Q8_0 rounding (XF_Q8_0): `sum` = Σqs, the block's integer sum (Q4_0 dots subtract 8·sum);
+/// Q8_1 rounding (XF_Q8_1): `s` = the F16-rounded d·Σqs.
 struct XBlockQ8 {
   float d;
-  float s;
+  union {
+    float s;
+    int32_t sum;
+  };
   int8_t qs[QK];
+};
+
+/// Q4_0 repacked for matrix × vector (the CPU backend's own layout, made at first use; see
+/// TensorStore::pack_q4_0x8): 8 consecutive rows' blocks i side by side. d[r] = row r's scale;
+/// qs[32·c + 4·r + b] = row r's qs[4·c + b] (c = 0..3, b = 0..3), so one 32-byte load holds, for 8
+/// rows, the same 4 nibble bytes (elements 4c..4c+3 in the low nibbles, 16+4c..16+4c+3 in the high).
+/// A row group of a tensor is its nb = k/32 blocks in order: 144·nb bytes.
+struct BlockQ4_0x8 {
+  uint16_t d[8];
+  uint8_t qs[8 * QK / 2];
 };
 
 /// Activation block for K-quant dot products: d is F32, bsums are sums of 16 consecutive qs.
@@ -86,6 +100,7 @@ struct BlockQ8_K {
 };
 
 static_assert(sizeof(BlockQ4_0) == 18, "q4_0 layout");
+static_assert(sizeof(BlockQ4_0x8) == 144, "q4_0x8 layout");
 static_assert(sizeof(BlockQ4_1) == 20, "q4_1 layout");
 static_assert(sizeof(BlockQ5_0) == 22, "q5_0 layout");
 static_assert(sizeof(BlockQ5_1) == 24, "q5_1 layout");

@@ -1,5 +1,8 @@
 // Run-time choice of the kernel table (cpuid via the compiler's builtins, which also check that the
 // OS saves the AVX state).
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels.h"
 
 namespace pi {
@@ -16,6 +19,7 @@ CpuFeatures cpu_features() {
   f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C
 #endif
   f.avx512f = __builtin_cpu_supports("avx512f");
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
 #endif
   return f;
 }
@@ -33,6 +37,13 @@ const KernelTable& select_kernels(bool force_scalar, const char** reason) {
   } else if (!f.f16c) {
     why = "scalar (CPU lacks F16C)";
   } else {
+#if defined(PI_HAVE_VNNI_KERNELS)
+    const char* off = std::getenv("POWERINFER_CPU_NO_VNNI");
+    if (f.avx512vnni && !(off && *off && std::strcmp(off, "0") != 0)) {
+      if (reason) *reason = "avx2+fma+f16c+avx512vnni";
+      return kernels_avx2_vnni();
+    }
+#endif
     if (reason) *reason = "avx2+fma+f16c";
     return kernels_avx2();
   }

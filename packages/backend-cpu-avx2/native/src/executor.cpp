@@ -197,6 +197,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         n.src[s].cache_part = st.handle->cache_part;
         n.src[s].cache_counts = st.handle->cache_counts;
       }
+      // a dense Q4_0 product reads its weight in the repacked layout (made at first use)
+      if (s == 0 && c.op == OP_MUL_MAT && repack_ && st.handle && st.dtype == DT_Q4_0 && kernels_->q4_0x8_tile) {
+        n.src[s].packed = store_.packed_q4_0x8(st.handle);
+      }
       // file-backed weights (neuron caches) are read only by the sparse ops, as their weight
       if (n.src[s].cache && (s != 0 || (c.op != OP_MUL_MAT_SPARSE && c.op != OP_AXPY_SPARSE))) {
         bad("node " + std::to_string(ni) + " (" + op_name(c.op) + "): tensor " + std::to_string(st.handle->id) +

@@ -42,6 +42,8 @@ struct TensorView {
   NeuronCache* cache = nullptr;
   size_t cache_part = 0;     ///< byte offset of the tensor's row within the cache's row
   bool cache_counts = true;  ///< this op's requests count hits and misses
+  /// A dense mul_mat's Q4_0 weight in the repacked layout (TensorStore::packed_q4_0x8), or null.
+  const uint8_t* packed = nullptr;
 
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }
   float* f32() const { return reinterpret_cast<float*>(data); }
@@ -67,6 +69,11 @@ class Executor {
   /// POWERINFER_CPU_SERIAL_BYTES); 0 = always use the whole pool.
   void set_serial_work_bytes(double b) { serial_work_bytes_ = b; }
 
+  /// Whether dense Q4_0 matrix products repack their weight at first use (default true; false keeps
+  /// every weight zero-copy, `--no-repack`).
+  void set_repack(bool on) { repack_ = on; }
+  bool repack() const { return repack_; }
+
   /// Bytes currently reserved by the intermediate arena.
   size_t arena_bytes() const { return arena_size_; }
 
@@ -76,6 +83,7 @@ class Executor {
   const char* reason_ = "";  // declared before kernels_: select_kernels() sets it
   const KernelTable* kernels_;
   double serial_work_bytes_;
+  bool repack_ = true;
   std::mutex mu_;
   uint8_t* arena_ = nullptr;
   size_t arena_size_ = 0;

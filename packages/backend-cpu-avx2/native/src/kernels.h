@@ -53,7 +53,7 @@ static inline size_t x_row_bytes(int fmt, int64_t k) {
 
 /// Dot product of one weight row (k elements, weight dtype) with one converted activation row.
 using DotFn = float (*)(int64_t k, const void* w, const void* x);
-/// nr weight rows × nc activation rows (nr, nc ≤ 2; with nc = 1, nr ≤ 4): out[r·nc + c] = dot(k, w[r], x[c]),
+/// nr weight rows × nc activation rows (nr, nc ≤ 2; with nc = 1, nr ≤ 4; with nr = 1, nc ≤ 4): out[r·nc + c] = dot(k, w[r], x[c]),
 /// each output computed with exactly the operations of DotFn (so results do not depend on the tiling).
 using DotTileFn = void (*)(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out);
 /// Dequantizes k elements (a whole number of blocks) to F32.
@@ -63,6 +63,11 @@ using AxpyFn = void (*)(int64_t k, float a, const void* w, float* y);
 /// y[0..k) += Σ_r a[r] · dequant(w[r][0..k)) for nr ≤ 4 rows, y loaded and stored once; each
 /// element sees the same operations in the same order as nr successive AxpyFn calls.
 using AxpyRowsFn = void (*)(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y);
+/// ng consecutive groups of 8 repacked Q4_0 rows (BlockQ4_0x8 blocks, see common.h; a group is k/32 blocks) ×
+/// nc activation rows (XF_Q8_0): out[8·(g·nc + c) + r] = row r of group g · column c, each output
+/// bit-identical to dot[DT_Q4_0] on the unpacked row. Fastest at ng = 4, nc = 1 (matrix × vector: four
+/// concurrent streams) and ng = 1, nc = 4 (a batch).
+using PackedTileFn = void (*)(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out);
 /// Converts k F32 activations to an activation format.
 using ConvertFn = void (*)(const float* x, void* dst, int64_t k);
 
@@ -79,6 +84,10 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × 3, the AVX2 register tile); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
+  /// Q4_0 in the repacked layout (null: the table does not repack). The arithmetic of every Q4_0 dot
+  /// (packed or not, any tile): per output acc = fma(float(Σ(q − 8)·x over the block, in int32), d_w·d_x,
+  /// acc) block after block from 0 — the arithmetic of llama.cpp's repacked Q4_0 (q4_0_8x8) kernels.
+  PackedTileFn q4_0x8_tile;
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
   AxpyRowsFn axpy_rows[DT_TABLE];
@@ -106,18 +115,24 @@ struct KernelTable {
 const KernelTable& kernels_scalar();
 /// The AVX2+FMA+F16C table; only call it after checking the CPU supports those.
 const KernelTable& kernels_avx2();
+/// The same table with its byte dot products in AVX512-VNNI (256-bit vpdpbusd): bit-identical results;
+/// only call it after checking the CPU also has avx512vnni and avx512vl. Absent when the build lacks it
+/// (PI_HAVE_VNNI_KERNELS undefined).
+const KernelTable& kernels_avx2_vnni();
 
 struct CpuFeatures {
   bool avx2 = false;
   bool fma = false;
   bool f16c = false;
   bool avx512f = false;
+  bool avx512vnni = false;  ///< with avx512vl (both needed for 256-bit vpdpbusd)
 };
 
 CpuFeatures cpu_features();
 
-/// Picks a table: AVX2 when the CPU has AVX2, FMA and F16C and `force_scalar` is false.
-/// `reason` receives e.g. "avx2+fma+f16c" or "scalar (CPU lacks AVX2)".
+/// Picks a table: AVX2 when the CPU has AVX2, FMA and F16C and `force_scalar` is false, its VNNI build
+/// when the CPU also has AVX512-VNNI and AVX512VL (and POWERINFER_CPU_NO_VNNI is unset).
+/// `reason` receives e.g. "avx2+fma+f16c+avx512vnni", "avx2+fma+f16c" or "scalar (CPU lacks AVX2)".
 const KernelTable& select_kernels(bool force_scalar, const char** reason);
 
 }  // namespace pi

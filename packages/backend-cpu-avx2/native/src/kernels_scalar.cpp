@@ -186,7 +186,11 @@ void convert_q8(const float* x, void* dst, int64_t k) {
       sum += b[i].qs[j];
     }
     b[i].d = f16_to_f32(f32_to_f16(d));
-    b[i].s = Q1 ? f16_to_f32(f32_to_f16(d * static_cast<float>(sum))) : b[i].d * static_cast<float>(sum);
+    if (Q1) {
+      b[i].s = f16_to_f32(f32_to_f16(d * static_cast<float>(sum)));
+    } else {
+      b[i].sum = sum;
+    }
   }
 }
 
@@ -248,6 +252,8 @@ float dot_bf16(int64_t k, const void* w, const void* x) {
   return s;
 }
 
+// Q4_0 arithmetic (KernelTable::q4_0x8_tile): the block's exact integer Σ(q − 8)·x, then one fused
+// multiply-add per block, so this equals the AVX2 kernels bit for bit.
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
   const XBlockQ8* b = static_cast<const XBlockQ8*>(x);
@@ -257,9 +263,32 @@ float dot_q4_0(int64_t k, const void* w, const void* x) {
     for (int j = 0; j < QK / 2; j++) {
       sumi += ((a[i].qs[j] & 0xF) - 8) * b[i].qs[j] + ((a[i].qs[j] >> 4) - 8) * b[i].qs[j + QK / 2];
     }
-    s += static_cast<float>(sumi) * (f16_to_f32(a[i].d) * b[i].d);
+    s = std::fma(static_cast<float>(sumi), f16_to_f32(a[i].d) * b[i].d, s);
   }
   return s;
+}
+
+void q4_0x8_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  for (int g = 0; g < ng; g++) {
+    const BlockQ4_0x8* a = reinterpret_cast<const BlockQ4_0x8*>(groups) + g * (k / QK);
+    for (int c = 0; c < nc; c++) {
+    const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x[c]);
+    for (int r = 0; r < 8; r++) {
+      float s = 0.0f;
+      for (int64_t i = 0; i < k / QK; i++) {
+        int sumi = 0;
+        for (int ch = 0; ch < 4; ch++) {
+          for (int j = 0; j < 4; j++) {
+            const uint8_t q = a[i].qs[32 * ch + 4 * r + j];
+            sumi += ((q & 0xF) - 8) * b[i].qs[4 * ch + j] + ((q >> 4) - 8) * b[i].qs[16 + 4 * ch + j];
+          }
+        }
+        s = std::fma(static_cast<float>(sumi), f16_to_f32(a[i].d[r]) * b[i].d, s);
+      }
+      out[8 * (g * nc + c) + r] = s;
+    }
+    }
+  }
 }
 
 float dot_q4_1(int64_t k, const void* w, const void* x) {
@@ -560,6 +589,7 @@ KernelTable make_table() {
   t.dot[DT_F16] = dot_f16;
   t.dot[DT_BF16] = dot_bf16;
   t.dot[DT_Q4_0] = dot_q4_0;
+  t.q4_0x8_tile = q4_0x8_tile;
   t.dot[DT_Q4_1] = dot_q4_1;
   t.dot[DT_Q5_0] = dot_q5_0;
   t.dot[DT_Q5_1] = dot_q5_1;

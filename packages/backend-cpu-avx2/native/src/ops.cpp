@@ -92,6 +92,44 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   sync(n);
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
+  float* y = n.dst.f32();
+  if (W.packed) {
+    // Q4_0 repacked (TensorStore::packed_q4_0x8). One token: 4 groups of 8 rows per kernel call, read as four
+    // concurrent streams. A batch: one group × up to 4 tokens per call; a group's weights (8 rows) stay in
+    // cache while every token of a 48-token block is dotted with them. Results equal the unpacked kernels'
+    // bit for bit, and the GEMM flags do not change Q4_0 arithmetic.
+    const int64_t G = N / 8;
+    const size_t gbytes = static_cast<size_t>(K / QK) * sizeof(BlockQ4_0x8);
+    int64_t g0, g1;
+    float out[32];
+    if (T == 1) {
+      while (next_chunk(n, G, (chunk_size(G, nth, 4) + 3) / 4 * 4, &g0, &g1)) {
+        for (int64_t g = g0; g < g1; g += 4) {
+          const int ng = g1 - g < 4 ? static_cast<int>(g1 - g) : 4;
+          n.k->q4_0x8_tile(K, ng, 1, W.packed + static_cast<size_t>(g) * gbytes, &xq, y + g * 8);
+        }
+      }
+      return;
+    }
+    while (next_chunk(n, G, chunk_size(G, nth, 2), &g0, &g1)) {
+      for (int64_t tb = 0; tb < T; tb += 48) {
+        const int64_t te = tb + 48 < T ? tb + 48 : T;
+        for (int64_t g = g0; g < g1; g++) {
+          const uint8_t* grp = W.packed + static_cast<size_t>(g) * gbytes;
+          for (int64_t t = tb; t < te; t += 4) {
+            const int nc = te - t < 4 ? static_cast<int>(te - t) : 4;
+            const uint8_t* x[4];
+            for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
+            n.k->q4_0x8_tile(K, 1, nc, grp, x, out);
+            for (int c = 0; c < nc; c++) {
+              for (int r = 0; r < 8; r++) y[g * 8 + r + (t + c) * N] = out[8 * c + r];
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
   const DotTileFn dot_tile = n.k->dot_tile[W.dtype];
   // Columns flagged for llama.cpp's prompt GEMM arithmetic (source 2, see graph.ts) take it where ggml's
   // llamafile path would: a kernel for the weight type, k % 8 == 0 and a row count % 4 == 0.
@@ -99,7 +137,6 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   const int32_t* gemm = n.has[2] && gemm_tile ? n.src[2].i32() : nullptr;
   if (gemm && std::none_of(gemm, gemm + T, [](int32_t f) { return f != 0; })) gemm = nullptr;
   const auto tile_of = [&](int64_t t) { return gemm && gemm[t] ? gemm_tile : dot_tile; };
-  float* y = n.dst.f32();
   // with GEMM columns a multiple of 4 rows, so their tiles (4 rows) are cut only at the matrix's end
   const int64_t chunk = gemm ? (chunk_size(N, nth, 16) + 3) / 4 * 4 : chunk_size(N, nth, 16);
   int64_t r0, r1;
@@ -270,6 +307,32 @@ void build_active_list(const NodeExec& n, const SparseLayout& l) {
   *l.count = len;
 }
 
+/// One weight row (output i) against the batch's tokens for which it is active (all tokens without
+/// logits; else logit ≥ thr), four tokens per tile call: y[i + t·n_out] = dot(row, x_t). Returns the
+/// number of products.
+inline int64_t dot_active_tokens(DotTileFn tile, int64_t K, const uint8_t* w, const uint8_t* xq,
+                                 size_t xrb, int64_t T, const float* logits, float thr, int64_t i, int64_t n_out, float* y) {
+  int64_t done = 0;
+  int64_t ts[4];
+  const uint8_t* xs[4];
+  int m = 0;
+  for (int64_t t = 0; t <= T; t++) {
+    if (t < T) {
+      if (logits && !(logits[i + t * n_out] >= thr)) continue;
+      ts[m] = t;
+      xs[m++] = xq + t * xrb;
+      if (m < 4) continue;
+    }
+    if (m == 0) continue;
+    float out[4];
+    tile(K, 1, m, &w, xs, out);
+    for (int j = 0; j < m; j++) y[i + ts[j] * n_out] = out[j];
+    done += m;
+    m = 0;
+  }
+  return done;
+}
+
 void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
   const SparseLayout l = sparse_layout(n, nth, b);
@@ -287,7 +350,6 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   const int64_t len = *l.count;
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
-  const DotFn dot = n.k->dot[W.dtype];
   int64_t read = 0;
   const int64_t chunk = chunk_size(len, nth, 8);
   int64_t e0, e1;
@@ -315,11 +377,7 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
       const int64_t i = l.list[2 * e];
       const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
       if (e + 2 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 5]) * wrb, wrb);
-      for (int64_t t = 0; t < T; t++) {
-        if (logits && !(logits[i + t * n_out] >= thr)) continue;
-        y[i + t * n_out] = dot(K, w, xq + t * xrb);
-        read++;
-      }
+      read += dot_active_tokens(tile, K, w, xq, xrb, T, logits, thr, i, n_out, y);
     }
   }
   n.rows_read[ith] += read;
@@ -451,7 +509,6 @@ void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
   sync(n);
   const int64_t len = *l.count;
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
-  const DotFn dot = n.k->dot[W.dtype];
   const DotTileFn tile = n.k->dot_tile[W.dtype];
   int64_t read = 0;
   int64_t r0 = 0;
@@ -493,11 +550,7 @@ void op_mul_mat_sparse_cached(const NodeExec& n, int ith, int nth) {
         const int64_t e = l.order[q];
         const int64_t i = l.list[2 * e];
         const uint8_t* w = c->wait(l.slot[e]) + part;
-        for (int64_t t = 0; t < T; t++) {
-          if (logits && !(logits[i + t * n_out] >= thr)) continue;
-          y[i + t * n_out] = dot(K, w, xq + t * xrb);
-          read++;
-        }
+        read += dot_active_tokens(tile, K, w, xq, xrb, T, logits, thr, i, n_out, y);
       }
     }
     sync(n);

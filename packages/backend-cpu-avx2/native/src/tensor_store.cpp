@@ -22,6 +22,7 @@ FileMapping::~FileMapping() {
 
 Tensor::~Tensor() {
   if (!mapped && data) std::free(data);
+  std::free(packed);
 }
 
 size_t tensor_bytes(int dtype, const int64_t ne[4]) {
@@ -255,11 +256,62 @@ TensorPtr TensorStore::get(int id) const {
   return t;
 }
 
+const uint8_t* TensorStore::packed_q4_0x8(const TensorPtr& t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (t->packed || t->pack_refused) return t->packed;
+  const int64_t k = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
+  if (t->dtype != DT_Q4_0 || k % QK != 0 || rows % 8 != 0 || !t->data) return nullptr;
+  const size_t bytes = t->bytes;
+  if (bytes > budget_ || allocated_ > budget_ - bytes) {
+    t->pack_refused = true;
+    return nullptr;
+  }
+  uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  if (!p) {
+    t->pack_refused = true;
+    return nullptr;
+  }
+  const int64_t nb = k / QK;
+  const BlockQ4_0* src = reinterpret_cast<const BlockQ4_0*>(t->data);
+  BlockQ4_0x8* dst = reinterpret_cast<BlockQ4_0x8*>(p);
+  for (int64_t g = 0; g < rows / 8; g++) {
+    for (int64_t i = 0; i < nb; i++) {
+      BlockQ4_0x8& o = dst[g * nb + i];
+      for (int r = 0; r < 8; r++) {
+        const BlockQ4_0& b = src[(g * 8 + r) * nb + i];
+        o.d[r] = b.d;
+        for (int c = 0; c < 4; c++) std::memcpy(o.qs + 32 * c + 4 * r, b.qs + 4 * c, 4);
+      }
+    }
+  }
+  if (t->mapped) {
+    // give the mapped pages back (whole pages inside the tensor only; the file refaults them if read)
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t b0 = (reinterpret_cast<uintptr_t>(t->data) + page - 1) / page * page;
+    const uintptr_t b1 = (reinterpret_cast<uintptr_t>(t->data) + bytes) / page * page;
+    if (b1 > b0) madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
+  }
+  allocated_ += bytes;
+  t->packed = p;
+  return p;
+}
+
+void TensorStore::drop_packed(Tensor& t) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (t.packed) {
+    std::free(t.packed);
+    t.packed = nullptr;
+    allocated_ -= t.bytes;
+  }
+  t.pack_refused = false;
+}
+
 void TensorStore::release(int id) {
   std::lock_guard<std::mutex> lk(mu_);
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
+  if (it->second->packed) allocated_ -= it->second->bytes;
   if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
     // siblings hold plain pointers: unlink before the cache can go
     for (NeuronCache* o : c->siblings) {

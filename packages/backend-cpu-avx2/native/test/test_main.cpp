@@ -127,7 +127,7 @@ std::vector<double> act_values(int fmt, const std::vector<uint8_t>& xc, int64_t 
           (*corr)[j] = b[j].s - s * b[j].d;
           CHECK(f16_to_f32(f32_to_f16(b[j].s)) == b[j].s, "Q8_1 sum is F16-representable");
         } else {
-          CHECK(b[j].s == static_cast<float>(s * b[j].d), "Q8_0 sum is exact");
+          CHECK(b[j].sum == static_cast<int32_t>(s), "Q8_0 block sum is the integer sum of its bytes");
         }
       }
       break;
@@ -247,6 +247,22 @@ void test_dtype_kernels(const KernelTable& kt) {
           CHECK(out[r] == kt.dot[dt](k, w4s[r], xs[0]), "%s %s dot_tile %dx1 row %d", kt.name, dtype_name(dt), nr, r);
         }
       }
+      // one row against 3 and 4 activation rows (a sparse row in a batch)
+      std::vector<std::vector<uint8_t>> x4;
+      for (int c = 0; c < 4; c++) {
+        std::vector<float> xf(k);
+        for (auto& v : xf) v = uni(-2, 2);
+        x4.emplace_back(x_row_bytes(fmt, k));
+        kt.convert[fmt](xf.data(), x4.back().data(), k);
+      }
+      const uint8_t* x4s[4] = {x4[0].data(), x4[1].data(), x4[2].data(), x4[3].data()};
+      for (int nc = 3; nc <= 4; nc++) {
+        float out[4];
+        kt.dot_tile[dt](k, 1, nc, w4s + 1, x4s, out);
+        for (int c = 0; c < nc; c++) {
+          CHECK(out[c] == kt.dot[dt](k, w4s[1], x4s[c]), "%s %s dot_tile 1x%d column %d", kt.name, dtype_name(dt), nc, c);
+        }
+      }
     }
     // axpy_rows over up to 4 rows equals successive axpy calls, bit for bit
     for (int nr = 1; nr <= 4; nr++) {
@@ -335,6 +351,164 @@ void test_gemm_tiles() {
       }
     }
   }
+}
+
+/// Q4_0: every table's dot equals the scalar fused-multiply-add mirror bit for bit (the arithmetic of
+/// llama.cpp's repacked q4_0_8x8 kernels); its tiles (1–4 rows × 1–4 columns) equal the dot; and the
+/// repacked layout (TensorStore::packed_q4_0x8, 8 rows × 1–6 columns) gives every row the unpacked value,
+/// including nibbles 0 and 15 against activations ±127.
+void test_q4_0_repack() {
+  const CpuFeatures f = cpu_features();
+  const KernelTable& s = kernels_scalar();
+  const bool avx = f.avx2 && f.fma && f.f16c;
+  std::vector<const KernelTable*> tables{&s};
+  if (avx) tables.push_back(&kernels_avx2());
+#if defined(PI_HAVE_VNNI_KERNELS)
+  if (avx && f.avx512vnni) tables.push_back(&kernels_avx2_vnni());
+#endif
+  for (int64_t k : {32, 96, 4096, 11008}) {
+    const int64_t rows = 32;
+    TensorStore store(SIZE_MAX);
+    const int64_t ne[4] = {k, rows, 1, 1};
+    TensorPtr t = store.create(DT_Q4_0, ne);
+    const size_t rb = row_bytes(DT_Q4_0, k);
+    for (int64_t r = 0; r < rows; r++) {
+      std::vector<uint8_t> w = random_row(DT_Q4_0, k);
+      if (r == 3) {
+        for (int64_t i = 0; i < k / QK; i++) std::memset(w.data() + i * 18 + 2, r % 2 ? 0xFF : 0x00, 16);
+      }
+      if (r == 4) {
+        for (int64_t i = 0; i < k / QK; i++) std::memset(w.data() + i * 18 + 2, 0xFF, 16);
+      }
+      std::memcpy(t->data + r * rb, w.data(), rb);
+    }
+    std::vector<std::vector<uint8_t>> xs;
+    for (int c = 0; c < 6; c++) {
+      std::vector<float> xf(k);
+      for (int64_t i = 0; i < k; i++) xf[i] = c == 5 ? (i % 2 ? -1.0f : 1.0f) * 3 : uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
+      xs.emplace_back(x_row_bytes(XF_Q8_0, k));
+      s.convert[XF_Q8_0](xf.data(), xs.back().data(), k);
+    }
+    const uint8_t* x[6];
+    for (int c = 0; c < 6; c++) x[c] = xs[static_cast<size_t>(c)].data();
+    const uint8_t* packed = store.packed_q4_0x8(t);
+    CHECK(packed != nullptr && store.allocated() == 2 * t->bytes, "q4_0x8 k=%ld: packed copy made and counted", static_cast<long>(k));
+    if (!packed) continue;
+    const size_t gbytes = static_cast<size_t>(k / QK) * sizeof(BlockQ4_0x8);
+    for (int64_t r = 0; r < rows; r++) {
+      for (int c = 0; c < 6; c++) {
+        const float ref = s.dot[DT_Q4_0](k, t->data + r * rb, x[c]);
+        for (const KernelTable* kt : tables) {
+          const float got = kt->dot[DT_Q4_0](k, t->data + r * rb, x[c]);
+          CHECK(std::memcmp(&got, &ref, 4) == 0, "%s q4_0 dot k=%ld row %ld col %d: %.9g vs scalar %.9g", kt->name,
+                static_cast<long>(k), static_cast<long>(r), c, static_cast<double>(got), static_cast<double>(ref));
+        }
+      }
+    }
+    for (const KernelTable* kt : tables) {
+      CHECK(kt->q4_0x8_tile != nullptr, "%s: q4_0x8_tile", kt->name);
+      if (!kt->q4_0x8_tile) continue;
+      for (int ng : {1, 2, 3, 4}) {
+        for (int nc = 1; nc <= 6; nc++) {
+          for (int64_t g0 = 0; g0 + ng <= rows / 8; g0++) {
+            float out[192];
+            kt->q4_0x8_tile(k, ng, nc, packed + g0 * gbytes, x + 6 - nc, out);
+            int bad = 0;
+            for (int g = 0; g < ng; g++) {
+              for (int c = 0; c < nc; c++) {
+                for (int r = 0; r < 8; r++) {
+                  const float ref = s.dot[DT_Q4_0](k, t->data + ((g0 + g) * 8 + r) * rb, x[6 - nc + c]);
+                  bad += std::memcmp(&out[8 * (g * nc + c) + r], &ref, 4) != 0;
+                }
+              }
+            }
+            CHECK(bad == 0, "%s q4_0x8_tile k=%ld ng=%d nc=%d group %ld: %d of %d outputs differ from the unpacked dot",
+                  kt->name, static_cast<long>(k), ng, nc, static_cast<long>(g0), bad, 8 * ng * nc);
+          }
+        }
+      }
+      const uint8_t* w[4];
+      for (int nr = 1; nr <= 4; nr++) {
+        for (int nc = 1; nc <= 4; nc++) {
+          for (int r = 0; r < nr; r++) w[r] = t->data + (5 + r) * rb;
+          float out[16];
+          kt->dot_tile[DT_Q4_0](k, nr, nc, w, x, out);
+          int bad = 0;
+          for (int r = 0; r < nr; r++) {
+            for (int c = 0; c < nc; c++) {
+              const float ref = s.dot[DT_Q4_0](k, w[r], x[c]);
+              bad += std::memcmp(&out[r * nc + c], &ref, 4) != 0;
+            }
+          }
+          CHECK(bad == 0, "%s q4_0 dot_tile k=%ld %dx%d: %d outputs differ", kt->name, static_cast<long>(k), nr, nc, bad);
+        }
+      }
+    }
+    // a write drops the copy (and its bytes); an odd row count or a budget without room gives none
+    store.drop_packed(*t);
+    CHECK(t->packed == nullptr && store.allocated() == t->bytes, "drop_packed frees the copy");
+    const int64_t ne7[4] = {k, 7, 1, 1};
+    CHECK(store.packed_q4_0x8(store.create(DT_Q4_0, ne7)) == nullptr, "7 rows: not packed");
+    TensorStore tight(t->bytes + 64);
+    TensorPtr t2 = tight.create(DT_Q4_0, ne);
+    CHECK(tight.packed_q4_0x8(t2) == nullptr && t2->pack_refused && tight.allocated() == t2->bytes,
+          "no budget for the copy: refused, nothing counted");
+  }
+}
+
+/// The VNNI build of the AVX2 table gives every dot, tile, GEMM tile and repacked tile the AVX2 table's
+/// value bit for bit (integer sums are the same; float operations are the same), for every weight dtype.
+void test_vnni_equals_avx2() {
+#if defined(PI_HAVE_VNNI_KERNELS)
+  const CpuFeatures f = cpu_features();
+  if (!(f.avx2 && f.fma && f.f16c && f.avx512vnni)) {
+    std::printf("vnni: skipped (CPU lacks AVX512-VNNI/VL)\n");
+    return;
+  }
+  const KernelTable& a = kernels_avx2();
+  const KernelTable& v = kernels_avx2_vnni();
+  for (int dt : kWeightTypes) {
+    const int block = dtype_layout(dt).block;
+    for (int64_t k : {block == 1 ? int64_t{264} : int64_t{block * 8}, int64_t{4096}}) {
+      const int fmt = x_format(dt);
+      std::vector<std::vector<uint8_t>> wr, xr;
+      for (int r = 0; r < 4; r++) {
+        wr.push_back(random_row(dt, k));
+        if (dt == DT_Q8_0 && r == 1) {
+          for (int64_t i = 0; i < k / QK; i++) wr.back()[static_cast<size_t>(i * 34 + 2 + i % 32)] = 0x80;
+        }
+      }
+      for (int c = 0; c < 4; c++) {
+        std::vector<float> xf(k);
+        for (auto& x : xf) x = uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
+        xr.emplace_back(x_row_bytes(fmt, k));
+        a.convert[fmt](xf.data(), xr.back().data(), k);
+      }
+      const uint8_t* w[4] = {wr[0].data(), wr[1].data(), wr[2].data(), wr[3].data()};
+      const uint8_t* x[4] = {xr[0].data(), xr[1].data(), xr[2].data(), xr[3].data()};
+      int bad = 0;
+      for (int r = 0; r < 4; r++) {
+        for (int c = 0; c < 4; c++) {
+          const float p = a.dot[dt](k, w[r], x[c]), q = v.dot[dt](k, w[r], x[c]);
+          bad += std::memcmp(&p, &q, 4) != 0;
+        }
+      }
+      for (const auto& [nr, nc] : {std::pair<int, int>{4, 1}, {2, 2}, {1, 4}}) {
+        float p[16], q[16];
+        a.dot_tile[dt](k, nr, nc, w, x, p);
+        v.dot_tile[dt](k, nr, nc, w, x, q);
+        bad += std::memcmp(p, q, sizeof(float) * static_cast<size_t>(nr * nc)) != 0;
+        if (a.gemm_tile[dt] && k % 8 == 0) {
+          a.gemm_tile[dt](k, nr, nc, w, x, p);
+          v.gemm_tile[dt](k, nr, nc, w, x, q);
+          bad += std::memcmp(p, q, sizeof(float) * static_cast<size_t>(nr * nc)) != 0;
+        }
+      }
+      CHECK(bad == 0, "vnni %s k=%ld: %d results differ from the avx2 table", dtype_name(dt), static_cast<long>(k), bad);
+    }
+  }
+  CHECK(std::strcmp(v.name, "avx2+avx512vnni") == 0, "vnni table name %s", v.name);
+#endif
 }
 
 /// attn_row against a float64 softmax(scale·qᵀk)·V of the same (rounded) q, K, V, every K/V type pair and
@@ -850,12 +1024,19 @@ int main() {
   const CpuFeatures f = cpu_features();
   const char* reason = "";
   select_kernels(false, &reason);
-  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d -> %s\n", f.avx2, f.fma, f.f16c, f.avx512f, reason);
+  std::printf("cpu: avx2=%d fma=%d f16c=%d avx512f=%d avx512vnni=%d -> %s\n", f.avx2, f.fma, f.f16c, f.avx512f, f.avx512vnni,
+              reason);
   test_conversions();
   test_silu_ggml();
   test_dtype_kernels(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_dtype_kernels(kernels_avx2());
+#if defined(PI_HAVE_VNNI_KERNELS)
+  if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_dtype_kernels(kernels_avx2_vnni());
+  if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_attention_kernels(kernels_avx2_vnni(), &kernels_scalar());
+#endif
   test_gemm_tiles();
+  test_q4_0_repack();
+  test_vnni_equals_avx2();
   test_attention_kernels(kernels_scalar(), nullptr);
   if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());
   test_sum_probe(kernels_scalar());

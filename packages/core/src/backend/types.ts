@@ -103,6 +103,13 @@ export interface BackendLoadOptions {
   memoryBudget?: number;
   /** CPU backend: force the portable scalar kernels even when SIMD is available (for tests). Default false. */
   forceScalar?: boolean;
+  /**
+   * CPU backend: repack weights into the backend's own interleaved layouts at their first dense use
+   * (today Q4_0 with a row count divisible by 8: groups of 8 rows, see the backend's README). The copy
+   * replaces the mapped pages in memory and counts against memoryBudget; results are bit-identical either
+   * way. false keeps every weight zero-copy (`--no-repack`). Default true.
+   */
+  repack?: boolean;
 }
 
 /** What a backend package exports. */
