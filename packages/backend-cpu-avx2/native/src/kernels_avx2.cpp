@@ -599,31 +599,71 @@ float dot_q5_1(int64_t k, const void* w, const void* x) {
 // ---- K-quants (x in Q8_K). Integer sums are exact, and each super-block's float combination is
 // the same expression as the scalar kernel's, so both paths give identical results. -------------
 
-float dot_q4_K(int64_t k, const void* w, const void* x) {
-  const BlockQ4_K* a = static_cast<const BlockQ4_K*>(w);
-  const BlockQ8_K* b = static_cast<const BlockQ8_K*>(x);
+/// One Q4_K super-block's contribution to a dot product's running sum: s + d_x·(d·Σ sc·q·x − dmin·Σ m·bsum),
+/// the integer parts exact (one expression shared by every Q4_K kernel so that all round alike).
+inline float q4_K_step(float s, float dx, uint16_t d, uint16_t dmin, int sumi, int summ) {
+  return s + dx * (h2f(d) * static_cast<float>(sumi) - h2f(dmin) * static_cast<float>(summ));
+}
+
+/// One Q4_K row against NC (1–4) activation rows: each super-block's 6-bit scales and mins are decoded and its
+/// nibbles unpacked once for the NC columns; each output sums as dot_q4_K.
+template <int NC>
+void dot_row_cols_q4_K(int64_t k, const uint8_t* w, const uint8_t* const* x, float* out) {
+  const BlockQ4_K* a = reinterpret_cast<const BlockQ4_K*>(w);
+  const BlockQ8_K* b[NC];
+  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  float s = 0.0f;
+  float s[NC];
+  for (int c = 0; c < NC; c++) s[c] = 0.0f;
   for (int64_t i = 0; i < k / QK_K; i++) {
-    __m256i acc = _mm256_setzero_si256();
-    int summ = 0;
+    uint8_t sc[8], mn[8];
+    for (int j = 0; j < 8; j++) k4_scale_min(j, a[i].scales, &sc[j], &mn[j]);
+    __m256i acc[NC];
+    int summ[NC];
+    for (int c = 0; c < NC; c++) {
+      acc[c] = _mm256_setzero_si256();
+      summ[c] = 0;
+    }
     for (int j = 0; j < 4; j++) {
-      uint8_t sc1, m1, sc2, m2;
-      k4_scale_min(2 * j, a[i].scales, &sc1, &m1);
-      k4_scale_min(2 * j + 1, a[i].scales, &sc2, &m2);
       const __m256i q = loadu256(a[i].qs + 32 * j);
       const __m256i lo = _mm256_and_si256(q, m4);
       const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
-      const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(b[i].qs + 64 * j)), _mm256_set1_epi16(sc1));
-      const __m256i p1 =
-          _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(b[i].qs + 64 * j + 32)), _mm256_set1_epi16(sc2));
-      acc = _mm256_add_epi32(acc, _mm256_add_epi32(p0, p1));
-      summ += m1 * (b[i].bsums[4 * j] + b[i].bsums[4 * j + 1]) + m2 * (b[i].bsums[4 * j + 2] + b[i].bsums[4 * j + 3]);
+      const __m256i s1 = _mm256_set1_epi16(sc[2 * j]), s2 = _mm256_set1_epi16(sc[2 * j + 1]);
+      for (int c = 0; c < NC; c++) {
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(b[c][i].qs + 64 * j)), s1);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(b[c][i].qs + 64 * j + 32)), s2);
+        acc[c] = _mm256_add_epi32(acc[c], _mm256_add_epi32(p0, p1));
+        summ[c] += mn[2 * j] * (b[c][i].bsums[4 * j] + b[c][i].bsums[4 * j + 1]) +
+                   mn[2 * j + 1] * (b[c][i].bsums[4 * j + 2] + b[c][i].bsums[4 * j + 3]);
+      }
     }
-    const int sumi = hsum_epi32(acc);
-    s += b[i].d * (h2f(a[i].d) * static_cast<float>(sumi) - h2f(a[i].dmin) * static_cast<float>(summ));
+    for (int c = 0; c < NC; c++) s[c] = q4_K_step(s[c], b[c][i].d, a[i].d, a[i].dmin, hsum_epi32(acc[c]), summ[c]);
   }
-  return s;
+  for (int c = 0; c < NC; c++) out[c] = s[c];
+}
+
+float dot_q4_K(int64_t k, const void* w, const void* x) {
+  const uint8_t* xp = static_cast<const uint8_t*>(x);
+  float out;
+  dot_row_cols_q4_K<1>(k, static_cast<const uint8_t*>(w), &xp, &out);
+  return out;
+}
+
+/// Q4_K tiles, any nr × nc: each row against its columns four at a time (shared scale decoding and unpacking).
+void dot_tile_q4_K(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  for (int r = 0; r < nr; r++) {
+    for (int c = 0; c < nc; c += 4) {
+      float o[4];
+      const int m = nc - c < 4 ? nc - c : 4;
+      switch (m) {
+        case 1: dot_row_cols_q4_K<1>(k, w[r], x + c, o); break;
+        case 2: dot_row_cols_q4_K<2>(k, w[r], x + c, o); break;
+        case 3: dot_row_cols_q4_K<3>(k, w[r], x + c, o); break;
+        default: dot_row_cols_q4_K<4>(k, w[r], x + c, o);
+      }
+      for (int j = 0; j < m; j++) out[r * nc + c + j] = o[j];
+    }
+  }
 }
 
 float dot_q5_K(int64_t k, const void* w, const void* x) {
@@ -1065,7 +1105,7 @@ KernelTable make_table() {
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
   t.dot_tile[DT_Q8_0] = dot_tile_rows<dot_rows_q8_0<1>, dot_rows_q8_0<2>, dot_rows_q8_0<3>, dot_rows_q8_0<4>>;
   t.gemm_tile[DT_Q8_0] = gemm_tile_q8_0;
-  t.dot_tile[DT_Q4_K] = dot_tile_loop<DT_Q4_K>;
+  t.dot_tile[DT_Q4_K] = dot_tile_q4_K;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
   t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;
   t.dot[DT_Q4_0] = dot_q4_0;

@@ -169,19 +169,24 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   if (!gemm) {
     // Rows in tiles of 16, tokens in tiles of 32: a tile's weight rows stay in cache while every
     // token of the tile is dotted with them, so each weight row is read from memory once per tile;
-    // inside, 2 rows × 2 tokens at a time share their loads (same per-output arithmetic as dot).
+    // inside, 2 rows × 2 tokens at a time share their loads (same per-output arithmetic as dot). Q4_0
+    // and Q4_K take 1 row × 4 tokens: their kernels unpack a row's block (Q4_K: decode its scales) once
+    // for the 4 tokens.
+    const bool wide = W.dtype == DT_Q4_0 || W.dtype == DT_Q4_K;
+    const int mr = wide ? 1 : 2, mc = wide ? 4 : 2;
     while (next_chunk(n, N, chunk, &r0, &r1)) {
       for (int64_t rb = r0; rb < r1; rb += 16) {
         const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
         for (int64_t tb = 0; tb < T; tb += 32) {
           const int64_t te = tb + 32 < T ? tb + 32 : T;
-          for (int64_t r = rb; r < re; r += 2) {
-            const int nr = r + 1 < re ? 2 : 1;
+          for (int64_t r = rb; r < re; r += mr) {
+            const int nr = r + mr <= re ? mr : static_cast<int>(re - r);
             const uint8_t* w[2] = {W.data + r * wrb, W.data + (r + 1) * wrb};
-            for (int64_t t = tb; t < te; t += 2) {
-              const int nc = t + 1 < te ? 2 : 1;
-              const uint8_t* x[2] = {xq + t * xrb, xq + (t + 1) * xrb};
-              float out[4];
+            for (int64_t t = tb; t < te; t += mc) {
+              const int nc = t + mc <= te ? mc : static_cast<int>(te - t);
+              const uint8_t* x[4];
+              for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
+              float out[8];
               dot_tile(K, nr, nc, w, x, out);
               for (int i = 0; i < nr; i++) {
                 for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
