@@ -296,27 +296,24 @@ void dot_rows_q8_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* 
   for (int r = 0; r < NR; r++) out[r] = hsum_ps(acc[r]);
 }
 
-/// Row r's Σ q·x over one Q4_0 block, unsigned nibbles q = 0..15 (8 int32 lanes).
-inline __m256i q4_0_lanes(const BlockQ4_0& a, __m256i x) { return dot_u8_i32(unpack_nibbles(a.qs), x); }
-
-/// N (1–4) Q4_0 dot products of arbitrary (weight row, activation row) pairs, in the Q4_0 arithmetic
+/// N (1–4) Q4_0 dot products of (weight row, activation row) pairs, in the Q4_0 arithmetic
 /// (KernelTable::q4_0x8_tile): per block, each pair's exact integer Σ(q − 8)·x (Σq·x − 8·Σx), then
 /// acc = fma(float(that), d_w·d_x, acc). The pairs' integer sums are gathered into one vector (horizontal
-/// adds) so that the scale arithmetic runs on 4 lanes at once. Pairs: 4 rows × one token (matrix × vector)
-/// or one row × 4 tokens (a sparse row in a batch).
-template <int N>
+/// adds) so that the scale arithmetic runs on 4 lanes at once. Pairs: 4 rows × one token (matrix × vector),
+/// or with ONE_ROW one row × N tokens (a sparse row in a batch: its nibbles are unpacked once per block).
+template <int N, bool ONE_ROW = false>
 void dot_pairs_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   const int64_t nb = k / QK;
   const BlockQ4_0* a[4];
   const XBlockQ8* b[4];
   for (int j = 0; j < 4; j++) {
-    a[j] = reinterpret_cast<const BlockQ4_0*>(w[j < N ? j : 0]);
+    a[j] = reinterpret_cast<const BlockQ4_0*>(w[j < N && !ONE_ROW ? j : 0]);
     b[j] = reinterpret_cast<const XBlockQ8*>(x[j < N ? j : 0]);
   }
   if (N == 1) {
     float acc = 0.0f;
     for (int64_t i = 0; i < nb; i++) {
-      const int s = hsum_epi32(q4_0_lanes(a[0][i], loadu256(b[0][i].qs))) - 8 * b[0][i].sum;
+      const int s = hsum_epi32(dot_u8_i32(unpack_nibbles(a[0][i].qs), loadu256(b[0][i].qs))) - 8 * b[0][i].sum;
       acc = __builtin_fmaf(static_cast<float>(s), h2f(a[0][i].d) * b[0][i].d, acc);
     }
     out[0] = acc;
@@ -324,12 +321,13 @@ void dot_pairs_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* const* x,
   }
   __m128 acc = _mm_setzero_ps();
   for (int64_t i = 0; i < nb; i++) {
-    const __m256i p0 = q4_0_lanes(a[0][i], loadu256(b[0][i].qs));
-    const __m256i p1 = q4_0_lanes(a[1][i], loadu256(b[1][i].qs));
-    const __m256i p2 = N > 2 ? q4_0_lanes(a[2][i], loadu256(b[2][i].qs)) : _mm256_setzero_si256();
-    const __m256i p3 = N > 3 ? q4_0_lanes(a[3][i], loadu256(b[3][i].qs)) : _mm256_setzero_si256();
+    __m256i u[4];
+    u[0] = unpack_nibbles(a[0][i].qs);
+    for (int j = 1; j < N; j++) u[j] = ONE_ROW ? u[0] : unpack_nibbles(a[j][i].qs);
+    __m256i p[4];
+    for (int j = 0; j < 4; j++) p[j] = j < N ? dot_u8_i32(u[j], loadu256(b[j][i].qs)) : _mm256_setzero_si256();
     // lane j of the result: Σ of pair j's 8 lanes
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
     s = _mm_sub_epi32(s, _mm_setr_epi32(8 * b[0][i].sum, 8 * b[1][i].sum, 8 * b[2][i].sum, 8 * b[3][i].sum));
     const __m128 dw = _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(a[0][i].d), static_cast<short>(a[1][i].d),
@@ -342,38 +340,12 @@ void dot_pairs_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* const* x,
   for (int j = 0; j < N; j++) out[j] = o[j];
 }
 
-/// One Q4_0 row against NC (2–4) activation rows: dot_pairs_q4_0's arithmetic with the row's nibbles
-/// unpacked once per block for the NC columns (a sparse row in a batch).
-template <int NC>
-void dot_row_cols_q4_0(int64_t k, const uint8_t* w, const uint8_t* const* x, float* out) {
-  const int64_t nb = k / QK;
-  const BlockQ4_0* a = reinterpret_cast<const BlockQ4_0*>(w);
-  const XBlockQ8* b[4];
-  for (int j = 0; j < 4; j++) b[j] = reinterpret_cast<const XBlockQ8*>(x[j < NC ? j : 0]);
-  __m128 acc = _mm_setzero_ps();
-  for (int64_t i = 0; i < nb; i++) {
-    const __m256i u = unpack_nibbles(a[i].qs);
-    const __m256i p0 = dot_u8_i32(u, loadu256(b[0][i].qs));
-    const __m256i p1 = dot_u8_i32(u, loadu256(b[1][i].qs));
-    const __m256i p2 = NC > 2 ? dot_u8_i32(u, loadu256(b[2][i].qs)) : _mm256_setzero_si256();
-    const __m256i p3 = NC > 3 ? dot_u8_i32(u, loadu256(b[3][i].qs)) : _mm256_setzero_si256();
-    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-    s = _mm_sub_epi32(s, _mm_setr_epi32(8 * b[0][i].sum, 8 * b[1][i].sum, 8 * b[2][i].sum, 8 * b[3][i].sum));
-    const __m128 dx = _mm_setr_ps(b[0][i].d, b[1][i].d, b[2][i].d, b[3][i].d);
-    acc = _mm_fmadd_ps(_mm_cvtepi32_ps(s), _mm_mul_ps(_mm_set1_ps(h2f(a[i].d)), dx), acc);
-  }
-  float o[4];
-  _mm_storeu_ps(o, acc);
-  for (int j = 0; j < NC; j++) out[j] = o[j];
-}
-
 /// Q4_0 tiles, any nr × nc: one row against 2–4 columns shares its unpacked nibbles; otherwise the nr·nc
 /// (row, column) pairs in groups of 4.
 void dot_tile_q4_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-  if (nr == 1 && nc == 2) return dot_row_cols_q4_0<2>(k, w[0], x, out);
-  if (nr == 1 && nc == 3) return dot_row_cols_q4_0<3>(k, w[0], x, out);
-  if (nr == 1 && nc == 4) return dot_row_cols_q4_0<4>(k, w[0], x, out);
+  if (nr == 1 && nc == 2) return dot_pairs_q4_0<2, true>(k, w, x, out);
+  if (nr == 1 && nc == 3) return dot_pairs_q4_0<3, true>(k, w, x, out);
+  if (nr == 1 && nc == 4) return dot_pairs_q4_0<4, true>(k, w, x, out);
   static constexpr void (*fns[4])(int64_t, const uint8_t* const*, const uint8_t* const*, float*) = {
       dot_pairs_q4_0<1>, dot_pairs_q4_0<2>, dot_pairs_q4_0<3>, dot_pairs_q4_0<4>};
   const int n = nr * nc;
