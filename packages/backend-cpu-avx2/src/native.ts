@@ -52,7 +52,7 @@ export interface NativeAddon {
     threads: number;
     memoryBudget: number;
     forceScalar: boolean;
-    /** Repack Q4_0 weights at first dense use (default true). */
+    /** Repack Q4_0/Q4_K weights at first dense use (default true). */
     repack?: boolean;
   }) => NativeCpuBackend;
   cpuInfo(): NativeCpuInfo;

@@ -390,15 +390,23 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
     }
   });
 
-  it("Q4_0 repacked (8-row groups, the default) equals the zero-copy kernels and the scalar table bit for bit: mapped and created, every batch shape, after a write", async () => {
+  it("Q4_0 and Q4_K repacked (8-row groups, the default) equal the zero-copy kernels and the scalar table bit for bit: mapped and created, every batch shape, after a write", async () => {
     const rng = new Rng(53);
     const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
     const dir = mkdtempSync(join(tmpdir(), "q4-repack-"));
     try {
-      for (const k of [32, 256, 4096]) {
+      for (const [dtype, k] of [
+        ["q4_0", 32],
+        ["q4_0", 256],
+        ["q4_0", 4096],
+        ["q4_K", 256],
+        ["q4_K", 4096],
+      ] as const) {
+        // Q4_K's packed blocks hold decoded scales: 1184 bytes per 8 rows' 1152
+        const copyBytes = (bytes: number) => (dtype === "q4_K" ? (bytes / 1152) * 1184 : bytes);
         for (const n of [8, 24, 29]) {
-          const w = randomWeights("q4_0", k, n, rng);
-          const path = join(dir, `w-${k}-${n}.bin`);
+          const w = randomWeights(dtype, k, n, rng);
+          const path = join(dir, `w-${dtype}-${k}-${n}.bin`);
           writeFileSync(path, w.bytes);
           for (const flags of [[0], [1, 1], [1, 1, 1, 1, 1], [1, 1, 0, 1, 1, 1, 1, 0, 0]]) {
             const t = flags.length;
@@ -406,8 +414,8 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
             const run = async (opts: { threads: number; forceScalar?: boolean; repack?: boolean }, mapped: boolean) => {
               const b = await backend(opts);
               const wt = mapped
-                ? b.mapTensor("q4_0", [k, n], { path, fileOffset: 0, byteLength: w.bytes.length })
-                : b.createTensor("q4_0", [k, n], w.bytes);
+                ? b.mapTensor(dtype, [k, n], { path, fileOffset: 0, byteLength: w.bytes.length })
+                : b.createTensor(dtype, [k, n], w.bytes);
               const before = b.allocatedBytes();
               const out: number[][] = [];
               for (let rep = 0; rep < 2; rep++) {
@@ -419,14 +427,14 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
               }
               // the copy is made at the first product, once, and counted (8-row multiples only)
               const grew = b.allocatedBytes() - before;
-              expect(grew, `k=${k} n=${n} ${JSON.stringify(opts)}`).toBe(
-                opts.repack === false || n % 8 ? 0 : w.bytes.length,
+              expect(grew, `${dtype} k=${k} n=${n} ${JSON.stringify(opts)}`).toBe(
+                opts.repack === false || n % 8 ? 0 : copyBytes(w.bytes.length),
               );
               b.freeTensor(wt);
               expect(out[1]).toEqual(out[0]);
               return out[0]!;
             };
-            const where = `k=${k} n=${n} flags=${flags.join("")}`;
+            const where = `${dtype} k=${k} n=${n} flags=${flags.join("")}`;
             const ref = await run({ threads: 1, forceScalar: true, repack: false }, false);
             for (const opts of [
               { threads: 1 },
@@ -441,27 +449,29 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
         }
       }
       // a write after the copy was made: the next product reads the new bytes
-      const k = 256,
-        n = 16;
-      const b = await backend({ threads: 2 });
-      const w1 = randomWeights("q4_0", k, n, rng),
-        w2 = randomWeights("q4_0", k, n, rng);
-      const x = rng.f32(k, -2, 2);
-      const wt = b.createTensor("q4_0", [k, n], w1.bytes);
-      const product = (h: number) => {
-        const g = new Graph();
-        const y = g.output(g.mulMat(g.handle(h), g.input("f32", [k, 1], x)));
-        b.compute(g);
-        return bits(y);
-      };
-      const first = product(wt);
-      b.writeTensor(wt, w2.bytes);
-      const fresh = b.createTensor("q4_0", [k, n], w2.bytes);
-      const after = product(wt);
-      expect(after).toEqual(product(fresh));
-      expect(after).not.toEqual(first);
-      b.freeTensor(wt);
-      b.freeTensor(fresh);
+      for (const dtype of ["q4_0", "q4_K"] as const) {
+        const k = 256,
+          n = 16;
+        const b = await backend({ threads: 2 });
+        const w1 = randomWeights(dtype, k, n, rng),
+          w2 = randomWeights(dtype, k, n, rng);
+        const x = rng.f32(k, -2, 2);
+        const wt = b.createTensor(dtype, [k, n], w1.bytes);
+        const product = (h: number) => {
+          const g = new Graph();
+          const y = g.output(g.mulMat(g.handle(h), g.input("f32", [k, 1], x)));
+          b.compute(g);
+          return bits(y);
+        };
+        const first = product(wt);
+        b.writeTensor(wt, w2.bytes);
+        const fresh = b.createTensor(dtype, [k, n], w2.bytes);
+        const after = product(wt);
+        expect(after).toEqual(product(fresh));
+        expect(after).not.toEqual(first);
+        b.freeTensor(wt);
+        b.freeTensor(fresh);
+      }
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -134,7 +134,7 @@ export function modelOptions(cmd: Command): Command {
     )
     .option(
       "--no-repack",
-      "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)",
+      "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 and Q4_K matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)",
     );
 }
 

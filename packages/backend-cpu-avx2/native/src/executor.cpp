@@ -197,9 +197,10 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         n.src[s].cache_part = st.handle->cache_part;
         n.src[s].cache_counts = st.handle->cache_counts;
       }
-      // a dense Q4_0 product reads its weight in the repacked layout (made at first use)
-      if (s == 0 && c.op == OP_MUL_MAT && repack_ && st.handle && st.dtype == DT_Q4_0 && kernels_->q4_0x8_tile) {
-        n.src[s].packed = store_.packed_q4_0x8(st.handle);
+      // a dense Q4_0/Q4_K product reads its weight in the repacked layout (made at first use)
+      if (s == 0 && c.op == OP_MUL_MAT && repack_ && st.handle && st.dtype >= 0 && st.dtype < DT_TABLE &&
+          kernels_->packed_tile[st.dtype]) {
+        n.src[s].packed = store_.packed(st.handle);
       }
       // file-backed weights (neuron caches) are read only by the sparse ops, as their weight
       if (n.src[s].cache && (s != 0 || (c.op != OP_MUL_MAT_SPARSE && c.op != OP_AXPY_SPARSE))) {

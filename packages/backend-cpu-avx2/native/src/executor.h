@@ -42,7 +42,7 @@ struct TensorView {
   NeuronCache* cache = nullptr;
   size_t cache_part = 0;     ///< byte offset of the tensor's row within the cache's row
   bool cache_counts = true;  ///< this op's requests count hits and misses
-  /// A dense mul_mat's Q4_0 weight in the repacked layout (TensorStore::packed_q4_0x8), or null.
+  /// A dense mul_mat's Q4_0/Q4_K weight in the repacked layout (TensorStore::packed), or null.
   const uint8_t* packed = nullptr;
 
   int64_t rows() const { return ne[1] * ne[2] * ne[3]; }

@@ -63,10 +63,11 @@ using AxpyFn = void (*)(int64_t k, float a, const void* w, float* y);
 /// y[0..k) += Σ_r a[r] · dequant(w[r][0..k)) for nr ≤ 4 rows, y loaded and stored once; each
 /// element sees the same operations in the same order as nr successive AxpyFn calls.
 using AxpyRowsFn = void (*)(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y);
-/// ng consecutive groups of 8 repacked Q4_0 rows (BlockQ4_0x8 blocks, see common.h; a group is k/32 blocks) ×
-/// nc activation rows (XF_Q8_0): out[8·(g·nc + c) + r] = row r of group g · column c, each output
-/// bit-identical to dot[DT_Q4_0] on the unpacked row. Fastest at ng = 4, nc = 1 (matrix × vector: four
-/// concurrent streams) and ng = 1, nc = 4 (a batch).
+/// ng consecutive groups of 8 repacked rows (BlockQ4_0x8 for Q4_0, BlockQ4_Kx8 for Q4_K, see common.h; a
+/// group is packed_group_bytes(dtype, k) bytes) × nc activation rows (the dtype's XFormat):
+/// out[8·(g·nc + c) + r] = row r of group g · column c, each output bit-identical to dot[dtype] on the
+/// unpacked row. Fastest at ng = 4, nc = 1 (matrix × vector: four concurrent streams) and ng = 1, nc = 4
+/// (a batch).
 using PackedTileFn = void (*)(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out);
 /// Converts k F32 activations to an activation format.
 using ConvertFn = void (*)(const float* x, void* dst, int64_t k);
@@ -84,10 +85,12 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × 3, the AVX2 register tile); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
-  /// Q4_0 in the repacked layout (null: the table does not repack). The arithmetic of every Q4_0 dot
-  /// (packed or not, any tile): per output acc = fma(float(Σ(q − 8)·x over the block, in int32), d_w·d_x,
-  /// acc) block after block from 0 — the arithmetic of llama.cpp's repacked Q4_0 (q4_0_8x8) kernels.
-  PackedTileFn q4_0x8_tile;
+  /// Repacked layouts (null where the table or the dtype has none): Q4_0 and Q4_K. Every dot of those types
+  /// (packed or not, any tile) has one arithmetic per output. Q4_0: acc = fma(float(Σ(q − 8)·x over the
+  /// block, in int32), d_w·d_x, acc) block after block from 0 — the arithmetic of llama.cpp's repacked Q4_0
+  /// (q4_0_8x8) kernels. Q4_K: per super-block the exact integers Σ_j sc_j·Σ q·x and Σ_j m_j·Σ x (sub-blocks
+  /// j of 32), then s = s + d_x·(d·float(Σ sc·q·x) − dmin·float(Σ m·x)) without fusing, from s = 0.
+  PackedTileFn packed_tile[DT_TABLE];
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
   AxpyRowsFn axpy_rows[DT_TABLE];

@@ -297,7 +297,7 @@ void dot_rows_q8_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* 
 }
 
 /// N (1–4) Q4_0 dot products of (weight row, activation row) pairs, in the Q4_0 arithmetic
-/// (KernelTable::q4_0x8_tile): per block, each pair's exact integer Σ(q − 8)·x (Σq·x − 8·Σx), then
+/// (KernelTable::packed_tile): per block, each pair's exact integer Σ(q − 8)·x (Σq·x − 8·Σx), then
 /// acc = fma(float(that), d_w·d_x, acc). The pairs' integer sums are gathered into one vector (horizontal
 /// adds) so that the scale arithmetic runs on 4 lanes at once. Pairs: 4 rows × one token (matrix × vector),
 /// or with ONE_ROW one row × N tokens (a sparse row in a batch: its nibbles are unpacked once per block).
@@ -634,6 +634,125 @@ void dot_tile_q4_K(int64_t k, int nr, int nc, const uint8_t* const* w, const uin
         default: dot_row_cols_q4_K<4>(k, w[r], x + c, o);
       }
       for (int j = 0; j < m; j++) out[r * nc + c + j] = o[j];
+    }
+  }
+}
+
+/// NG groups of 8 repacked Q4_K rows (BlockQ4_Kx8, consecutive groups) × NC activation rows (Q8_K). Per
+/// super-block and sub-block pair p, per 4-byte chunk c, one 32-byte load holds a group's 8 rows' nibbles of
+/// elements 64p + 4c..+3 (low) and 64p + 32 + 4c..+3 (high), multiplied by the activation's 4 matching bytes
+/// broadcast to every row's lane (maddubs into 16-bit pair sums: 8 chunks stay ≤ 8·2·15·128 < 2^15; or
+/// vpdpbusd). Lane r then holds row r's sub-block sum; madd with the row's 6-bit scale (both 16-bit halves,
+/// or mullo after vpdpbusd) adds sc·Σ q·x to the int32 super-block sum; the mins take 4 madds (pairs of
+/// sub-blocks' mins against the activation's pairs of 32-element sums). The float step per row lane is
+/// dot_q4_K's: s + d_x·(d·Σ sc·q·x − dmin·Σ m·x), unfused.
+template <int NG, int NC>
+void q4_Kx8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  const int64_t nb = k / QK_K;
+  const BlockQ4_Kx8* a[NG];
+  for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_Kx8*>(groups) + g * nb;
+  const BlockQ8_K* b[NC];
+  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[NG][NC];
+  for (int g = 0; g < NG; g++) {
+    for (int c = 0; c < NC; c++) acc[g][c] = _mm256_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; i++) {
+    __m256i sumi[NG][NC], summ[NG][NC];
+    for (int g = 0; g < NG; g++) {
+      for (int c = 0; c < NC; c++) sumi[g][c] = summ[g][c] = _mm256_setzero_si256();
+    }
+    for (int p = 0; p < 4; p++) {
+      __m256i pl[NG][NC], ph[NG][NC];
+      for (int g = 0; g < NG; g++) {
+        for (int c = 0; c < NC; c++) pl[g][c] = ph[g][c] = _mm256_setzero_si256();
+      }
+      for (int ch = 0; ch < 8; ch++) {
+        if (NC == 1 && ch % 2 == 0) {
+          for (int g = 0; g < NG; g++) __builtin_prefetch(a[g][i].qs + 256 * p + 32 * ch + kQ4x8Prefetch, 0, 3);
+        }
+        __m256i xl[NC], xh[NC];
+        for (int c = 0; c < NC; c++) {
+          xl[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 4 * ch)));
+          xh[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 32 + 4 * ch)));
+        }
+        for (int g = 0; g < NG; g++) {
+          const __m256i v = loadu256(a[g][i].qs + 256 * p + 32 * ch);
+          const __m256i lo = _mm256_and_si256(v, m4);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+          for (int c = 0; c < NC; c++) {
+#if defined(PI_KERNELS_VNNI)
+            pl[g][c] = _mm256_dpbusd_epi32(pl[g][c], lo, xl[c]);
+            ph[g][c] = _mm256_dpbusd_epi32(ph[g][c], hi, xh[c]);
+#else
+            pl[g][c] = _mm256_add_epi16(pl[g][c], _mm256_maddubs_epi16(lo, xl[c]));
+            ph[g][c] = _mm256_add_epi16(ph[g][c], _mm256_maddubs_epi16(hi, xh[c]));
+#endif
+          }
+        }
+      }
+      for (int g = 0; g < NG; g++) {
+        const __m256i sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].sc + 16 * p)));
+        const __m256i sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].sc + 16 * p + 8)));
+        for (int c = 0; c < NC; c++) {
+#if defined(PI_KERNELS_VNNI)
+          const __m256i t = _mm256_add_epi32(_mm256_mullo_epi32(pl[g][c], sl), _mm256_mullo_epi32(ph[g][c], sh));
+#else
+          // the row's scale in both 16-bit halves of its lane: madd gives sc·(pair sum + pair sum)
+          const __m256i t = _mm256_add_epi32(_mm256_madd_epi16(pl[g][c], _mm256_or_si256(sl, _mm256_slli_epi32(sl, 16))),
+                                             _mm256_madd_epi16(ph[g][c], _mm256_or_si256(sh, _mm256_slli_epi32(sh, 16))));
+#endif
+          sumi[g][c] = _mm256_add_epi32(sumi[g][c], t);
+        }
+      }
+    }
+    // mins: lanes (2r, 2r + 1) = row r's mins of sub-blocks 2t and 2t + 1 against the activation's sums of
+    // those sub-blocks (|Σ| ≤ 32·128, an int16) in both halves of a broadcast int32
+    for (int t = 0; t < 4; t++) {
+      __m256i bs[NC];
+      for (int c = 0; c < NC; c++) {
+        const int s0 = b[c][i].bsums[4 * t] + b[c][i].bsums[4 * t + 1];
+        const int s1 = b[c][i].bsums[4 * t + 2] + b[c][i].bsums[4 * t + 3];
+        bs[c] = _mm256_set1_epi32(static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16)));
+      }
+      for (int g = 0; g < NG; g++) {
+        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].mn + 16 * t));
+        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].mn + 16 * t + 8));
+        const __m256i m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m0, m1));
+        for (int c = 0; c < NC; c++) summ[g][c] = _mm256_add_epi32(summ[g][c], _mm256_madd_epi16(m, bs[c]));
+      }
+    }
+    for (int g = 0; g < NG; g++) {
+      const __m256 d = load_f16(a[g][i].d);
+      const __m256 dmin = load_f16(a[g][i].dmin);
+      for (int c = 0; c < NC; c++) {
+        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[g][c])),
+                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summ[g][c])));
+        acc[g][c] = _mm256_add_ps(acc[g][c], _mm256_mul_ps(_mm256_set1_ps(b[c][i].d), v));
+      }
+    }
+  }
+  for (int g = 0; g < NG; g++) {
+    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + 8 * (g * NC + c), acc[g][c]);
+  }
+}
+
+void q4_Kx8_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  if (ng == 4 && nc == 1) return q4_Kx8_tile_t<4, 1>(k, groups, x, out);
+  if (ng == 2 && nc == 1) return q4_Kx8_tile_t<2, 1>(k, groups, x, out);
+  if (ng == 2 && nc == 2) return q4_Kx8_tile_t<2, 2>(k, groups, x, out);
+  const size_t gbytes = packed_group_bytes(DT_Q4_K, k);
+  for (int g = 0; g < ng; g++) {
+    for (int c = 0; c < nc; c += 4) {
+      const uint8_t* grp = groups + g * gbytes;
+      float* o = out + 8 * (g * nc + c);
+      switch (nc - c < 4 ? nc - c : 4) {
+        case 1: q4_Kx8_tile_t<1, 1>(k, grp, x + c, o); break;
+        case 2: q4_Kx8_tile_t<1, 2>(k, grp, x + c, o); break;
+        case 3: q4_Kx8_tile_t<1, 3>(k, grp, x + c, o); break;
+        default: q4_Kx8_tile_t<1, 4>(k, grp, x + c, o);
+      }
     }
   }
 }
@@ -1071,7 +1190,8 @@ KernelTable make_table() {
   t.gemm_tile[DT_F16] = gemm_tile_f<1>;
   t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
   t.dot_tile[DT_Q4_0] = dot_tile_q4_0;
-  t.q4_0x8_tile = q4_0x8_tile;
+  t.packed_tile[DT_Q4_0] = q4_0x8_tile;
+  t.packed_tile[DT_Q4_K] = q4_Kx8_tile;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;

@@ -252,7 +252,7 @@ float dot_bf16(int64_t k, const void* w, const void* x) {
   return s;
 }
 
-// Q4_0 arithmetic (KernelTable::q4_0x8_tile): the block's exact integer Σ(q − 8)·x, then one fused
+// Q4_0 arithmetic (KernelTable::packed_tile): the block's exact integer Σ(q − 8)·x, then one fused
 // multiply-add per block, so this equals the AVX2 kernels bit for bit.
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const BlockQ4_0* a = static_cast<const BlockQ4_0*>(w);
@@ -377,6 +377,37 @@ float dot_q4_K(int64_t k, const void* w, const void* x) {
     s += b[i].d * (f16_to_f32(a[i].d) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin) * static_cast<float>(summ));
   }
   return s;
+}
+
+/// Repacked Q4_K (BlockQ4_Kx8): each row's value in dot_q4_K's arithmetic.
+void q4_Kx8_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  for (int g = 0; g < ng; g++) {
+    const BlockQ4_Kx8* a = reinterpret_cast<const BlockQ4_Kx8*>(groups) + g * (k / QK_K);
+    for (int c = 0; c < nc; c++) {
+      const BlockQ8_K* b = reinterpret_cast<const BlockQ8_K*>(x[c]);
+      for (int r = 0; r < 8; r++) {
+        float s = 0.0f;
+        for (int64_t i = 0; i < k / QK_K; i++) {
+          int sumi = 0, summ = 0;
+          for (int p = 0; p < 4; p++) {
+            int s1 = 0, s2 = 0;
+            for (int ch = 0; ch < 8; ch++) {
+              for (int e = 0; e < 4; e++) {
+                const uint8_t q = a[i].qs[256 * p + 32 * ch + 4 * r + e];
+                s1 += (q & 0xF) * b[i].qs[64 * p + 4 * ch + e];
+                s2 += (q >> 4) * b[i].qs[64 * p + 32 + 4 * ch + e];
+              }
+            }
+            sumi += a[i].sc[8 * (2 * p) + r] * s1 + a[i].sc[8 * (2 * p + 1) + r] * s2;
+            summ += a[i].mn[8 * (2 * p) + r] * (b[i].bsums[4 * p] + b[i].bsums[4 * p + 1]) +
+                    a[i].mn[8 * (2 * p + 1) + r] * (b[i].bsums[4 * p + 2] + b[i].bsums[4 * p + 3]);
+          }
+          s += b[i].d * (f16_to_f32(a[i].d[r]) * static_cast<float>(sumi) - f16_to_f32(a[i].dmin[r]) * static_cast<float>(summ));
+        }
+        out[8 * (g * nc + c) + r] = s;
+      }
+    }
+  }
 }
 
 float dot_q5_K(int64_t k, const void* w, const void* x) {
@@ -589,7 +620,8 @@ KernelTable make_table() {
   t.dot[DT_F16] = dot_f16;
   t.dot[DT_BF16] = dot_bf16;
   t.dot[DT_Q4_0] = dot_q4_0;
-  t.q4_0x8_tile = q4_0x8_tile;
+  t.packed_tile[DT_Q4_0] = q4_0x8_tile;
+  t.packed_tile[DT_Q4_K] = q4_Kx8_tile;
   t.dot[DT_Q4_1] = dot_q4_1;
   t.dot[DT_Q5_0] = dot_q5_0;
   t.dot[DT_Q5_1] = dot_q5_1;

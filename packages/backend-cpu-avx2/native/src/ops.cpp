@@ -94,19 +94,20 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
   float* y = n.dst.f32();
   if (W.packed) {
-    // Q4_0 repacked (TensorStore::packed_q4_0x8). One token: 4 groups of 8 rows per kernel call, read as four
+    // Q4_0/Q4_K repacked (TensorStore::packed). One token: 4 groups of 8 rows per kernel call, read as four
     // concurrent streams. A batch: one group × up to 4 tokens per call; a group's weights (8 rows) stay in
     // cache while every token of a 48-token block is dotted with them. Results equal the unpacked kernels'
-    // bit for bit, and the GEMM flags do not change Q4_0 arithmetic.
+    // bit for bit, and the GEMM flags do not change Q4_0/Q4_K arithmetic.
+    const PackedTileFn tile = n.k->packed_tile[W.dtype];
     const int64_t G = N / 8;
-    const size_t gbytes = static_cast<size_t>(K / QK) * sizeof(BlockQ4_0x8);
+    const size_t gbytes = packed_group_bytes(W.dtype, K);
     int64_t g0, g1;
     float out[32];
     if (T == 1) {
       while (next_chunk(n, G, (chunk_size(G, nth, 4) + 3) / 4 * 4, &g0, &g1)) {
         for (int64_t g = g0; g < g1; g += 4) {
           const int ng = g1 - g < 4 ? static_cast<int>(g1 - g) : 4;
-          n.k->q4_0x8_tile(K, ng, 1, W.packed + static_cast<size_t>(g) * gbytes, &xq, y + g * 8);
+          tile(K, ng, 1, W.packed + static_cast<size_t>(g) * gbytes, &xq, y + g * 8);
         }
       }
       return;
@@ -120,7 +121,7 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
             const int nc = te - t < 4 ? static_cast<int>(te - t) : 4;
             const uint8_t* x[4];
             for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
-            n.k->q4_0x8_tile(K, 1, nc, grp, x, out);
+            tile(K, 1, nc, grp, x, out);
             for (int c = 0; c < nc; c++) {
               for (int r = 0; r < 8; r++) y[g * 8 + r + (t + c) * N] = out[8 * c + r];
             }

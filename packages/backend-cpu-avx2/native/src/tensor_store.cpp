@@ -256,12 +256,45 @@ TensorPtr TensorStore::get(int id) const {
   return t;
 }
 
-const uint8_t* TensorStore::packed_q4_0x8(const TensorPtr& t) {
+namespace {
+
+/// 8 rows of Q4_0 (src: row r at src + r·nb) → nb BlockQ4_0x8.
+void pack_group_q4_0(const BlockQ4_0* src, int64_t nb, BlockQ4_0x8* dst) {
+  for (int64_t i = 0; i < nb; i++) {
+    BlockQ4_0x8& o = dst[i];
+    for (int r = 0; r < 8; r++) {
+      const BlockQ4_0& b = src[r * nb + i];
+      o.d[r] = b.d;
+      for (int c = 0; c < 4; c++) std::memcpy(o.qs + 32 * c + 4 * r, b.qs + 4 * c, 4);
+    }
+  }
+}
+
+/// 8 rows of Q4_K → nb BlockQ4_Kx8 (scales and mins decoded to bytes).
+void pack_group_q4_K(const BlockQ4_K* src, int64_t nb, BlockQ4_Kx8* dst) {
+  for (int64_t i = 0; i < nb; i++) {
+    BlockQ4_Kx8& o = dst[i];
+    for (int r = 0; r < 8; r++) {
+      const BlockQ4_K& b = src[r * nb + i];
+      o.d[r] = b.d;
+      o.dmin[r] = b.dmin;
+      for (int j = 0; j < 8; j++) k4_scale_min(j, b.scales, &o.sc[8 * j + r], &o.mn[8 * j + r]);
+      for (int p = 0; p < 4; p++) {
+        for (int c = 0; c < 8; c++) std::memcpy(o.qs + 256 * p + 32 * c + 4 * r, b.qs + 32 * p + 4 * c, 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+const uint8_t* TensorStore::packed(const TensorPtr& t) {
   std::lock_guard<std::mutex> lk(mu_);
   if (t->packed || t->pack_refused) return t->packed;
   const int64_t k = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
-  if (t->dtype != DT_Q4_0 || k % QK != 0 || rows % 8 != 0 || !t->data) return nullptr;
-  const size_t bytes = t->bytes;
+  const size_t gbytes = packed_group_bytes(t->dtype, k);
+  if (gbytes == 0 || rows % 8 != 0 || !t->data) return nullptr;
+  const size_t bytes = gbytes * static_cast<size_t>(rows / 8);
   if (bytes > budget_ || allocated_ > budget_ - bytes) {
     t->pack_refused = true;
     return nullptr;
@@ -271,17 +304,14 @@ const uint8_t* TensorStore::packed_q4_0x8(const TensorPtr& t) {
     t->pack_refused = true;
     return nullptr;
   }
-  const int64_t nb = k / QK;
-  const BlockQ4_0* src = reinterpret_cast<const BlockQ4_0*>(t->data);
-  BlockQ4_0x8* dst = reinterpret_cast<BlockQ4_0x8*>(p);
+  const size_t rb = row_bytes(t->dtype, k);
   for (int64_t g = 0; g < rows / 8; g++) {
-    for (int64_t i = 0; i < nb; i++) {
-      BlockQ4_0x8& o = dst[g * nb + i];
-      for (int r = 0; r < 8; r++) {
-        const BlockQ4_0& b = src[(g * 8 + r) * nb + i];
-        o.d[r] = b.d;
-        for (int c = 0; c < 4; c++) std::memcpy(o.qs + 32 * c + 4 * r, b.qs + 4 * c, 4);
-      }
+    const uint8_t* src = t->data + static_cast<size_t>(g) * 8 * rb;
+    uint8_t* dst = p + static_cast<size_t>(g) * gbytes;
+    if (t->dtype == DT_Q4_0) {
+      pack_group_q4_0(reinterpret_cast<const BlockQ4_0*>(src), k / QK, reinterpret_cast<BlockQ4_0x8*>(dst));
+    } else {
+      pack_group_q4_K(reinterpret_cast<const BlockQ4_K*>(src), k / QK_K, reinterpret_cast<BlockQ4_Kx8*>(dst));
     }
   }
   if (t->mapped) {
@@ -293,6 +323,7 @@ const uint8_t* TensorStore::packed_q4_0x8(const TensorPtr& t) {
   }
   allocated_ += bytes;
   t->packed = p;
+  t->packed_bytes = bytes;
   return p;
 }
 
@@ -301,7 +332,8 @@ void TensorStore::drop_packed(Tensor& t) {
   if (t.packed) {
     std::free(t.packed);
     t.packed = nullptr;
-    allocated_ -= t.bytes;
+    allocated_ -= t.packed_bytes;
+    t.packed_bytes = 0;
   }
   t.pack_refused = false;
 }
@@ -311,7 +343,7 @@ void TensorStore::release(int id) {
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
-  if (it->second->packed) allocated_ -= it->second->bytes;
+  if (it->second->packed) allocated_ -= it->second->packed_bytes;
   if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
     // siblings hold plain pointers: unlink before the cache can go
     for (NeuronCache* o : c->siblings) {

@@ -44,9 +44,10 @@ struct Tensor {
   std::shared_ptr<NeuronCache> cache;
   size_t cache_part = 0;      ///< byte offset of this tensor's row within a cache row (bundled layout)
   bool cache_counts = true;   ///< whether this tensor's requests count hits/misses (one per cache)
-  /// Q4_0 rows repacked for the dense matrix product (BlockQ4_0x8 groups, see common.h), made at first
-  /// use by TensorStore::packed_q4_0x8; null before that, when repacking is off, or when refused.
+  /// Q4_0/Q4_K rows repacked for the dense matrix product (BlockQ4_0x8/BlockQ4_Kx8 groups, see common.h),
+  /// made at first use by TensorStore::packed; null before that, when repacking is off, or when refused.
   uint8_t* packed = nullptr;
+  size_t packed_bytes = 0;  ///< size of `packed` (Q4_0: bytes; Q4_K: bytes · 1184/1152)
   bool pack_refused = false;  ///< the memory budget had no room for the packed copy
   ~Tensor();
 };
@@ -69,14 +70,16 @@ class TensorStore {
   /// Another tensor over the cache of tensor `with` (bundled layout): its rows are bytes
   /// [part_offset, part_offset + row size) of that cache's rows. @throws BackendErr BAD_TENSOR.
   TensorPtr share_cached(int dtype, const int64_t ne[4], int with, size_t part_offset);
-  /// The Q4_0 tensor's rows in the repacked layout (BlockQ4_0x8: 8 rows' blocks interleaved), made on the
-  /// first call (single-threaded, about the time of one read of the tensor) and kept until the tensor is
-  /// freed or written. The copy counts against the memory budget like create(); when it does not fit,
+  /// The tensor's rows in the repacked layout of its dtype (Q4_0: BlockQ4_0x8, Q4_K: BlockQ4_Kx8; 8 rows'
+  /// blocks interleaved, see common.h), made on the first call (single-threaded, about the time of one read
+  /// of the tensor) and kept until the tensor is freed or written. The copy (packed_bytes: Q4_0 the
+  /// tensor's size, Q4_K 2.8 % more) counts against the memory budget like create(); when it does not fit,
   /// null (the unpacked kernels run, with bit-identical results). A mapped tensor's pages are released
   /// from this process after packing (madvise DONTNEED: the file's pages refault if another op reads
   /// them), so the copy replaces them in memory instead of doubling it.
-  /// Requires dtype Q4_0, ne[0] % 32 == 0, rows % 8 == 0 and data != null (else null).
-  const uint8_t* packed_q4_0x8(const TensorPtr& t);
+  /// Requires dtype Q4_0 or Q4_K, ne[0] a multiple of the block (32 / 256), rows % 8 == 0 and
+  /// data != null (else null).
+  const uint8_t* packed(const TensorPtr& t);
   /// Drops a packed copy (after the tensor's bytes changed).
   void drop_packed(Tensor& t);
   /// Counters of all caches (monotonic).

@@ -353,11 +353,12 @@ void test_gemm_tiles() {
   }
 }
 
-/// Q4_0: every table's dot equals the scalar fused-multiply-add mirror bit for bit (the arithmetic of
-/// llama.cpp's repacked q4_0_8x8 kernels); its tiles (1–4 rows × 1–4 columns) equal the dot; and the
-/// repacked layout (TensorStore::packed_q4_0x8, 8 rows × 1–6 columns) gives every row the unpacked value,
-/// including nibbles 0 and 15 against activations ±127.
-void test_q4_0_repack() {
+/// Repacked layouts (Q4_0: BlockQ4_0x8, Q4_K: BlockQ4_Kx8). Every table's dot equals the scalar mirror
+/// bit for bit (Q4_0: llama.cpp's repacked q4_0_8x8 arithmetic; Q4_K: exact integer super-block sums, one
+/// unfused float step per super-block); its tiles (1–4 rows × 1–4 columns) equal the dot; and the repacked
+/// layout (TensorStore::packed, 8 rows × 1–6 columns, 1–4 groups) gives every row the unpacked value,
+/// including nibbles 0 and 15 (with the largest 6-bit scales and mins) against activations of ±127 and −128.
+void test_repack() {
   const CpuFeatures f = cpu_features();
   const KernelTable& s = kernels_scalar();
   const bool avx = f.avx2 && f.fma && f.f16c;
@@ -366,94 +367,108 @@ void test_q4_0_repack() {
 #if defined(PI_HAVE_VNNI_KERNELS)
   if (avx && f.avx512vnni) tables.push_back(&kernels_avx2_vnni());
 #endif
-  for (int64_t k : {32, 96, 4096, 11008}) {
-    const int64_t rows = 32;
-    TensorStore store(SIZE_MAX);
-    const int64_t ne[4] = {k, rows, 1, 1};
-    TensorPtr t = store.create(DT_Q4_0, ne);
-    const size_t rb = row_bytes(DT_Q4_0, k);
-    for (int64_t r = 0; r < rows; r++) {
-      std::vector<uint8_t> w = random_row(DT_Q4_0, k);
-      if (r == 3) {
-        for (int64_t i = 0; i < k / QK; i++) std::memset(w.data() + i * 18 + 2, r % 2 ? 0xFF : 0x00, 16);
+  for (int dt : {DT_Q4_0, DT_Q4_K}) {
+    const bool kq = dt == DT_Q4_K;
+    const int fmt = x_format(dt);
+    const char* name = dtype_name(dt);
+    const int bsz = kq ? 144 : 18, qoff = kq ? 16 : 2, qlen = kq ? 128 : 16;
+    const std::vector<int64_t> ks = kq ? std::vector<int64_t>{256, 768, 4096, 11008} : std::vector<int64_t>{32, 96, 4096, 11008};
+    for (int64_t k : ks) {
+      const int64_t rows = 32, nblk = k / (kq ? QK_K : QK);
+      TensorStore store(SIZE_MAX);
+      const int64_t ne[4] = {k, rows, 1, 1};
+      TensorPtr t = store.create(dt, ne);
+      const size_t rb = row_bytes(dt, k);
+      for (int64_t r = 0; r < rows; r++) {
+        std::vector<uint8_t> w = random_row(dt, k);
+        for (int64_t i = 0; i < nblk && (r == 3 || r == 4); i++) {
+          std::memset(w.data() + i * bsz + qoff, r == 3 ? 0x00 : 0xFF, static_cast<size_t>(qlen));
+          if (kq && r == 4) std::memset(w.data() + i * bsz + 4, 0xFF, 12);  // every scale and min 63
+        }
+        std::memcpy(t->data + r * rb, w.data(), rb);
       }
-      if (r == 4) {
-        for (int64_t i = 0; i < k / QK; i++) std::memset(w.data() + i * 18 + 2, 0xFF, 16);
-      }
-      std::memcpy(t->data + r * rb, w.data(), rb);
-    }
-    std::vector<std::vector<uint8_t>> xs;
-    for (int c = 0; c < 6; c++) {
-      std::vector<float> xf(k);
-      for (int64_t i = 0; i < k; i++) xf[i] = c == 5 ? (i % 2 ? -1.0f : 1.0f) * 3 : uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
-      xs.emplace_back(x_row_bytes(XF_Q8_0, k));
-      s.convert[XF_Q8_0](xf.data(), xs.back().data(), k);
-    }
-    const uint8_t* x[6];
-    for (int c = 0; c < 6; c++) x[c] = xs[static_cast<size_t>(c)].data();
-    const uint8_t* packed = store.packed_q4_0x8(t);
-    CHECK(packed != nullptr && store.allocated() == 2 * t->bytes, "q4_0x8 k=%ld: packed copy made and counted", static_cast<long>(k));
-    if (!packed) continue;
-    const size_t gbytes = static_cast<size_t>(k / QK) * sizeof(BlockQ4_0x8);
-    for (int64_t r = 0; r < rows; r++) {
+      std::vector<std::vector<uint8_t>> xs;
       for (int c = 0; c < 6; c++) {
-        const float ref = s.dot[DT_Q4_0](k, t->data + r * rb, x[c]);
-        for (const KernelTable* kt : tables) {
-          const float got = kt->dot[DT_Q4_0](k, t->data + r * rb, x[c]);
-          CHECK(std::memcmp(&got, &ref, 4) == 0, "%s q4_0 dot k=%ld row %ld col %d: %.9g vs scalar %.9g", kt->name,
-                static_cast<long>(k), static_cast<long>(r), c, static_cast<double>(got), static_cast<double>(ref));
+        std::vector<float> xf(k);
+        for (int64_t i = 0; i < k; i++) {
+          xf[i] = c == 5 ? (kq ? -3.0f : (i % 2 ? -1.0f : 1.0f) * 3) : uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
+        }
+        xs.emplace_back(x_row_bytes(fmt, k));
+        s.convert[fmt](xf.data(), xs.back().data(), k);
+      }
+      const uint8_t* x[6];
+      for (int c = 0; c < 6; c++) x[c] = xs[static_cast<size_t>(c)].data();
+      const uint8_t* packed = store.packed(t);
+      const size_t gbytes = packed_group_bytes(dt, k);
+      CHECK(packed != nullptr && t->packed_bytes == gbytes * static_cast<size_t>(rows / 8) &&
+                store.allocated() == t->bytes + t->packed_bytes,
+            "%s k=%ld: packed copy made and counted", name, static_cast<long>(k));
+      if (!packed) continue;
+      for (int64_t r = 0; r < rows; r++) {
+        for (int c = 0; c < 6; c++) {
+          const float ref = s.dot[dt](k, t->data + r * rb, x[c]);
+          for (const KernelTable* kt : tables) {
+            const float got = kt->dot[dt](k, t->data + r * rb, x[c]);
+            CHECK(std::memcmp(&got, &ref, 4) == 0, "%s %s dot k=%ld row %ld col %d: %.9g vs scalar %.9g", kt->name, name,
+                  static_cast<long>(k), static_cast<long>(r), c, static_cast<double>(got), static_cast<double>(ref));
+          }
         }
       }
-    }
-    for (const KernelTable* kt : tables) {
-      CHECK(kt->q4_0x8_tile != nullptr, "%s: q4_0x8_tile", kt->name);
-      if (!kt->q4_0x8_tile) continue;
-      for (int ng : {1, 2, 3, 4}) {
-        for (int nc = 1; nc <= 6; nc++) {
-          for (int64_t g0 = 0; g0 + ng <= rows / 8; g0++) {
-            float out[192];
-            kt->q4_0x8_tile(k, ng, nc, packed + g0 * gbytes, x + 6 - nc, out);
-            int bad = 0;
-            for (int g = 0; g < ng; g++) {
-              for (int c = 0; c < nc; c++) {
-                for (int r = 0; r < 8; r++) {
-                  const float ref = s.dot[DT_Q4_0](k, t->data + ((g0 + g) * 8 + r) * rb, x[6 - nc + c]);
-                  bad += std::memcmp(&out[8 * (g * nc + c) + r], &ref, 4) != 0;
+      for (const KernelTable* kt : tables) {
+        CHECK(kt->packed_tile[dt] != nullptr, "%s: packed_tile[%s]", kt->name, name);
+        if (!kt->packed_tile[dt]) continue;
+        for (int ng : {1, 2, 3, 4}) {
+          for (int nc = 1; nc <= 6; nc++) {
+            for (int64_t g0 = 0; g0 + ng <= rows / 8; g0++) {
+              float out[192];
+              kt->packed_tile[dt](k, ng, nc, packed + g0 * gbytes, x + 6 - nc, out);
+              int bad = 0;
+              for (int g = 0; g < ng; g++) {
+                for (int c = 0; c < nc; c++) {
+                  for (int r = 0; r < 8; r++) {
+                    const float ref = s.dot[dt](k, t->data + ((g0 + g) * 8 + r) * rb, x[6 - nc + c]);
+                    bad += std::memcmp(&out[8 * (g * nc + c) + r], &ref, 4) != 0;
+                  }
                 }
               }
+              CHECK(bad == 0, "%s %s packed_tile k=%ld ng=%d nc=%d group %ld: %d of %d outputs differ from the unpacked dot",
+                    kt->name, name, static_cast<long>(k), ng, nc, static_cast<long>(g0), bad, 8 * ng * nc);
             }
-            CHECK(bad == 0, "%s q4_0x8_tile k=%ld ng=%d nc=%d group %ld: %d of %d outputs differ from the unpacked dot",
-                  kt->name, static_cast<long>(k), ng, nc, static_cast<long>(g0), bad, 8 * ng * nc);
+          }
+        }
+        const uint8_t* w[4];
+        for (int nr = 1; nr <= 4; nr++) {
+          for (int nc = 1; nc <= 4; nc++) {
+            for (int r = 0; r < nr; r++) w[r] = t->data + (2 + r) * rb;
+            float out[16];
+            kt->dot_tile[dt](k, nr, nc, w, x + 2, out);
+            int bad = 0;
+            for (int r = 0; r < nr; r++) {
+              for (int c = 0; c < nc; c++) {
+                const float ref = s.dot[dt](k, w[r], x[2 + c]);
+                bad += std::memcmp(&out[r * nc + c], &ref, 4) != 0;
+              }
+            }
+            CHECK(bad == 0, "%s %s dot_tile k=%ld %dx%d: %d outputs differ", kt->name, name, static_cast<long>(k), nr, nc, bad);
           }
         }
       }
-      const uint8_t* w[4];
-      for (int nr = 1; nr <= 4; nr++) {
-        for (int nc = 1; nc <= 4; nc++) {
-          for (int r = 0; r < nr; r++) w[r] = t->data + (5 + r) * rb;
-          float out[16];
-          kt->dot_tile[DT_Q4_0](k, nr, nc, w, x, out);
-          int bad = 0;
-          for (int r = 0; r < nr; r++) {
-            for (int c = 0; c < nc; c++) {
-              const float ref = s.dot[DT_Q4_0](k, w[r], x[c]);
-              bad += std::memcmp(&out[r * nc + c], &ref, 4) != 0;
-            }
-          }
-          CHECK(bad == 0, "%s q4_0 dot_tile k=%ld %dx%d: %d outputs differ", kt->name, static_cast<long>(k), nr, nc, bad);
-        }
-      }
+      // a write drops the copy (and its bytes); an odd row count or a budget without room gives none
+      store.drop_packed(*t);
+      CHECK(t->packed == nullptr && t->packed_bytes == 0 && store.allocated() == t->bytes, "%s: drop_packed frees the copy", name);
+      const int64_t ne7[4] = {k, 7, 1, 1};
+      CHECK(store.packed(store.create(dt, ne7)) == nullptr, "%s 7 rows: not packed", name);
+      TensorStore tight(t->bytes + 64);
+      TensorPtr t2 = tight.create(dt, ne);
+      CHECK(tight.packed(t2) == nullptr && t2->pack_refused && tight.allocated() == t2->bytes,
+            "%s: no budget for the copy: refused, nothing counted", name);
     }
-    // a write drops the copy (and its bytes); an odd row count or a budget without room gives none
-    store.drop_packed(*t);
-    CHECK(t->packed == nullptr && store.allocated() == t->bytes, "drop_packed frees the copy");
-    const int64_t ne7[4] = {k, 7, 1, 1};
-    CHECK(store.packed_q4_0x8(store.create(DT_Q4_0, ne7)) == nullptr, "7 rows: not packed");
-    TensorStore tight(t->bytes + 64);
-    TensorPtr t2 = tight.create(DT_Q4_0, ne);
-    CHECK(tight.packed_q4_0x8(t2) == nullptr && t2->pack_refused && tight.allocated() == t2->bytes,
-          "no budget for the copy: refused, nothing counted");
   }
+  // dtypes without a repacked layout are left alone
+  TensorStore store(SIZE_MAX);
+  const int64_t ne[4] = {256, 8, 1, 1};
+  CHECK(store.packed(store.create(DT_Q8_0, ne)) == nullptr, "Q8_0: no repacked layout");
+  CHECK(kernels_scalar().packed_tile[DT_Q8_0] == nullptr, "Q8_0: no packed tile");
 }
 
 /// The VNNI build of the AVX2 table gives every dot, tile, GEMM tile and repacked tile the AVX2 table's
@@ -1035,7 +1050,7 @@ int main() {
   if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_attention_kernels(kernels_avx2_vnni(), &kernels_scalar());
 #endif
   test_gemm_tiles();
-  test_q4_0_repack();
+  test_repack();
   test_vnni_equals_avx2();
   test_attention_kernels(kernels_scalar(), nullptr);
   if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());

@@ -105,7 +105,7 @@ export interface BackendLoadOptions {
   forceScalar?: boolean;
   /**
    * CPU backend: repack weights into the backend's own interleaved layouts at their first dense use
-   * (today Q4_0 with a row count divisible by 8: groups of 8 rows, see the backend's README). The copy
+   * (today Q4_0 and Q4_K with a row count divisible by 8: groups of 8 rows, see the backend's README). The copy
    * replaces the mapped pages in memory and counts against memoryBudget; results are bit-identical either
    * way. false keeps every weight zero-copy (`--no-repack`). Default true.
    */
