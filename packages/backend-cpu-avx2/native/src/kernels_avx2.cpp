@@ -886,11 +886,46 @@ void axpy_q8_0(int64_t k, float a, const void* w, float* y) {
 }
 
 /// Other quantized rows: dequantize a block at a time (scalar table), accumulate with FMA.
+/// Q4_K → F32 (the scalar dequant_q4_K's operations: d·sc · q − dmin·m per element, unfused).
+void dequant_q4_K(const void* w, float* y, int64_t k) {
+  const BlockQ4_K* b = static_cast<const BlockQ4_K*>(w);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    const float d = h2f(b[i].d), dmin = h2f(b[i].dmin);
+    for (int j = 0; j < 4; j++) {
+      uint8_t sc, m;
+      k4_scale_min(2 * j, b[i].scales, &sc, &m);
+      const __m256 d1 = _mm256_set1_ps(d * sc), m1 = _mm256_set1_ps(dmin * m);
+      k4_scale_min(2 * j + 1, b[i].scales, &sc, &m);
+      const __m256 d2 = _mm256_set1_ps(d * sc), m2 = _mm256_set1_ps(dmin * m);
+      const __m256i q = loadu256(b[i].qs + 32 * j);
+      const __m256i lo = _mm256_and_si256(q, m4), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      for (int h = 0; h < 2; h++) {
+        const __m256i v = h == 0 ? lo : hi;
+        const __m256 dd = h == 0 ? d1 : d2, mm = h == 0 ? m1 : m2;
+        const __m128i v0 = _mm256_castsi256_si128(v), v1 = _mm256_extracti128_si256(v, 1);
+        const __m128i parts[4] = {v0, _mm_srli_si128(v0, 8), v1, _mm_srli_si128(v1, 8)};
+        for (int p = 0; p < 4; p++) {
+          const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(parts[p]));
+          _mm256_storeu_ps(y + 8 * p, _mm256_sub_ps(_mm256_mul_ps(dd, f), mm));
+        }
+        y += 32;
+      }
+    }
+  }
+}
+
+/// The dequantizer of a block type for the axpy kernels below (the AVX2 one where there is one).
+template <int DT>
+DequantFn block_dequant() {
+  return DT == DT_Q4_K ? dequant_q4_K : kernels_scalar().dequant[DT];
+}
+
 template <int DT, int BLOCK, int BYTES>
 void axpy_blocks(int64_t k, float a, const void* w, float* y) {
   alignas(32) float tmp[BLOCK];
   const uint8_t* p = static_cast<const uint8_t*>(w);
-  const DequantFn deq = kernels_scalar().dequant[DT];
+  const DequantFn deq = block_dequant<DT>();
   for (int64_t i = 0; i < k / BLOCK; i++, p += BYTES, y += BLOCK) {
     deq(p, tmp, BLOCK);
     axpy_f32v(BLOCK, a, tmp, y);
@@ -981,7 +1016,7 @@ void axpy_rows_q8_0(int64_t k, int nr, const float* a, const uint8_t* const* w, 
 template <int DT, int BLOCK, int BYTES>
 void axpy_rows_blocks(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
   alignas(32) float tmp[4][BLOCK];
-  const DequantFn deq = kernels_scalar().dequant[DT];
+  const DequantFn deq = block_dequant<DT>();
   for (int64_t i = 0; i < k / BLOCK; i++, y += BLOCK) {
     for (int r = 0; r < nr; r++) deq(w[r] + i * BYTES, tmp[r], BLOCK);
     for (int j = 0; j < BLOCK; j += 8) {
@@ -1209,6 +1244,7 @@ KernelTable make_table() {
   t.dot[DT_Q5_K] = dot_q5_K;
   t.dot[DT_Q6_K] = dot_q6_K;
   t.dequant[DT_F16] = dequant_f16;
+  t.dequant[DT_Q4_K] = dequant_q4_K;
   t.axpy[DT_F32] = axpy_f32;
   t.axpy[DT_F16] = axpy_f16;
   t.axpy[DT_BF16] = axpy_bf16;

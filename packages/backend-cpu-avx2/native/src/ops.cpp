@@ -35,7 +35,10 @@ inline void sync(const NodeExec& n) {
 inline int64_t lo(int64_t n, int ith, int nth) { return split_begin(n, ith, nth); }
 inline int64_t hi(int64_t n, int ith, int nth) { return split_begin(n, ith + 1, nth); }
 
-inline bool is_quantized(int dt) { return dtype_layout(dt).block > 1; }
+/// Whether a weight row's axpy is dequantize-then-y = fma(a, w, y) per element (so a row used by several
+/// columns can be dequantized once): every dtype but F32 (nothing to convert) and Q4_0/Q8_0 (their axpy
+/// rounds a·d per block first).
+inline bool axpy_dequantizes(int dt) { return dt != DT_F32 && dt != DT_Q4_0 && dt != DT_Q8_0; }
 
 /// Asks for a weight row that will be read next (sparse ops jump between rows, which defeats the
 /// hardware prefetcher at every row start).
@@ -276,7 +279,7 @@ SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
   if (n.op == OP_AXPY_SPARSE) {
     const size_t E = static_cast<size_t>(W.ne[0]);
     if (nth > 1) l.acc = static_cast<float*>(b.take(sizeof(float) * E * static_cast<size_t>(T) * nth));
-    if (T > 1 && is_quantized(W.dtype)) l.tmp = static_cast<float*>(b.take(sizeof(float) * E * nth));
+    if (T > 1 && axpy_dequantizes(W.dtype)) l.tmp = static_cast<float*>(b.take(sizeof(float) * E * nth));
   }
   if (W.cache) {
     l.slot = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(ncand)));
@@ -391,15 +394,16 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
 
 /// axpy_sparse with a batch, one active neuron i: its row `w` times a[i, t] added into column t of `acc`
 /// for every column whose logit passes. Dequantizing once for several columns is only taken where it
-/// rounds exactly like the row's own axpy (float rows: the same fma(a, w, y)); a quantized axpy rounds
-/// a·d per block first, so its columns take that path and a column's result never depends on the rest of
-/// the batch. @return the columns the row was added to (rows read).
+/// rounds exactly like the row's own axpy (axpy_dequantizes: the same fma(a, w, y) per element, whether
+/// the row is converted block by block or whole); Q4_0/Q8_0 round a·d per block first, so their columns
+/// take the row's axpy, and a column's result never depends on the rest of the batch.
+/// @return the columns the row was added to (rows read).
 int64_t axpy_row_columns(const NodeExec& n, const uint8_t* w, int64_t i, int64_t T, int64_t E, int64_t n_out,
                          const float* a, const float* logits, float thr, float* tmp, float* acc) {
   const int dtype = n.src[0].dtype;
   int64_t nact = 0;
   for (int64_t t = 0; t < T; t++) nact += (!logits || logits[i + t * n_out] >= thr) ? 1 : 0;
-  const bool deq = tmp && nact >= 2 && (dtype == DT_F32 || dtype == DT_F16 || dtype == DT_BF16);
+  const bool deq = tmp && nact >= 2 && axpy_dequantizes(dtype);
   if (deq) n.k->dequant[dtype](w, tmp, E);
   const AxpyFn axpy = n.k->axpy[dtype];
   for (int64_t t = 0; t < T; t++) {

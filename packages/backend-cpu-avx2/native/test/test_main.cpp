@@ -290,6 +290,17 @@ void test_dtype_kernels(const KernelTable& kt) {
       CHECK(std::fabs(y[i] - e) <= 4e-7 * (std::fabs(y0[i]) + std::fabs(a * wd[i]) + 2 * std::fabs(a * block_offset(dt, w.data(), i / 32))) + 1e-30,
             "%s %s axpy[%ld] %g vs %g", kt.name, dtype_name(dt), static_cast<long>(i), static_cast<double>(y[i]), e);
     }
+    // axpy_sparse dequantizes a row once for a batch's columns (ops.cpp axpy_dequantizes): for every dtype
+    // but F32, Q4_0 and Q8_0, dequant then axpy_f32 equals the row's axpy bit for bit
+    if (dt != DT_F32 && dt != DT_Q4_0 && dt != DT_Q8_0) {
+      std::vector<float> y2(y0);
+      std::vector<float> tmp(k);
+      std::copy(y0.begin(), y0.end(), y.begin());
+      kt.axpy[dt](k, a, w.data(), y.data());
+      kt.dequant[dt](w.data(), tmp.data(), k);
+      kt.axpy_f32(k, a, tmp.data(), y2.data());
+      CHECK(y == y2, "%s %s dequant + axpy_f32 differs from axpy", kt.name, dtype_name(dt));
+    }
   }
 }
 
