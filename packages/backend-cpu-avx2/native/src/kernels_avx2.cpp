@@ -577,6 +577,71 @@ inline float q4_K_step(float s, float dx, uint16_t d, uint16_t dmin, int sumi, i
   return s + dx * (h2f(d) * static_cast<float>(sumi) - h2f(dmin) * static_cast<float>(summ));
 }
 
+/// A Q4_K super-block's 12 scale bytes → 16 bytes: the 8 sub-blocks' 6-bit scales (bytes 0..7) and mins
+/// (bytes 8..15), as k4_scale_min decodes them, with 32-bit word operations.
+inline void k4_decode_scales(const uint8_t* q, uint32_t out[4]) {
+  uint32_t u[3];
+  __builtin_memcpy(u, q, 12);
+  out[0] = u[0] & 0x3F3F3F3Fu;                                       // sc 0..3: q[j] & 63
+  out[1] = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);  // sc 4..7
+  out[2] = u[1] & 0x3F3F3F3Fu;                                       // m 0..3: q[j + 4] & 63
+  out[3] = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // m 4..7
+}
+
+/// NR (2–4) Q4_K rows against one activation row: per super-block each row's exact integer sums (scales
+/// decoded with word operations, the mins against the activation's 8 sub-block sums in one madd), the NR
+/// rows' sums gathered into one vector (horizontal adds), then dot_q4_K's float step on NR lanes at once
+/// (the same operations per lane as q4_K_step).
+template <int NR>
+void dot_rows_q4_K(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
+  const BlockQ8_K* b = reinterpret_cast<const BlockQ8_K*>(x);
+  const BlockQ4_K* a[4];
+  for (int r = 0; r < 4; r++) a[r] = reinterpret_cast<const BlockQ4_K*>(w[r < NR ? r : 0]);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m128 acc = _mm_setzero_ps();
+  for (int64_t i = 0; i < k / QK_K; i++) {
+    // the activation's sums of its 8 sub-blocks of 32 (pairs of 16-element bsums), as int16
+    const __m128i bs = _mm_hadd_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].bsums)),
+                                      _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[i].bsums + 8)));
+    __m256i sumi[4];
+    __m128i summ[4];
+    for (int r = 0; r < 4; r++) {
+      if (r >= NR) {
+        sumi[r] = _mm256_setzero_si256();
+        summ[r] = _mm_setzero_si128();
+        continue;
+      }
+      uint32_t sm[4];
+      k4_decode_scales(a[r][i].scales, sm);
+      const uint8_t* sc = reinterpret_cast<const uint8_t*>(sm);
+      summ[r] = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8))), bs);
+      __m256i acc_i = _mm256_setzero_si256();
+      for (int j = 0; j < 4; j++) {
+        const __m256i q = loadu256(a[r][i].qs + 32 * j);
+        const __m256i lo = _mm256_and_si256(q, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, loadu256(b[i].qs + 64 * j)), _mm256_set1_epi16(sc[2 * j]));
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, loadu256(b[i].qs + 64 * j + 32)), _mm256_set1_epi16(sc[2 * j + 1]));
+        acc_i = _mm256_add_epi32(acc_i, _mm256_add_epi32(p0, p1));
+      }
+      sumi[r] = acc_i;
+    }
+    // lane r: row r's Σ sc·q·x and Σ m·x
+    const __m256i h = _mm256_hadd_epi32(_mm256_hadd_epi32(sumi[0], sumi[1]), _mm256_hadd_epi32(sumi[2], sumi[3]));
+    const __m128i si = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    const __m128i sn = _mm_hadd_epi32(_mm_hadd_epi32(summ[0], summ[1]), _mm_hadd_epi32(summ[2], summ[3]));
+    const __m128 d = _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(a[0][i].d), static_cast<short>(a[1][i].d),
+                                                 static_cast<short>(a[2][i].d), static_cast<short>(a[3][i].d), 0, 0, 0, 0));
+    const __m128 dmin = _mm_cvtph_ps(_mm_setr_epi16(static_cast<short>(a[0][i].dmin), static_cast<short>(a[1][i].dmin),
+                                                    static_cast<short>(a[2][i].dmin), static_cast<short>(a[3][i].dmin), 0, 0, 0, 0));
+    const __m128 v = _mm_sub_ps(_mm_mul_ps(d, _mm_cvtepi32_ps(si)), _mm_mul_ps(dmin, _mm_cvtepi32_ps(sn)));
+    acc = _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(b[i].d), v));
+  }
+  float o[4];
+  _mm_storeu_ps(o, acc);
+  for (int r = 0; r < NR; r++) out[r] = o[r];
+}
+
 /// One Q4_K row against NC (1–4) activation rows: each super-block's 6-bit scales and mins are decoded and its
 /// nibbles unpacked once for the NC columns; each output sums as dot_q4_K.
 template <int NC>
@@ -588,8 +653,10 @@ void dot_row_cols_q4_K(int64_t k, const uint8_t* w, const uint8_t* const* x, flo
   float s[NC];
   for (int c = 0; c < NC; c++) s[c] = 0.0f;
   for (int64_t i = 0; i < k / QK_K; i++) {
-    uint8_t sc[8], mn[8];
-    for (int j = 0; j < 8; j++) k4_scale_min(j, a[i].scales, &sc[j], &mn[j]);
+    uint32_t sm[4];
+    k4_decode_scales(a[i].scales, sm);
+    const uint8_t* sc = reinterpret_cast<const uint8_t*>(sm);
+    const uint8_t* mn = sc + 8;
     __m256i acc[NC];
     int summ[NC];
     for (int c = 0; c < NC; c++) {
@@ -621,8 +688,12 @@ float dot_q4_K(int64_t k, const void* w, const void* x) {
   return out;
 }
 
-/// Q4_K tiles, any nr × nc: each row against its columns four at a time (shared scale decoding and unpacking).
+/// Q4_K tiles, any nr × nc: 2–4 rows × one column in dot_rows_q4_K; otherwise each row against its columns four
+/// at a time (shared scale decoding and unpacking).
 void dot_tile_q4_K(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  if (nc == 1 && nr == 4) return dot_rows_q4_K<4>(k, w, x[0], out);
+  if (nc == 1 && nr == 3) return dot_rows_q4_K<3>(k, w, x[0], out);
+  if (nc == 1 && nr == 2) return dot_rows_q4_K<2>(k, w, x[0], out);
   for (int r = 0; r < nr; r++) {
     for (int c = 0; c < nc; c += 4) {
       float o[4];
@@ -913,6 +984,57 @@ void dequant_q4_K(const void* w, float* y, int64_t k) {
       }
     }
   }
+}
+
+/// y[0..k) += Σ_r a[r] · dequant_q4_K(w[r]) for nr ≤ 4 rows without storing the dequantized rows: per 8
+/// elements acc = fma(a[r], d·sc·q − dmin·m, acc) row after row, the operations of axpy_rows_blocks over
+/// dequant_q4_K (bit-identical), with the scales decoded once per super-block and row.
+void axpy_rows_q4_K(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
+    __m256 dsc[4][8], dmn[4][8];
+    __m256 av[4];
+    for (int r = 0; r < nr; r++) {
+      const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w[r])[i];
+      uint32_t sm[4];
+      k4_decode_scales(blk.scales, sm);
+      const uint8_t* sc = reinterpret_cast<const uint8_t*>(sm);
+      const float d = h2f(blk.d), dmin = h2f(blk.dmin);
+      for (int j = 0; j < 8; j++) {
+        dsc[r][j] = _mm256_set1_ps(d * sc[j]);
+        dmn[r][j] = _mm256_set1_ps(dmin * sc[8 + j]);
+      }
+      av[r] = _mm256_set1_ps(a[r]);
+    }
+    for (int j = 0; j < 4; j++) {
+      __m256i lo[4], hi[4];
+      for (int r = 0; r < nr; r++) {
+        const __m256i q = loadu256(reinterpret_cast<const BlockQ4_K*>(w[r])[i].qs + 32 * j);
+        lo[r] = _mm256_and_si256(q, m4);
+        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      }
+      for (int h = 0; h < 2; h++) {
+        float* yp = y + 64 * j + 32 * h;
+        for (int p = 0; p < 4; p++) {
+          __m256 acc = _mm256_loadu_ps(yp + 8 * p);
+          for (int r = 0; r < nr; r++) {
+            const __m256i v = h == 0 ? lo[r] : hi[r];
+            const __m128i half = p < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
+            const __m128i bytes = p % 2 == 0 ? half : _mm_srli_si128(half, 8);
+            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+            const __m256 wv = _mm256_sub_ps(_mm256_mul_ps(dsc[r][2 * j + h], f), dmn[r][2 * j + h]);
+            acc = _mm256_fmadd_ps(av[r], wv, acc);
+          }
+          _mm256_storeu_ps(yp + 8 * p, acc);
+        }
+      }
+    }
+  }
+}
+
+void axpy_q4_K(int64_t k, float a, const void* w, float* y) {
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  axpy_rows_q4_K(k, 1, &a, &wp, y);
 }
 
 /// The dequantizer of a block type for the axpy kernels below (the AVX2 one where there is one).
@@ -1253,7 +1375,7 @@ KernelTable make_table() {
   t.axpy[DT_Q4_1] = axpy_blocks<DT_Q4_1, QK, 20>;
   t.axpy[DT_Q5_0] = axpy_blocks<DT_Q5_0, QK, 22>;
   t.axpy[DT_Q5_1] = axpy_blocks<DT_Q5_1, QK, 24>;
-  t.axpy[DT_Q4_K] = axpy_blocks<DT_Q4_K, QK_K, 144>;
+  t.axpy[DT_Q4_K] = axpy_q4_K;
   t.axpy[DT_Q5_K] = axpy_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy[DT_Q6_K] = axpy_blocks<DT_Q6_K, QK_K, 210>;
   t.axpy_rows[DT_F32] = axpy_rows_float<4, load_f32v, elem_f32>;
@@ -1264,7 +1386,7 @@ KernelTable make_table() {
   t.axpy_rows[DT_Q4_1] = axpy_rows_blocks<DT_Q4_1, QK, 20>;
   t.axpy_rows[DT_Q5_0] = axpy_rows_blocks<DT_Q5_0, QK, 22>;
   t.axpy_rows[DT_Q5_1] = axpy_rows_blocks<DT_Q5_1, QK, 24>;
-  t.axpy_rows[DT_Q4_K] = axpy_rows_blocks<DT_Q4_K, QK_K, 144>;
+  t.axpy_rows[DT_Q4_K] = axpy_rows_q4_K;
   t.axpy_rows[DT_Q5_K] = axpy_rows_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy_rows[DT_Q6_K] = axpy_rows_blocks<DT_Q6_K, QK_K, 210>;
   t.convert[XF_F16] = convert_f16;
