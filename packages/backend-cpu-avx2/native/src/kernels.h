@@ -82,9 +82,12 @@ struct KernelTable {
   /// matrix product of ≥ 2 columns when k % 8 == 0 and the row count % 4 == 0): per output one 8-lane
   /// FMA accumulator over k in steps of 8 (Q8_0: block by block, scale · the block's 8 int32 lane sums),
   /// then one horizontal sum. F32/F16/BF16/Q8_0 weights only (null elsewhere); k must be a multiple of 8.
-  /// Same signature as dot_tile, any nr × nc (fastest at 4 × 3, the AVX2 register tile); each output's
+  /// Same signature as dot_tile, any nr × nc (fastest at 4 × gemm_cols); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
+  /// Columns of the gemm_tile register tile that runs fastest (4 rows × gemm_cols columns per call): 3 on
+  /// AVX2 (16 registers), 6 with AVX512VL (32); results do not depend on it.
+  int gemm_cols = 3;
   /// Repacked layouts (null where the table or the dtype has none): Q4_0 and Q4_K. Every dot of those types
   /// (packed or not, any tile) has one arithmetic per output. Q4_0: acc = fma(float(Σ(q − 8)·x over the
   /// block, in int32), d_w·d_x, acc) block after block from 0 — the arithmetic of llama.cpp's repacked Q4_0

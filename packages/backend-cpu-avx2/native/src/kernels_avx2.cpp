@@ -7,6 +7,9 @@
 // linker for a scalar caller); every helper has internal linkage.
 #include <immintrin.h>
 
+#include <array>
+#include <utility>
+
 #include "attn_ggml.h"
 #include "kernels.h"
 
@@ -219,21 +222,38 @@ void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* x
   }
 }
 
-/// A tile kernel for every shape 1–4 rows × 1–3 columns, index (nr − 1) · 3 + (nc − 1).
+#if defined(PI_KERNELS_VNNI)
+/// Columns of the widest GEMM register tile. With AVX512VL the compiler has 32 vector registers (ymm16–31
+/// through EVEX encodings): 4 × 6 tiles, 24 accumulators + 6 activations + a weight, so each converted
+/// weight vector serves 6 FMAs instead of 3 (the per-output arithmetic is the same 8-lane chain).
+constexpr int kGemmCols = 6;
+#else
+constexpr int kGemmCols = 3;  ///< AVX2: 16 registers, 4 × 3 tiles (tinyBLAS's AVX2 tile)
+#endif
+
+template <template <int, int> class F, size_t I>
+constexpr DotTileFn gemm_shape_fn() {
+  return F<static_cast<int>(I) / kGemmCols + 1, static_cast<int>(I) % kGemmCols + 1>::run;
+}
+template <template <int, int> class F, size_t... I>
+constexpr std::array<DotTileFn, sizeof...(I)> gemm_shape_table(std::index_sequence<I...>) {
+  return {gemm_shape_fn<F, I>()...};
+}
+
+/// A tile kernel for every shape 1–4 rows × 1–kGemmCols columns, index (nr − 1) · kGemmCols + (nc − 1).
 template <template <int, int> class F>
 struct GemmShapes {
-  static constexpr DotTileFn fns[12] = {F<1, 1>::run, F<1, 2>::run, F<1, 3>::run, F<2, 1>::run, F<2, 2>::run, F<2, 3>::run,
-                                        F<3, 1>::run, F<3, 2>::run, F<3, 3>::run, F<4, 1>::run, F<4, 2>::run, F<4, 3>::run};
-  /// nr ≤ 4 rows × nc ≤ 3 columns; larger shapes in 4 × 3 pieces.
+  static constexpr std::array<DotTileFn, 4 * kGemmCols> fns = gemm_shape_table<F>(std::make_index_sequence<4 * kGemmCols>());
+  /// nr ≤ 4 rows × nc ≤ kGemmCols columns; larger shapes in 4 × kGemmCols pieces.
   static void tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
     if (nr <= 0 || nc <= 0) return;
-    if (nr <= 4 && nc <= 3) return fns[(nr - 1) * 3 + (nc - 1)](k, nr, nc, w, x, out);
+    if (nr <= 4 && nc <= kGemmCols) return fns[static_cast<size_t>((nr - 1) * kGemmCols + (nc - 1))](k, nr, nc, w, x, out);
     for (int r = 0; r < nr; r += 4) {
       const int mr = nr - r < 4 ? nr - r : 4;
-      for (int c = 0; c < nc; c += 3) {
-        const int mc = nc - c < 3 ? nc - c : 3;
-        float o[12];
-        fns[(mr - 1) * 3 + (mc - 1)](k, mr, mc, w + r, x + c, o);
+      for (int c = 0; c < nc; c += kGemmCols) {
+        const int mc = nc - c < kGemmCols ? nc - c : kGemmCols;
+        float o[4 * kGemmCols];
+        fns[static_cast<size_t>((mr - 1) * kGemmCols + (mc - 1))](k, mr, mc, w + r, x + c, o);
         for (int i = 0; i < mr; i++) {
           for (int j = 0; j < mc; j++) out[(r + i) * nc + c + j] = o[i * mc + j];
         }
@@ -1354,6 +1374,7 @@ KernelTable make_table() {
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
   t.dot_tile[DT_Q8_0] = dot_tile_rows<dot_rows_q8_0<1>, dot_rows_q8_0<2>, dot_rows_q8_0<3>, dot_rows_q8_0<4>>;
   t.gemm_tile[DT_Q8_0] = gemm_tile_q8_0;
+  t.gemm_cols = kGemmCols;
   t.dot_tile[DT_Q4_K] = dot_tile_q4_K;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;
   t.dot_tile[DT_Q6_K] = dot_tile_loop<DT_Q6_K>;

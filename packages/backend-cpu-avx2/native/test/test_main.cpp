@@ -312,6 +312,10 @@ void test_gemm_tiles() {
   const KernelTable& s = kernels_scalar();
   const bool avx = f.avx2 && f.fma && f.f16c;
   const KernelTable& a = avx ? kernels_avx2() : s;
+  std::vector<const KernelTable*> tabs{&a, &s};  // the VNNI build tiles 4 × 6 (32 registers)
+#if defined(PI_HAVE_VNNI_KERNELS)
+  if (avx && f.avx512vnni) tabs.push_back(&kernels_avx2_vnni());
+#endif
   for (int dt : {DT_F32, DT_F16, DT_BF16, DT_Q8_0}) {
     CHECK(s.gemm_tile[dt] != nullptr && a.gemm_tile[dt] != nullptr, "%s gemm_tile missing", dtype_name(dt));
     if (!s.gemm_tile[dt] || !a.gemm_tile[dt]) continue;
@@ -348,7 +352,7 @@ void test_gemm_tiles() {
         for (int nc = 1; nc <= 7; nc++) {
           for (int r0 : {0, 9 - nr}) {
             float out[63];
-            for (const KernelTable* kt : {&a, &s}) {
+            for (const KernelTable* kt : tabs) {
               kt->gemm_tile[dt](k, nr, nc, w + r0, x + 7 - nc, out);
               int bad = 0;
               for (int r = 0; r < nr; r++) {
