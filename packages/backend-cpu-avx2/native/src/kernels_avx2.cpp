@@ -307,9 +307,18 @@ void dot_rows_q8_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* 
   for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; i++) {
     const __m256i x0 = loadu256(b[i].qs);
+#if defined(PI_KERNELS_VNNI)
+    // as gemm_tile_q8_0_t: vpdpbusd(−128·Σx, w + 128, x), the correction shared by the rows
+    const __m256i neg =
+        _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), x0));
+#endif
     for (int r = 0; r < NR; r++) {
       const BlockQ8_0* a = reinterpret_cast<const BlockQ8_0*>(w[r]);
+#if defined(PI_KERNELS_VNNI)
+      const __m256i p0 = _mm256_dpbusd_epi32(neg, _mm256_xor_si256(loadu256(a[i].qs), _mm256_set1_epi8(static_cast<char>(0x80))), x0);
+#else
       const __m256i p0 = dot_i8_i32(loadu256(a[i].qs), x0);
+#endif
       acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(a[i].d) * b[i].d), _mm256_cvtepi32_ps(p0), acc[r]);
     }
   }
@@ -499,6 +508,25 @@ void gemm_tile_q8_0_t(int64_t k, const uint8_t* const* w, const uint8_t* const* 
     for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
   }
   for (int64_t i = 0; i < nb; i++) {
+#if defined(PI_KERNELS_VNNI)
+    // Σ w·x per lane of 4 bytes as vpdpbusd(−128·Σx, w + 128, x): the weight biased to unsigned once per row,
+    // the correction once per column (the same exact integers as the sign trick below)
+    __m256i neg[NC];
+    __m256 dx[NC];
+    for (int c = 0; c < NC; c++) {
+      neg[c] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(static_cast<char>(0x80)), loadu256(b[c][i].qs)));
+      dx[c] = _mm256_set1_ps(b[c][i].d);
+    }
+    for (int r = 0; r < NR; r++) {
+      const __m256i wu = _mm256_xor_si256(loadu256(a[r][i].qs), _mm256_set1_epi8(static_cast<char>(0x80)));
+      const __m256 dw = _mm256_set1_ps(h2f(a[r][i].d));
+      for (int c = 0; c < NC; c++) {
+        const __m256i p = _mm256_dpbusd_epi32(neg[c], wu, loadu256(b[c][i].qs));
+        acc[r][c] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx[c]), _mm256_cvtepi32_ps(p), acc[r][c]);
+      }
+    }
+#else
     for (int r = 0; r < NR; r++) {
       const __m256i wq = loadu256(a[r][i].qs);
       const __m256i aw = _mm256_sign_epi8(wq, wq);
@@ -510,6 +538,7 @@ void gemm_tile_q8_0_t(int64_t k, const uint8_t* const* w, const uint8_t* const* 
         acc[r][c] = _mm256_fmadd_ps(_mm256_set1_ps(dw * b[c][i].d), _mm256_cvtepi32_ps(p), acc[r][c]);
       }
     }
+#endif
   }
   for (int r = 0; r < NR; r++) {
     for (int c = 0; c < NC; c++) out[r * NC + c] = hsum_ps(acc[r][c]);
