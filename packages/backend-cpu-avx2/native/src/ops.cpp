@@ -205,9 +205,9 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   // With GEMM columns: rows in blocks of 16, tokens in blocks of 48; a block's weight rows stay in
   // cache while every token of the block is dotted with them. Inside, a run of columns taking the same
   // arithmetic is cut into register tiles: GEMM columns 4 rows × gemm_cols columns (3 on AVX2, 6 with
-  // AVX512VL's 32 registers), the others 2 × 2; a tile's columns go over all the block's rows before the next tile, so their
-  // activations are reused from cache. Per-output arithmetic does not depend on the tile (see
-  // DotTileFn and KernelTable::gemm_tile).
+  // AVX512VL's 32 registers), the others 2 × 2; a tile's columns go over all the block's rows before the
+  // next tile, so their activations are reused from cache. Per-output arithmetic does not depend on the
+  // tile (see DotTileFn and KernelTable::gemm_tile).
   while (next_chunk(n, N, chunk, &r0, &r1)) {
     for (int64_t rb = r0; rb < r1; rb += 16) {
       const int64_t re = rb + 16 < r1 ? rb + 16 : r1;
