@@ -85,6 +85,11 @@ describe("every option is checked before any file is opened", () => {
       /output .*m\.gguf: the folder .*no-such-folder does not exist/,
     ],
     [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
+    // 0 threads is not "none" (as 0 prompt tokens is): it would print an empty table
+    [["bench", "-m", m, "-t", "0"], /--threads must be integers ≥ 1, got "0"/],
+    [["bench", "-m", m, "-p", "abc"], /--n-prompt must be integers ≥ 1 \(or 0 for none\), got "abc"/],
+    [["bench", "-m", m, "-t", "0x2"], /--threads must be integers ≥ 1, got "0x2"/],
+    [["plan", "-m", m, "--disable-gpu-index"], /--disable-gpu-index leaves nothing to plan/],
     [["convert", m, o, "--to", "onnx"], /--to must be pwri or gguf, got "onnx"/],
   ];
   for (const [args, pattern] of cases) {

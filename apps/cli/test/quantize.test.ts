@@ -3,7 +3,7 @@
  * predictors and metadata survive; rows that do not fit the block fall back to F16 with a note.
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync } from "node:fs";
+import { existsSync, lstatSync, mkdtempSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -42,7 +42,8 @@ describe("powerinfer quantize", () => {
       const out = join(dir, `relu.${type}.gguf`);
       const r = cli("quantize", pwri, out, type);
       expect(r.code, r.stderr).toBe(0);
-      expect(r.stderr).toMatch(new RegExp(`wrote .* \\(PWRI, ${type.toUpperCase()}, 69 tensors\\)`));
+      // most tensors are the matrices of the type asked for; vectors stay F32, predictors keep their type
+      expect(r.stderr).toMatch(new RegExp(`wrote .* \\(PWRI, 69 tensors: \\d+ ${type.toUpperCase()}(, \\d+ \\w+)+\\)`));
       const a = openGguf(pwri);
       const b = openGguf(out);
       expect(b.format).toBe("PWRI");
@@ -116,6 +117,47 @@ describe("powerinfer quantize", () => {
     const f = openGguf(out);
     expect(f.tensorMap.get("blk.0.ffn_up.weight")!.type).toBe(GGMLType.F16);
     expect(f.tensorMap.get("blk.0.ffn_gate.weight")!.type).toBe(GGMLType.Q4_0);
+  });
+
+  it("an existing output is replaced only with --force; a symlink is followed, a FIFO refused; the summary counts types", () => {
+    const out = join(dir, "precious.gguf");
+    writeFileSync(out, "precious");
+    const r = cli("quantize", relu, out, "Q8_0");
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/precious\.gguf exists \(use --force to overwrite\)/);
+    expect(readFileSync(out, "utf8")).toBe("precious");
+    const c = cli("convert", relu, out);
+    expect(c.code).toBe(1);
+    expect(c.stderr).toMatch(/exists \(use --force to overwrite\)/);
+    const f = cli("quantize", relu, out, "Q8_0", "--force");
+    expect(f.code, f.stderr).toBe(0);
+    // the file holds Q8_0 matrices and F32 vectors: the summary says so instead of "Q8_0"
+    expect(f.stderr).toMatch(/wrote .*precious\.gguf \(GGUF, \d+ tensors: \d+ Q8_0, \d+ F32\)/);
+    expect(openGguf(out).tensorMap.get("blk.0.ffn_up.weight")!.type).toBe(GGMLType.Q8_0);
+    // a symlink: its target gets the file and the link stays a link
+    const target = join(dir, "target.gguf");
+    const link = join(dir, "link.gguf");
+    symlinkSync(target, link);
+    const l = cli("quantize", relu, link, "Q8_0");
+    expect(l.code, l.stderr).toBe(0);
+    expect(lstatSync(link).isSymbolicLink()).toBe(true);
+    expect(openGguf(target).tensorMap.get("blk.0.ffn_up.weight")!.type).toBe(GGMLType.Q8_0);
+    // a FIFO in place of the output is refused before anything is written (and stays a FIFO)
+    const fifo = join(dir, "fifo.gguf");
+    expect(spawnSync("mkfifo", [fifo]).status).toBe(0);
+    const p = cli("quantize", relu, fifo, "Q8_0", "--force");
+    expect(p.code).toBe(1);
+    expect(p.stderr).toMatch(/fifo\.gguf is not a regular file/);
+    expect(lstatSync(fifo).isFIFO()).toBe(true);
+  });
+
+  it("convert --bundle refuses a model without predictors (a bundled model runs in predictor mode only)", () => {
+    const pw = join(dir, "nopred.pwri.gguf");
+    expect(cli("convert", relu, pw).code).toBe(0);
+    const r = cli("convert", pw, join(dir, "nopred.bundle.gguf"), "--bundle");
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/has no predictors, and a bundled model runs only in predictor mode/);
+    expect(existsSync(join(dir, "nopred.bundle.gguf"))).toBe(false);
   });
 
   it("an unsupported type or a missing file: one line naming it", () => {

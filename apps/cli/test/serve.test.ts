@@ -152,6 +152,30 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     }
   });
 
+  it("serve: a port in use or a host that is not this machine's is one line naming the option", async () => {
+    const { createServer } = await import("node:net");
+    const busy = createServer();
+    await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", resolve));
+    const port = (busy.address() as { port: number }).port;
+    try {
+      const r = spawnSync(process.execPath, [bin, "serve", "-m", stories, "--port", String(port)], {
+        encoding: "utf8",
+        timeout: 60_000,
+      });
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr).toContain(`port ${port} on 127.0.0.1 is in use by another program: choose another --port`);
+      expect(r.stderr).not.toMatch(/EADDRINUSE/);
+    } finally {
+      busy.close();
+    }
+    const h = spawnSync(process.execPath, [bin, "serve", "-m", stories, "--port", "0", "--host", "192.0.2.77"], {
+      encoding: "utf8",
+      timeout: 60_000,
+    });
+    expect(h.status, h.stderr).toBe(1);
+    expect(h.stderr).toMatch(/cannot listen on --host 192\.0\.2\.77: not an address of this machine/);
+  });
+
   it("serve: a bad model file is one line on stderr and a non-zero exit", () => {
     const r = cli("serve", "-m", join(models, "nope.gguf"), "--port", "0");
     expect(r.code).not.toBe(0);

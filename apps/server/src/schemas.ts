@@ -69,7 +69,8 @@ const bias = z.union([z.number().min(-100).max(100), z.literal(false)], { error:
 /** Sampling and stopping fields shared by every generation endpoint. */
 const sampling = {
   model: string().nullish(),
-  temperature: number(0).nullish(),
+  /** ≤ 0: greedy (llama.cpp's server accepts negative temperatures the same way). */
+  temperature: number().nullish(),
   top_k: integer(0).nullish(),
   top_p: number(0, 1).nullish(),
   min_p: number(0, 1).nullish(),

@@ -319,6 +319,14 @@ describe("attention placement", () => {
     expect(again.totalBytes).toBe(plan.totalBytes);
     expect(S(again)).toBeCloseTo(S(plan), 6);
     expect(again.expectedTokensPerSecond).toBeCloseTo(plan.expectedTokensPerSecond, 6);
+    // a reused index under the -ngl input it was planned with (exactGpuLayers) evaluates the same (it threw
+    // "attention on the device needs attentionBytes": -ngl's rule was applied to the stored placement)
+    const reused = evaluatePlacement(
+      { ...input, nGpuLayers: 2, exactGpuLayers: true },
+      back.layers.map((L) => L.hot),
+      back.attention!,
+    );
+    expect(reused.totalBytes).toBe(plan.totalBytes);
     // PowerInfer's index has no attention: the last layers first, as long as they fit beside the given neurons
     expect(attentionByRule([10, 10, 10, 10], 15, 40)).toEqual([false, false, true, true]);
     expect(attentionByRule([10, 30, 10, 10], 0, 35)).toEqual([true, false, true, true]);

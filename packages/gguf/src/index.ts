@@ -6,6 +6,7 @@
 
 export { type ActivationKind, type ModelConfig, ModelConfigSchema, parseModelConfig } from "./model-config.js";
 export { GgufError, type GgufErrorCode } from "./errors.js";
+export { resolveOutputFile } from "./output-path.js";
 export { bf16ToF32, f16ToF32, f32ToBf16, f32ToF16 } from "./float.js";
 export {
   GGML_TYPE_INFO,

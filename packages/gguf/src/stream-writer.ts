@@ -15,6 +15,7 @@ import { type GGMLType, ggmlTypeName, ggmlTypeToPwri, isGgmlType, tensorByteLeng
 import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, zeroSizedAllowed } from "./reader.js";
 import { GgufValueType } from "./values.js";
 import { type GgufWriteSpec, metadataEntries, serializeGguf } from "./writer.js";
+import { resolveOutputFile } from "./output-path.js";
 
 /** One tensor whose data is produced in chunks. */
 export interface GgufStreamTensor {
@@ -162,15 +163,17 @@ const fmt = (b: number) => (b >= 2 ** 30 ? `${(b / 2 ** 30).toFixed(2)} GiB` : `
  * @throws GgufError as {@link serializeGguf} for an invalid spec; `BAD_VALUE` when a producer yields
  *   more or fewer bytes than its tensor needs or something that is not a Uint8Array; `IO` when the
  *   file system has less free space than the file needs (nothing is written then), on abort, and for
- *   file-system failures. Errors thrown by a producer propagate unchanged. In every case no file and
- *   no temporary file is left behind.
+ *   file-system failures, or when the output is a folder, FIFO or device (a symbolic link is followed:
+ *   {@link resolveOutputFile}). Errors thrown by a producer propagate unchanged. In every case no file
+ *   and no temporary file is left behind.
  */
 export async function writeGgufStreaming(
-  path: string,
+  output: string,
   spec: GgufStreamSpec,
   opts: GgufStreamOptions = {},
 ): Promise<number> {
   const p = planStream(spec);
+  const path = resolveOutputFile(output);
   const dir = nodePath.dirname(path);
   const reserve = opts.reserveBytes ?? 256 * MiB;
   let free: number;

@@ -16,6 +16,7 @@ import { GgufError } from "./errors.js";
 import { type GGMLType, ggmlTypeName, ggmlTypeToPwri, isGgmlType, tensorByteLength } from "./ggml-types.js";
 import { GGML_MAX_DIMS, GGUF_DEFAULT_ALIGNMENT, type GgufFile, keyProblem, zeroSizedAllowed } from "./reader.js";
 import { type GgufValue, GgufValueType, type GgufValueTypeInfo, isValueType, valueTypeSize } from "./values.js";
+import { resolveOutputFile } from "./output-path.js";
 
 /** One metadata entry to write. */
 export interface GgufMetadataEntry {
@@ -396,11 +397,14 @@ export function serializeGguf(spec: GgufWriteSpec): Uint8Array {
 
 /**
  * Write a GGUF / PWRI file. Data goes to a temporary file in the same directory, which is renamed over
- * `path` only when complete: on any error nothing is left half-written.
+ * the output only when complete: on any error nothing is left half-written. A symbolic link is followed
+ * (its target gets the file); a folder, FIFO or device in place of the output is refused
+ * ({@link resolveOutputFile}).
  * @throws GgufError as {@link serializeGguf}, and `IO` for file-system failures
  */
-export function writeGguf(path: string, spec: GgufWriteSpec): void {
+export function writeGguf(output: string, spec: GgufWriteSpec): void {
   const p = plan(spec);
+  const path = resolveOutputFile(output);
   const dir = nodePath.dirname(path);
   const tmp = nodePath.join(
     dir,

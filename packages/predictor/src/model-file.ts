@@ -63,6 +63,8 @@ export interface RewriteOptions {
 export interface RewriteResult {
   format: "GGUF" | "PWRI";
   tensors: number;
+  /** Tensors written per type name ("Q4_0": 31, "F32": 16, …), most first. */
+  types: [string, number][];
   /** Things worth telling the user (fallbacks, kept tensors). */
   notes: string[];
 }
@@ -222,7 +224,14 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
   if (preds) set({ key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: preds.threshold });
   for (const e of opts.metadata ?? []) set(e);
   writeGguf(outPath, { format, metadata: entries, tensors: specs });
-  return { format, tensors: specs.length, notes: [...new Set(notes)] };
+  const types = new Map<string, number>();
+  for (const s of specs) types.set(ggmlTypeName(s.type), (types.get(ggmlTypeName(s.type)) ?? 0) + 1);
+  return {
+    format,
+    tensors: specs.length,
+    types: [...types.entries()].sort((a, b) => b[1] - a[1]),
+    notes: [...new Set(notes)],
+  };
 }
 
 /**

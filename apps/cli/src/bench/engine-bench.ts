@@ -61,7 +61,9 @@ async function main(): Promise<void> {
     .option("--layers <n>", "layers of the generated 7B slices", (v) => Number(v), 2)
     .option("--dtypes <list>", "weight types of the generated slices", "F16,Q4_0")
     .option("--active <list>", "designed fractions of neurons firing per token (e.g. 0.05,0.1,0.25)", "0.1")
-    .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [Math.min(2, availableParallelism())])
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), [
+      Math.min(2, availableParallelism()),
+    ])
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", (v) => Number(v), 5)
     .option("--dir <dir>", "where to write the generated models (deleted afterwards)", tmpdir())
     .option("--keep", "keep the generated models")

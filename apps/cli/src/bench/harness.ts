@@ -100,6 +100,8 @@ export interface BenchOptions {
   bandwidth?: Record<number, number>;
   /** Seed of the random token ids. Default 1. */
   seed?: number;
+  /** CPU backend: repack Q4_0/Q4_K weights at first dense use (BackendLoadOptions.repack). Default true. */
+  repack?: boolean;
   /** Progress lines (to stderr). */
   log?: (line: string) => void;
 }
@@ -545,7 +547,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         }
         let backend: Backend | undefined;
         if (ours && probe.usable) {
-          backend = await cpuBackend.load({ threads });
+          backend = await cpuBackend.load({ threads, repack: o.repack ?? true });
           const hasPred = file.tensors.some((t) => t.name.endsWith(".fc1.weight"));
           const modes: SparseMode[] = o.sparse === "auto" ? (hasPred ? ["off", "predictor"] : ["off"]) : o.sparse;
           for (const mode of modes) {

@@ -11,16 +11,22 @@ import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
 import { LLAMA_CPP_DIR_ENV } from "../bench/native-llama-cpp.js";
 import { action } from "../errors.js";
-import { checkInputFile, float, int } from "./common.js";
+import { checkInputFile, float, int, REPACK_HELP } from "./common.js";
 
-/** "512,1024" → [512, 1024] (llama-bench's list syntax); "" or "0" → []. */
-export function intList(name: string, min = 1) {
+/**
+ * "512,1024" → [512, 1024] (llama-bench's list syntax); with `none`, "" or "0" → [] (no such tests).
+ * @throws InvalidArgumentError on anything else than decimal integers ≥ min
+ */
+export function intList(name: string, min = 1, none = true) {
   return (v: string): number[] => {
-    if (v.trim() === "" || v.trim() === "0") return [];
+    if (none && (v.trim() === "" || v.trim() === "0")) return [];
     return v.split(",").map((x) => {
-      const n = Number(x.trim());
-      if (!Number.isInteger(n) || n < min)
-        throw new InvalidArgumentError(`${name} must be integers ≥ ${min}, got "${v}"`);
+      const t = x.trim();
+      const n = Number(t);
+      if (!/^\d+$/.test(t) || !Number.isSafeInteger(n) || n < min)
+        throw new InvalidArgumentError(
+          `${name} must be integers ≥ ${min}${none ? " (or 0 for none)" : ""}, got "${v}"`,
+        );
       return n;
     });
   };
@@ -66,6 +72,8 @@ export interface BenchCliOptions {
   /** Hybrid rows: the device backend and its budget in GiB. */
   deviceBackend?: string;
   vramBudget?: number;
+  /** false with --no-repack. */
+  repack?: boolean;
 }
 
 export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
@@ -84,6 +92,7 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     ours: o.ours,
     bandwidthMiB: o.bandwidthMib,
     seed: o.seed,
+    repack: o.repack ?? true,
     ramBudget: o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined,
     device:
       o.deviceBackend !== undefined || o.vramBudget !== undefined
@@ -110,7 +119,7 @@ export function register(program: Command): void {
     )
     .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), [512])
     .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), [128])
-    .option("-t, --threads <n,…>", "thread counts", intList("--threads"), [2])
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), [2])
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
       "--sparse <modes>",
@@ -151,6 +160,7 @@ export function register(program: Command): void {
       "device memory for the hybrid rows in GiB (default: 90 % of the device's free memory)",
       float("vram-budget", { min: 0 }),
     )
+    .option("--no-repack", REPACK_HELP)
     .option("--json", "print llama-bench-style JSON rows")
     .option("-q, --quiet", "no progress lines on stderr")
     .action(

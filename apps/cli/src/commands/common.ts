@@ -132,11 +132,12 @@ export function modelOptions(cmd: Command): Command {
       "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
       float("ram-budget", { above: 0 }),
     )
-    .option(
-      "--no-repack",
-      "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 and Q4_K matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)",
-    );
+    .option("--no-repack", REPACK_HELP);
 }
+
+/** Help of `--no-repack`, on every command that loads a model for the CPU backend. */
+export const REPACK_HELP =
+  "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 and Q4_K matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)";
 
 export interface ModelCliOptions {
   model: string;
@@ -359,6 +360,18 @@ export function checkOutputPath(out: string, ...inputs: (string | undefined)[]):
     o = undefined;
   }
   if (o?.isDirectory()) throw new InvalidArgumentError(`output ${out} is a folder; give a file name`);
+  // the writers rename a finished temporary file over the output: a FIFO or device there would be replaced
+  if (o && !o.isFile())
+    throw new InvalidArgumentError(`output ${out} is not a regular file (a FIFO or device?); give a file path`);
+}
+
+/**
+ * Refuses to replace an existing file unless the user asked (`--force`), as gen-model does: a file the user
+ * gave us is never overwritten by accident.
+ * @throws InvalidArgumentError when `out` exists and `force` is not set
+ */
+export function refuseOverwrite(out: string, force: boolean | undefined): void {
+  if (!force && existsSync(out)) throw new InvalidArgumentError(`${out} exists (use --force to overwrite)`);
 }
 
 /** Sampling options as llama.cpp names them (`--temp`, `--top-k`, …) with its defaults. */

@@ -7,7 +7,7 @@ import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import { isBundled, writeBundled, writeUnbundled } from "@powerinfer/engine";
-import { checkInputFile, checkOutputPath, choice, float, int } from "./common.js";
+import { checkInputFile, checkOutputPath, choice, float, int, refuseOverwrite } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 
 interface ConvertOptions {
@@ -18,6 +18,7 @@ interface ConvertOptions {
   splitMaxSize?: number;
   bundle?: boolean;
   bucketSize?: number;
+  force?: boolean;
 }
 
 export function register(program: Command): void {
@@ -47,10 +48,12 @@ export function register(program: Command): void {
       "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
       (v) => parseSplitSize(v),
     )
+    .option("-f, --force", "replace OUT (or its shards) if it exists")
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
         const to = o.to;
         checkOutputPath(output, input, o.predictors);
+        if (o.splitMaxSize === undefined) refuseOverwrite(output, o.force);
         checkInputFile(input);
         if (o.predictors) checkInputFile(o.predictors, "predictor file");
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
@@ -77,6 +80,11 @@ export function register(program: Command): void {
           if (file.format !== "PWRI")
             throw new InvalidArgumentError(
               `${input} is plain GGUF: convert it to PWRI first (\`powerinfer convert ${input} OUT.gguf --to pwri\`), then bundle that`,
+            );
+          // a bundled model runs in predictor mode only (its rows are read on demand for predicted neurons)
+          if (!cfg.has_predictors)
+            throw new InvalidArgumentError(
+              `${input} has no predictors, and a bundled model runs only in predictor mode: add them first (\`powerinfer convert ${input} OUT.gguf --predictors FILE\` or train-predictor), then bundle that`,
             );
           const r = await writeBundled(file, output, { bucketSize: o.bucketSize });
           process.stderr.write(
@@ -110,7 +118,7 @@ export function register(program: Command): void {
           );
         }
         let r: ReturnType<typeof rewriteModelFile> | undefined;
-        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), o.force, (path) => {
           r = rewriteModelFile(file, path, {
             format: to === "pwri" ? "PWRI" : "GGUF",
             predictors: preds,

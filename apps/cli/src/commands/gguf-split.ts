@@ -16,7 +16,7 @@ import {
 } from "@powerinfer/gguf";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath } from "./common.js";
+import { checkOutputPath, refuseOverwrite } from "./common.js";
 
 /**
  * A size as llama.cpp's `--split-max-size` takes it: an integer with a unit, decimal as llama.cpp
@@ -128,12 +128,14 @@ export function register(program: Command): void {
  * Writes a model with `write(path)`, then, when `maxBytes` is given, splits it into shards
  * `OUT_PREFIX-0000i-of-0000N.gguf` (OUT without `.gguf`) of at most that much tensor data and removes
  * the unsplit file. Returns the paths written.
- * @throws InvalidArgumentError when a shard would overwrite one of `inputs`
+ * @throws InvalidArgumentError when a shard would overwrite one of `inputs`, or an existing file without
+ *   `force`
  */
 export async function writeModelMaybeSplit(
   output: string,
   maxBytes: number | undefined,
   inputs: string[],
+  force: boolean | undefined,
   write: (path: string) => void,
 ): Promise<string[]> {
   if (maxBytes === undefined) {
@@ -146,7 +148,10 @@ export async function writeModelMaybeSplit(
     const file = openGguf(tmp);
     const n = planGgufSplit(file, { maxBytes }).length;
     const prefix = splitPrefixOf(output);
-    for (let i = 0; i < n; i++) checkOutputPath(splitPath(prefix, i, n), ...inputs);
+    for (let i = 0; i < n; i++) {
+      checkOutputPath(splitPath(prefix, i, n), ...inputs);
+      refuseOverwrite(splitPath(prefix, i, n), force);
+    }
     return await splitModel(file, prefix, { maxBytes });
   } finally {
     rmSync(tmp, { force: true });

@@ -27,13 +27,14 @@ export function register(program: Command): void {
           bosId: tok.bosId,
           addBos: tok.addBos,
           onChunk: (d, n, p) => {
-            if (!o.json) process.stderr.write(`\r[${d}/${n}] ${p.toFixed(4)}`);
+            // llama.cpp's running estimate after each chunk: "[1]15.4127,[2]15.9143," (readable in a pipe too)
+            if (!o.json) process.stderr.write(`[${d}]${p.toFixed(4)},${d === n ? "\n" : ""}`);
           },
         });
         if (o.json) process.stdout.write(`${JSON.stringify({ protocol, n_ctx: session.nCtx, ...r })}\n`);
         else
           process.stdout.write(
-            `\nperplexity (${protocol}, n_ctx ${session.nCtx}): ${r.perplexity.toFixed(4)} over ${r.tokensScored} tokens in ${r.chunks} chunks (mean NLL ${r.meanNll.toFixed(5)})\n`,
+            `perplexity (${protocol}, n_ctx ${session.nCtx}): ${r.perplexity.toFixed(4)} over ${r.tokensScored} tokens in ${r.chunks} chunks (mean NLL ${r.meanNll.toFixed(5)})\n`,
           );
         session.dispose();
         model.dispose();

@@ -56,6 +56,10 @@ export function register(program: Command): void {
       action(async (o: PlanCommandOptions) => {
         if (o.solver !== "ilp" && o.solver !== "greedy")
           throw new InvalidArgumentError("--solver must be ilp or greedy");
+        if (o.disableGpuIndex)
+          throw new InvalidArgumentError(
+            "--disable-gpu-index leaves nothing to plan (every neuron on the main backend): it is for run, serve and the other commands that load a model",
+          );
         const throughput = throughputFromCli(o);
         const { backend, model } = await loadModelFromCli(o, true);
         const device = await loadBackend(

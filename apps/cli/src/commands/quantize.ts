@@ -6,7 +6,7 @@ import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf"
 import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkInputFile, checkOutputPath } from "./common.js";
+import { checkInputFile, checkOutputPath, refuseOverwrite } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
 
 export function register(program: Command): void {
@@ -25,25 +25,27 @@ export function register(program: Command): void {
       "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
       (v) => parseSplitSize(v),
     )
+    .option("-f, --force", "replace OUT (or its shards) if it exists")
     .action(
-      action(async (input: string, output: string, typeName: string, o: { splitMaxSize?: number }) => {
+      action(async (input: string, output: string, typeName: string, o: { splitMaxSize?: number; force?: boolean }) => {
         const type = ggmlTypeFromName(typeName);
         if (type === undefined || !(QUANTIZE_TYPES as readonly number[]).includes(type)) {
           throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
         }
         checkOutputPath(output, input);
+        if (o.splitMaxSize === undefined) refuseOverwrite(output, o.force);
         checkInputFile(input);
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         const t0 = performance.now();
         let r: ReturnType<typeof rewriteModelFile> | undefined;
-        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), (path) => {
+        const paths = await writeModelMaybeSplit(output, o.splitMaxSize, modelInputs(file), o.force, (path) => {
           r = rewriteModelFile(file, path, { quantize: type });
         });
         if (!r) return;
         for (const n of r.notes) process.stderr.write(`note: ${n}\n`);
         process.stderr.write(
-          `wrote ${paths.length > 1 ? `${paths.length} shards ${paths[0]} …` : paths[0]} (${r.format}, ${ggmlTypeName(type)}, ${r.tensors} tensors) in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`,
+          `wrote ${paths.length > 1 ? `${paths.length} shards ${paths[0]} …` : paths[0]} (${r.format}, ${r.tensors} tensors: ${r.types.map(([t, n]) => `${n} ${t}`).join(", ")}) in ${((performance.now() - t0) / 1000).toFixed(1)} s\n`,
         );
       }),
     );

@@ -9,7 +9,7 @@ import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkInputFile, checkModelOptions, choice, float, int, SEED_RULE, TEMP_HELP } from "./common.js";
+import { checkInputFile, checkModelOptions, choice, float, int, REPACK_HELP, SEED_RULE, TEMP_HELP } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 interface ServeOptions extends DeviceCliOptions {
@@ -128,6 +128,7 @@ export function register(program: Command): void {
     .option("-b, --batch-size <n>", "most tokens per decode step", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")
+    .option("--no-repack", REPACK_HELP)
     .option(
       "--sparse <mode>",
       "FFN mode: predictor (default when the model has predictors), oracle or off",
@@ -208,7 +209,23 @@ export function register(program: Command): void {
           },
           logger: o.log ?? false,
         });
-        const url = await server.listen({ host: o.host, port: o.port });
+        const url = await server.listen({ host: o.host, port: o.port }).catch(async (e: NodeJS.ErrnoException) => {
+          await server.close().catch(() => undefined);
+          // the system's words (EADDRINUSE, ENOTFOUND) name the cause but not the option to change
+          if (e.code === "EADDRINUSE")
+            throw new InvalidArgumentError(
+              `port ${o.port} on ${o.host} is in use by another program: choose another --port (0 = any free port)`,
+            );
+          if (e.code === "EADDRNOTAVAIL" || e.code === "ENOTFOUND" || e.code === "EAI_AGAIN")
+            throw new InvalidArgumentError(
+              `cannot listen on --host ${o.host}: not an address of this machine (${e.code})`,
+            );
+          if (e.code === "EACCES")
+            throw new InvalidArgumentError(
+              `no permission to listen on port ${o.port}: ports below 1024 need root; choose another --port`,
+            );
+          throw e;
+        });
         process.stderr.write(`powerinfer serve: listening on ${url}, loading ${o.model}\n`);
         let stopping: Promise<void> | undefined;
         const stop = () => {

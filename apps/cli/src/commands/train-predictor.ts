@@ -31,7 +31,16 @@ import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadDeviceBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { checkInputFile, checkOutputPath, choice, float, int, loadModelFromCli, readTextFile } from "./common.js";
+import {
+  checkInputFile,
+  checkOutputPath,
+  choice,
+  float,
+  int,
+  loadModelFromCli,
+  REPACK_HELP,
+  readTextFile,
+} from "./common.js";
 
 interface TrainPredictorCliOptions {
   model: string;
@@ -159,6 +168,7 @@ export function register(program: Command): void {
     )
     .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
+    .option("--no-repack", REPACK_HELP)
     .option(
       "--device-backend <name>",
       "backend for the predictors' matrix products (forward and backward passes): \"auto\" = a usable GPU backend, else the model's backend; or a backend name",

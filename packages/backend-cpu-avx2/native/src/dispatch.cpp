@@ -19,7 +19,9 @@ CpuFeatures cpu_features() {
   f.f16c = f.avx2;  // every AVX2 CPU shipped has F16C
 #endif
   f.avx512f = __builtin_cpu_supports("avx512f");
-  f.avx512vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+  // the VNNI table is compiled with AVX512F/VL/BW/VNNI: all four must be there
+  f.avx512vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                 __builtin_cpu_supports("avx512bw") && f.avx512f;
 #endif
   return f;
 }

@@ -131,7 +131,7 @@ struct CpuFeatures {
   bool fma = false;
   bool f16c = false;
   bool avx512f = false;
-  bool avx512vnni = false;  ///< with avx512vl (both needed for 256-bit vpdpbusd)
+  bool avx512vnni = false;  ///< with avx512f, avx512vl and avx512bw (the VNNI table is compiled for all four)
 };
 
 CpuFeatures cpu_features();

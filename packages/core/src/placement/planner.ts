@@ -391,8 +391,9 @@ export function evaluatePlacement(
   hot: readonly Int32Array[],
   attention: readonly boolean[],
 ): PlacementPlan {
-  // each neuron on its own (hot sets need not be whole buckets)
-  const p = prepare({ ...input, bucketSize: 1, nGpuLayers: 0, minNeuronsPerLayer: 0 });
+  // each neuron on its own (hot sets need not be whole buckets); the placement says which layers' attention is
+  // on the device, so -ngl's constraints (nGpuLayers, exactGpuLayers) do not apply to it
+  const p = prepare({ ...input, bucketSize: 1, nGpuLayers: 0, exactGpuLayers: false, minNeuronsPerLayer: 0 });
   if (hot.length !== p.per.length) throw new PlannerInputError(`${hot.length} hot sets for ${p.per.length} layers`);
   const sets = hot.map((h, l) => {
     const nFf = input.counts[l]!.length;
