@@ -156,10 +156,13 @@ describe("powerinfer gguf-split", () => {
     expect(w.format).toBe("PWRI");
     expect(w.tensors).toHaveLength(48);
     expect([...w.metadata.keys()].filter((k) => k.startsWith("split."))).toEqual([]);
-    // no output over an input shard
-    const over = cli(["quantize", "--split-max-size", "200K", stories, join(dir, "q8.gguf"), "Q8_0"]);
-    expect(over.code).toBe(0);
-    const clash = cli(["quantize", "--split-max-size", "200K", q[0], join(dir, "q8.gguf"), "Q8_0"]);
+    // existing shards are replaced only with --force; never an input shard
+    const keep = cli(["quantize", "--split-max-size", "200K", stories, join(dir, "q8.gguf"), "Q8_0"]);
+    expect(keep.code).toBe(1);
+    expect(keep.stderr).toMatch(/q8-00001-of-00002\.gguf exists \(use --force to overwrite\)/);
+    const over = cli(["quantize", "--split-max-size", "200K", stories, join(dir, "q8.gguf"), "Q8_0", "--force"]);
+    expect(over.code, over.stderr).toBe(0);
+    const clash = cli(["quantize", "--split-max-size", "200K", q[0], join(dir, "q8.gguf"), "Q8_0", "--force"]);
     expect(clash.code).toBe(1);
     expect(clash.stderr).toMatch(/output .*q8-00001-of-00002\.gguf is also an input; choose another path/);
   });

@@ -393,6 +393,11 @@ export async function trainLayer(a: TrainLayerArgs): Promise<LayerTrainState> {
     st.lossSum = 0;
     if (st.staleEpochs >= o.patience || st.epoch >= o.epochs) st.done = true;
     await a.onEpoch?.(report, st);
+    // every epoch also ends with a turn of the event loop: an epoch (steps and scoring) can be shorter than
+    // yieldMs, and a Ctrl-C must not wait for the whole training to finish
+    await new Promise((r) => setImmediate(r));
+    lastYield = performance.now();
+    if (a.signal?.aborted) return st;
   }
   return st;
 }
