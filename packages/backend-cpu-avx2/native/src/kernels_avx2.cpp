@@ -306,6 +306,10 @@ void dot_rows_q8_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* 
   __m256 acc[NR];
   for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
   for (int64_t i = 0; i < nb; i++) {
+    // several rows: each a stream, asked for kFloatPrefetch bytes ahead, one line per two 34-byte blocks
+    if (NR > 1 && i % 2 == 0) {
+      for (int r = 0; r < NR; r++) __builtin_prefetch(w[r] + i * sizeof(BlockQ8_0) + kFloatPrefetch, 0, 3);
+    }
     const __m256i x0 = loadu256(b[i].qs);
 #if defined(PI_KERNELS_VNNI)
     // as gemm_tile_q8_0_t: vpdpbusd(−128·Σx, w + 128, x), the correction shared by the rows

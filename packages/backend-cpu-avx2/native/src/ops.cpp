@@ -150,7 +150,10 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
     // at each page); four in flight nearly double F16 matrix × vector throughput on a Zen 3 core.
     // Shorter rows (Q4_0 at n_embd 4096: 2.3 KB) are one sequential stream already, and the rows
     // interleaved run slower there. Tiles compute each output exactly as dot does.
-    if (wrb < 4096) {
+    // Q8_0 rows (4352 bytes at n_embd 4096) also run faster one after another with the next row prefetched:
+    // 64 → 88 t/s dense decode on the 2-layer 7B slice, 2 threads, 2-vCPU AMD EPYC with AVX-512 (F16's
+    // 8 KB rows lose there, 62 → 56).
+    if (wrb < 4096 || W.dtype == DT_Q8_0) {
       while (next_chunk(n, N, chunk, &r0, &r1)) {
         for (int64_t r = r0; r < r1; r++) {
           const uint8_t* w = W.data + r * wrb;
