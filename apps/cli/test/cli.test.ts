@@ -1,5 +1,5 @@
 /** The built CLI as a user runs it: real processes, real files. */
-import { spawnSync } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
@@ -27,6 +27,31 @@ describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
     expect(r.stdout).toBe(`Once upon a time${ref.results[0].greedy_text}\n`);
     expect(r.stderr).toMatch(/prompt eval time = .* 5 tokens/);
     expect(r.stderr).toMatch(/eval time = .* 32 tokens .* tokens per second/);
+  });
+
+  it("Ctrl-C stops generation, prints the timings and exits 130 (as llama.cpp)", async () => {
+    // a long run (until the context of 4096 is full), stopped by the signal well before
+    const args = ["run", "-m", stories, "-p", "Once", "-n", "-1", "--ignore-eos", "-c", "4096", "-t", "1"];
+    const child = spawn(process.execPath, [bin, ...args], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stdout = "";
+    let stderr = "";
+    let sent = false;
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d.toString();
+    });
+    child.stdout.on("data", (d: Buffer) => {
+      stdout += d.toString();
+      if (!sent && stdout.length > 40) {
+        sent = true;
+        child.kill("SIGINT");
+      }
+    });
+    const code = await new Promise<number | null>((res) => child.on("close", res));
+    expect(code, stderr).toBe(130);
+    expect(stderr).toMatch(/eval time = .* tokens per second/);
+    expect(stderr).not.toMatch(/context full/);
   });
 
   it("same seed, same sampled text", () => {

@@ -190,6 +190,11 @@ describe.skipIf(!probe.usable)("powerinfer eval-callback", () => {
     expect(c.code).toBe(0);
     expect(c.stdout).toMatch(/^ +embd {2}max Δ +0 \(1e-4\)/m);
     expect(c.stdout).toMatch(/all 89 compared nodes within ±2 in the last printed digit\n$/);
+    // another model's trace: the report names the first node beyond ±2 and the exit status is 1 (as diff)
+    const other = join(traces, "stories260K-F16.once-upon-a-time.eval-callback.txt");
+    const d = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", other);
+    expect(d.stdout).toMatch(/first node beyond ±2 in the last printed digit: /);
+    expect(d.code).toBe(1);
   });
 
   it("refuses a missing prompt or a file that is no dump, in one line", () => {

@@ -74,7 +74,12 @@ export function register(program: Command): void {
           const text = formatEvalCallback(nodes);
           if (o.out) writeFileSync(o.out, text);
           else if (!ref) process.stdout.write(text);
-          if (ref) process.stdout.write(comparisonReport(compareTrace(nodes, ref)));
+          if (ref) {
+            const cmp = compareTrace(nodes, ref);
+            process.stdout.write(comparisonReport(cmp));
+            // like diff: a node beyond the tolerance is a failure a script can see
+            if (cmp.some((c) => c.maxDiff > 2 || c.sumDiff > 2)) process.exitCode = 1;
+          }
         } finally {
           model.dispose();
           backend.dispose();

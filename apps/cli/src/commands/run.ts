@@ -123,6 +123,8 @@ export function register(program: Command): void {
         }
         session.dispose();
         loaded.dispose();
+        // interrupted: the timings above are printed, and the exit status says so (128 + SIGINT, as llama.cpp)
+        if (ac.signal.aborted) process.exitCode = 130;
       }),
     );
 }
