@@ -461,25 +461,6 @@ void q4_0x8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, fl
   }
 }
 
-void q4_0x8_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
-  if (ng == 4 && nc == 1) return q4_0x8_tile_t<4, 1>(k, groups, x, out);
-  if (ng == 2 && nc == 1) return q4_0x8_tile_t<2, 1>(k, groups, x, out);
-  if (ng == 2 && nc == 2) return q4_0x8_tile_t<2, 2>(k, groups, x, out);
-  const size_t gbytes = static_cast<size_t>(k / QK) * sizeof(BlockQ4_0x8);
-  for (int g = 0; g < ng; g++) {
-    for (int c = 0; c < nc; c += 4) {
-      const uint8_t* grp = groups + g * gbytes;
-      float* o = out + 8 * (g * nc + c);
-      switch (nc - c < 4 ? nc - c : 4) {
-        case 1: q4_0x8_tile_t<1, 1>(k, grp, x + c, o); break;
-        case 2: q4_0x8_tile_t<1, 2>(k, grp, x + c, o); break;
-        case 3: q4_0x8_tile_t<1, 3>(k, grp, x + c, o); break;
-        default: q4_0x8_tile_t<1, 4>(k, grp, x + c, o);
-      }
-    }
-  }
-}
-
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   const uint8_t* xp = static_cast<const uint8_t*>(x);
@@ -868,20 +849,39 @@ void q4_Kx8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, fl
   }
 }
 
-void q4_Kx8_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
-  if (ng == 4 && nc == 1) return q4_Kx8_tile_t<4, 1>(k, groups, x, out);
-  if (ng == 2 && nc == 1) return q4_Kx8_tile_t<2, 1>(k, groups, x, out);
-  if (ng == 2 && nc == 2) return q4_Kx8_tile_t<2, 2>(k, groups, x, out);
-  const size_t gbytes = packed_group_bytes(DT_Q4_K, k);
+/// The kernels of the repacked layouts, as types (KernelTable::packed_tile takes them through packed_tile).
+struct Q4_0x8Kernel {
+  static constexpr int kDtype = DT_Q4_0;
+  template <int NG, int NC>
+  static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+    q4_0x8_tile_t<NG, NC>(k, groups, x, out);
+  }
+};
+struct Q4_Kx8Kernel {
+  static constexpr int kDtype = DT_Q4_K;
+  template <int NG, int NC>
+  static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+    q4_Kx8_tile_t<NG, NC>(k, groups, x, out);
+  }
+};
+
+/// KernelTable::packed_tile for one repacked layout: the shapes its kernel is built for (4 groups × 1 column,
+/// 2 × 1, 2 × 2), any other ng × nc as one group × up to 4 columns at a time.
+template <class K>
+void packed_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  if (ng == 4 && nc == 1) return K::template run<4, 1>(k, groups, x, out);
+  if (ng == 2 && nc == 1) return K::template run<2, 1>(k, groups, x, out);
+  if (ng == 2 && nc == 2) return K::template run<2, 2>(k, groups, x, out);
+  const size_t gbytes = packed_group_bytes(K::kDtype, k);
   for (int g = 0; g < ng; g++) {
     for (int c = 0; c < nc; c += 4) {
       const uint8_t* grp = groups + g * gbytes;
       float* o = out + 8 * (g * nc + c);
       switch (nc - c < 4 ? nc - c : 4) {
-        case 1: q4_Kx8_tile_t<1, 1>(k, grp, x + c, o); break;
-        case 2: q4_Kx8_tile_t<1, 2>(k, grp, x + c, o); break;
-        case 3: q4_Kx8_tile_t<1, 3>(k, grp, x + c, o); break;
-        default: q4_Kx8_tile_t<1, 4>(k, grp, x + c, o);
+        case 1: K::template run<1, 1>(k, grp, x + c, o); break;
+        case 2: K::template run<1, 2>(k, grp, x + c, o); break;
+        case 3: K::template run<1, 3>(k, grp, x + c, o); break;
+        default: K::template run<1, 4>(k, grp, x + c, o);
       }
     }
   }
@@ -1406,8 +1406,8 @@ KernelTable make_table() {
   t.gemm_tile[DT_F16] = gemm_tile_f<1>;
   t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
   t.dot_tile[DT_Q4_0] = dot_tile_q4_0;
-  t.packed_tile[DT_Q4_0] = q4_0x8_tile;
-  t.packed_tile[DT_Q4_K] = q4_Kx8_tile;
+  t.packed_tile[DT_Q4_0] = packed_tile<Q4_0x8Kernel>;
+  t.packed_tile[DT_Q4_K] = packed_tile<Q4_Kx8Kernel>;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;
   t.dot_tile[DT_Q5_0] = dot_tile_loop<DT_Q5_0>;
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
