@@ -477,6 +477,51 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
     }
   });
 
+  it("routed experts (mul_mat_id) over repacked Q4_0 and Q4_K stacks equal the zero-copy kernels and the scalar table bit for bit: decode, batches, per-slot inputs", async () => {
+    const rng = new Rng(59);
+    const bits = (a: Float32Array) => Array.from(new Uint32Array(a.buffer, a.byteOffset, a.length));
+    for (const [dtype, k] of [
+      ["q4_0", 64],
+      ["q4_0", 1024],
+      ["q4_K", 512],
+    ] as const) {
+      const m = 48, // 6 groups of 8 rows per expert: a chunk of 4 groups and a partial one
+        nExpert = 5;
+      const w = randomWeights(dtype, k, m * nExpert, rng);
+      for (const [nUsed, t, perSlot] of [
+        [2, 1, false], // decode: each expert has one (slot, token)
+        [1, 1, false],
+        [2, 7, false], // a batch: experts with several columns (more than 4 on some)
+        [3, 5, true],
+      ] as const) {
+        const x = rng.f32(k * (perSlot ? nUsed * t : t), -2, 2);
+        const ids = new Int32Array(nUsed * t);
+        for (let c = 0; c < t; c++) {
+          const pick = rng.sample(nExpert, nUsed);
+          for (let u = 0; u < nUsed; u++) ids[c * nUsed + u] = c < 2 ? u + 1 : pick[u]!; // tokens 0, 1 share experts
+        }
+        const run = async (opts: { threads: number; forceScalar?: boolean; repack?: boolean }) => {
+          const b = await backend(opts);
+          const wt = b.createTensor(dtype, [k, m, nExpert], w.bytes);
+          const before = b.allocatedBytes();
+          const g = new Graph();
+          const xi = g.input("f32", perSlot ? [k, nUsed, t] : [k, t], x);
+          const y = g.output(g.mulMatId(g.handle(wt), xi, g.input("i32", [nUsed, t], ids)));
+          b.compute(g);
+          // the whole stack is repacked at the first product (and counted)
+          expect(b.allocatedBytes() > before, JSON.stringify(opts)).toBe(opts.repack !== false && !opts.forceScalar);
+          b.freeTensor(wt);
+          return bits(y);
+        };
+        const where = `${dtype} k=${k} used=${nUsed} t=${t}${perSlot ? " per-slot" : ""}`;
+        const ref = await run({ threads: 1, forceScalar: true, repack: false });
+        for (const opts of [{ threads: 1 }, { threads: 2 }, { threads: 2, repack: false }]) {
+          expect(await run(opts), `${where} ${JSON.stringify(opts)}`).toEqual(ref);
+        }
+      }
+    }
+  });
+
   it("matvec results are bit-identical at 1 and 2 threads and across runs", async () => {
     const rng = new Rng(31);
     for (const dtype of ["f16", "q4_0", "q4_K"] as DType[]) {

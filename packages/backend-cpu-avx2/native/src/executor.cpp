@@ -197,8 +197,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         n.src[s].cache_part = st.handle->cache_part;
         n.src[s].cache_counts = st.handle->cache_counts;
       }
-      // a dense Q4_0/Q4_K product reads its weight in the repacked layout (made at first use)
-      if (s == 0 && c.op == OP_MUL_MAT && repack_ && st.handle && st.dtype >= 0 && st.dtype < DT_TABLE &&
+      // a dense Q4_0/Q4_K product (mul_mat, mul_mat_id) reads its weight in the repacked layout (made at first use)
+      if (s == 0 && (c.op == OP_MUL_MAT || c.op == OP_MUL_MAT_ID) && repack_ && st.handle && st.dtype >= 0 && st.dtype < DT_TABLE &&
           kernels_->packed_tile[st.dtype]) {
         n.src[s].packed = store_.packed(st.handle);
       }

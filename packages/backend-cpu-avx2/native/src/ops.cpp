@@ -707,8 +707,48 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
   const DotFn dot = n.k->dot[W.dtype];
   const DotTileFn tile = n.k->dot_tile[W.dtype];
   const int64_t nu = *l.n_used;
+  if (W.packed && !sparse && M % 8 == 0) {
+    // Q4_0/Q4_K repacked (TensorStore::packed; expert e's rows are groups e·M/8 …): items (used expert,
+    // 4 groups of 8 rows). One (slot, token) on the expert: the 4 groups as concurrent streams; more: each
+    // group × up to 4 of its columns per call. Results equal the unpacked dot's bit for bit.
+    const PackedTileFn ptile = n.k->packed_tile[W.dtype];
+    const size_t gbytes = packed_group_bytes(W.dtype, K);
+    const int64_t G = M / 8, per = (G + 3) / 4, items = nu * per;
+    int64_t i0, i1;
+    float out[32];
+    while (next_chunk(n, items, chunk_size(items, nth, 1), &i0, &i1)) {
+      for (int64_t it = i0; it < i1; it++) {
+        const int32_t e = l.used[it / per];
+        const int64_t g0 = (it % per) * 4, ng = G - g0 < 4 ? G - g0 : 4;
+        const uint8_t* grp = W.packed + (static_cast<size_t>(e) * static_cast<size_t>(G) + static_cast<size_t>(g0)) * gbytes;
+        const int32_t q0 = l.start[e], q1 = l.start[e + 1];
+        if (q1 - q0 == 1) {
+          const int64_t p = l.pairs[q0];
+          const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+          ptile(K, static_cast<int>(ng), 1, grp, &xp, y + p * M + g0 * 8);
+          continue;
+        }
+        for (int64_t g = 0; g < ng; g++) {
+          for (int32_t q = q0; q < q1; q += 4) {
+            const int nc = q1 - q < 4 ? q1 - q : 4;
+            const uint8_t* x[4];
+            for (int c = 0; c < nc; c++) {
+              const int64_t p = l.pairs[q + c];
+              x[c] = xq + (per_slot ? p : p / U) * xrb;
+            }
+            ptile(K, 1, nc, grp + static_cast<size_t>(g) * gbytes, x, out);
+            for (int c = 0; c < nc; c++) {
+              float* yo = y + static_cast<int64_t>(l.pairs[q + c]) * M + (g0 + g) * 8;
+              for (int r = 0; r < 8; r++) yo[r] = out[8 * c + r];
+            }
+          }
+        }
+      }
+    }
+    return;
+  }
   // items: (used expert, chunk of rows)
-  const int64_t rows_chunk = 16;
+  const int64_t rows_chunk = logits ? 64 : 16;
   const int64_t per_expert = (M + rows_chunk - 1) / rows_chunk;
   const int64_t items = nu * per_expert;
   int64_t read = 0;
@@ -720,6 +760,29 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
       const int64_t r0 = (it % per_expert) * rows_chunk;
       const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
       const uint8_t* we = W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
+      if (logits && l.start[e + 1] - l.start[e] == 1) {
+        // one (slot, token) on this expert (decode), sparse: the chunk's active rows four at a time as
+        // concurrent streams, the next four prefetched (as mul_mat_sparse's decode); only active rows are read
+        const int64_t p = l.pairs[l.start[e]];
+        const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+        const float* lg = logits + p * M;
+        int32_t act[64];
+        int na = 0;
+        for (int64_t r = r0; r < r1; r++) {
+          if (lg[r] >= thr) act[na++] = static_cast<int32_t>(r);
+        }
+        for (int i = 0; i < na; i += 4) {
+          const int nr = na - i < 4 ? na - i : 4;
+          for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_row(we + static_cast<size_t>(act[j]) * wrb, wrb);
+          const uint8_t* w[4];
+          float out[4];
+          for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
+          tile(K, nr, 1, w, &xp, out);
+          for (int r = 0; r < nr; r++) y[p * M + act[i + r]] = out[r];
+        }
+        read += na;
+        continue;
+      }
       if (!logits && l.start[e + 1] - l.start[e] == 1) {
         // one (slot, token) on this expert (decode): four rows at a time as concurrent streams, as the
         // dense matrix × vector does; a tile computes each output exactly as dot does
@@ -783,13 +846,24 @@ void op_axpy_id_sparse(const NodeExec& n, int ith, int nth) {
       std::memset(yc, 0, sizeof(float) * static_cast<size_t>(len));
       const float* ac = a + p * M;
       const float* lc = logits ? logits + p * M : nullptr;
-      // four active rows per pass over the piece (same per-element operations as four axpy calls)
+      // four active rows per pass over the piece (same per-element operations as four axpy calls); the
+      // piece of the active row four ahead is prefetched (rows are scattered: no hardware prefetch)
       float av[4];
       const uint8_t* wr[4];
       int nr = 0;
+      int64_t ahead = 0, nahead = 0;  // next row to look at for prefetching; active rows prefetched ahead
       for (int64_t i = 0; i < M; i++) {
         if (lc && !(lc[i] >= thr)) continue;
         if (pc == 0) read++;
+        if (ahead <= i) ahead = i + 1, nahead = 0;
+        else nahead--;
+        while (nahead < 4 && ahead < M) {
+          if (!lc || lc[ahead] >= thr) {
+            prefetch_row(we + ahead * wrb, piece_bytes);
+            nahead++;
+          }
+          ahead++;
+        }
         av[nr] = ac[i];
         wr[nr] = we + i * wrb;
         if (++nr == 4) {
