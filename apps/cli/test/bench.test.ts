@@ -57,12 +57,27 @@ describe("bytes of weights per decoded token", () => {
     const exps = f.tensors.filter((t) => /_exps\./.test(t.name));
     const expBytes = exps.reduce((s, t) => s + t.byteLength, 0);
     const gateExps = exps.filter((t) => /gate_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    const downExps = exps.filter((t) => /down_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
     // tied output: all of token_embd is read; a token reads 2 of the 8 experts
     expect(bytesPerToken(f, 2, "off")).toBe(all - expBytes + expBytes / 4);
-    // oracle: the chosen experts' gates, then per neuron computed an up row (64 Q8_0 values: 2 blocks of 34
-    // bytes) and a down row neuron-major (64 F32: the engine's transposed copy of a Q8_0 down)
-    const row = 2 * 34 + 64 * 4;
-    expect(bytesPerToken(f, 2, "oracle", [20, 30])).toBe(all - expBytes + gateExps / 4 + 50 * row);
+    // oracle: the chosen experts' gates and (Q8_0: no neuron-major copy) down projections, then per neuron
+    // computed an up row (64 Q8_0 values: 2 blocks of 34 bytes)
+    const row = 2 * 34;
+    expect(bytesPerToken(f, 2, "oracle", [20, 30])).toBe(all - expBytes + gateExps / 4 + downExps / 4 + 50 * row);
+    // F16: the down projection is read neuron-major too, a row of 64 F16 values per neuron computed
+    const p16 = join(dir, "st16.gguf");
+    generateSyntheticMoeModel(p16, {
+      arch: "smallthinker",
+      shape: { ...shape, n_layer: 2, n_ctx: 64 },
+      dtype: "F16",
+      untiedOutput: false,
+    });
+    const g = openGguf(p16);
+    const all16 = g.tensors.reduce((s, t) => s + t.byteLength, 0);
+    const exps16 = g.tensors.filter((t) => /_exps\./.test(t.name));
+    const gate16 = exps16.filter((t) => /gate_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    const exp16 = exps16.reduce((s, t) => s + t.byteLength, 0);
+    expect(bytesPerToken(g, 2, "oracle", [20, 30])).toBe(all16 - exp16 + gate16 / 4 + 50 * (64 * 2 + 64 * 2));
   });
 });
 

@@ -369,6 +369,20 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     }
   });
 
+  it("smallthinker Q4_0 and Q8_0: oracle-sparse experts give the dense logits bit for bit (quantized down projections run densely over the sparse activations)", async () => {
+    for (const dtype of ["Q4_0", "Q8_0"] as const) {
+      const path = join(dir, `st-oracle-${dtype}.gguf`);
+      generateSyntheticMoeModel(path, { arch: "smallthinker", shape: SHAPE, seed: 11, dtype, untiedOutput: false });
+      const prompt = [1, 17, 250, 300, 42, 9, 480, 3];
+      const { d, o, fired, rows } = await denseVsOracle(path, prompt, 8);
+      expect(o.ids, dtype).toEqual(d.ids);
+      // up rows by the same dot as the dense product (Q4_0: its repacked tiles, bit-identical); skipped
+      // neurons' activations are 0 in both runs, so the down product and everything after it are equal
+      for (const [i, l] of o.logits.entries()) expect(Array.from(l), `${dtype} step ${i}`).toEqual(Array.from(d.logits[i]!));
+      expect(rows, dtype).toEqual(fired);
+    }
+  });
+
   it("refuses predictor mode for routed experts and oracle mode for SiLU experts with typed errors", async () => {
     const silu = join(dir, "silu-oracle.gguf");
     generateSyntheticMoeModel(silu, { arch: "llama-moe", shape: SHAPE });

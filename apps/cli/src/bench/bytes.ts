@@ -10,11 +10,11 @@
  * - Sparse `oracle`: the gate is computed densely (it decides the mask), up and down sparsely.
  * - Routed experts (`ffn_{gate,up,down}_exps`, {@link expertsPerToken}): a decoded token reads its
  *   n_expert_used chosen experts, so each stacked tensor counts n_expert_used / n_expert of its bytes
- *   (dense, and the gate in `oracle`); sparse experts' up and down are counted by the row counters (one
- *   row per neuron computed in a chosen expert), the down projection's row as the engine stores it
- *   neuron-major (F16 when the file's is F16, else F32: transposeDownExperts).
+ *   (dense, and the gate in `oracle`); sparse experts' up is counted by the row counters (one row per
+ *   neuron computed in a chosen expert), and so is an F16/F32 down projection, whose row is read
+ *   neuron-major; a quantized down projection runs densely (expertDownNeuronMajor) and counts as dense.
  */
-import type { SparseMode } from "@powerinfer/engine";
+import { expertDownNeuronMajor, type SparseMode } from "@powerinfer/engine";
 import { GGMLType, type GgufFile, tensorByteLength } from "@powerinfer/gguf";
 
 const FFN = /^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down|ffn_down_t)\.weight$/;
@@ -40,7 +40,9 @@ export function fixedBytesPerToken(file: GgufFile, mode: SparseMode): number {
     }
     const x = EXPS.exec(t.name);
     if (x) {
-      if (mode === "off" || x[2] === "ffn_gate_exps") bytes += t.byteLength * expertsPerToken(file);
+      const dense =
+        mode === "off" || x[2] === "ffn_gate_exps" || (x[2] === "ffn_down_exps" && !expertDownNeuronMajor(t.type));
+      if (dense) bytes += t.byteLength * expertsPerToken(file);
       continue;
     }
     const m = FFN.exec(t.name);
@@ -59,8 +61,10 @@ export function sparseRowBytes(file: GgufFile, nLayer: number, mode: SparseMode)
     const up = file.tensorMap.get(`blk.${l}.ffn_up_exps.weight`);
     const down = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
     if (up && down) {
-      // a chosen expert's neuron: its up row, and its down row neuron-major (n_embd of F16 or F32)
-      out.push(tensorByteLength(up.type, [up.shape[0]!]) + down.shape[1]! * (down.type === GGMLType.F16 ? 2 : 4));
+      // a chosen expert's neuron: its up row, and its down row neuron-major (n_embd of F16 or F32) unless
+      // the down projection runs densely
+      const downRow = expertDownNeuronMajor(down.type) ? tensorByteLength(down.type, [down.shape[1]!]) : 0;
+      out.push(tensorByteLength(up.type, [up.shape[0]!]) + downRow);
       continue;
     }
     for (const name of ["ffn_gate", "ffn_up", "ffn_down_t", "ffn_down"]) {

@@ -24,7 +24,13 @@ import {
 } from "../model/llama.js";
 import { isBundled } from "../model/bundle.js";
 import { bindNeuronCaches, planRamBudget, type RamPlan } from "../model/ram-budget.js";
-import { dtypeOfTensor, transposeDown, transposeDownExperts, WeightMapper } from "../model/weights.js";
+import {
+  dtypeOfTensor,
+  expertDownNeuronMajor,
+  transposeDown,
+  transposeDownExperts,
+  WeightMapper,
+} from "../model/weights.js";
 import { EngineError } from "../errors.js";
 import { checkStatsForModel } from "./profile.js";
 import { generateTokens } from "./generate.js";
@@ -238,10 +244,12 @@ export class Model {
     if (!Number.isFinite(threshold))
       throw new EngineError("BAD_INPUT", `sparse threshold ${threshold} is not a number`);
     if (sparse !== "off" && config.ffn.activation === "relu" && config.moe) {
-      // sparse experts read each expert's down projection neuron-major
+      // sparse experts read an F16/F32 down projection neuron-major; a quantized one stays as stored and
+      // runs densely over the sparse activations (expertDownNeuronMajor)
       weights.layers.forEach((L, l) => {
         const x = L.experts!;
-        if (x.downExps) {
+        const t = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
+        if (x.downExps && t && expertDownNeuronMajor(t.type)) {
           x.downExpsT = transposeDownExperts(file, opts.backend, `blk.${l}.ffn_down_exps.weight`);
           opts.backend.freeTensor(x.downExps);
           x.downExps = undefined;

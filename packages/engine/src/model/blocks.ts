@@ -122,11 +122,12 @@ export interface ExpertWeights {
  * attn_norm for SmallThinker.
  *
  * Sparse ("oracle", ReLU experts only): the gate W_gate_e·h is computed densely for the chosen experts,
- * and up and down read only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output
- * is 0); the down projection must be stored neuron-major (`downExpsT`).
+ * and up reads only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output is 0);
+ * down does too when stored neuron-major (`downExpsT`), else (`downExps`, a quantized stack: see
+ * expertDownNeuronMajor) it runs densely over the activations, whose skipped entries are 0.
  * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
  *   pre-activations [n_ff_exp, n_expert_used, T] and the graph node indices of the sparse expert ops
- *   (empty when dense).
+ *   (empty when dense; up first, then down when it is sparse).
  */
 export function moeFfn(
   g: Graph,
@@ -154,8 +155,12 @@ export function moeFfn(
     const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
     sparseNodes.push(g.nodes.length - 1);
     const a = g.mul(g.relu(gate), up);
-    down = g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, sel);
-    sparseNodes.push(g.nodes.length - 1);
+    if (W.downExpsT) {
+      down = g.axpyIdSparse(g.handle(W.downExpsT), a, ids, sel);
+      sparseNodes.push(g.nodes.length - 1);
+    } else {
+      down = g.mulMatId(g.handle(W.downExps!), a, ids);
+    }
   }
   const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
   return { out, probs, gate, sparseNodes };

@@ -241,11 +241,8 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
       'sparse mode "predictor" is not available for routed experts yet; use --sparse oracle',
     );
   }
-  if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT)) {
-    throw new EngineError(
-      "BAD_INPUT",
-      `sparse mode "${mode}" needs the experts' down projections stored neuron-major (transposeDownExperts)`,
-    );
+  if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT || L.experts?.downExps)) {
+    throw new EngineError("BAD_INPUT", `sparse mode "${mode}" needs every layer's expert down projections`);
   }
   if (cfg.ffn.activation !== "relu") {
     throw new EngineError(

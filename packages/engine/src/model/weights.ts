@@ -105,8 +105,22 @@ export function transposeDown(file: GgufFile, backend: Backend, name: string): T
 }
 
 /**
+ * Whether sparse experts read a stacked down projection of this type neuron-major (a copy made by
+ * {@link transposeDownExperts}): F16 and F32, whose copy has the file's size, so a token reads only its
+ * firing neurons' rows. A quantized stack (Q4_0: 0.56 bytes per weight) has no exact neuron-major form
+ * of its own size: its copy would be F32 (7× the bytes per row), more than the dense product reads at
+ * SmallThinker's 40 % firing. It stays as the file stores it, and the down projection runs densely
+ * (`mul_mat_id`) over the sparse activations: inactive neurons' activations are 0, so the result is
+ * the dense run's bit for bit, while gate and up still skip what they can.
+ */
+export function expertDownNeuronMajor(type: GGMLType): boolean {
+  return type === GGMLType.F16 || type === GGMLType.F32;
+}
+
+/**
  * The neuron-major copy of stacked expert down projections ({n_ff_exp, n_embd, n_expert} →
- * {n_embd, n_ff_exp, n_expert}) on `backend`: F16 stays F16, every other dtype becomes F32.
+ * {n_embd, n_ff_exp, n_expert}) on `backend`: F16 stays F16, every other dtype becomes F32 (the engine
+ * makes it only for F16 and F32 stacks: {@link expertDownNeuronMajor}).
  */
 export function transposeDownExperts(file: GgufFile, backend: Backend, name: string): TensorHandle {
   const t = file.tensorMap.get(name);
