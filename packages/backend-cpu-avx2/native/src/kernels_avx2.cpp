@@ -130,10 +130,74 @@ inline float ggml_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
 /// measured best on the 2-vCPU Xeon (F16 7B slice decode 19.6 → 23.8 t/s dense, 42.4 → 48.8 sparse; 512
 /// and 2048 were no better).
 constexpr int kFloatPrefetch = 1024;
+#if defined(PI_KERNELS_VNNI)
+/// F32/F16 rows on AVX-512: the same four 8-lane accumulators held as two 16-lane ones (lanes 0–7 of the
+/// first = accumulator 0, lanes 8–15 = accumulator 1; the second holds 2 and 3), each FMA the same per lane,
+/// and ggml_reduce4's first two adds done as one 16-lane add: bit-identical to the 256-bit tile with half
+/// the instructions (one 16-element conversion and FMA per 32 bytes of F16 weights instead of two).
+template <int KIND>
+inline __m512 wload16(const uint8_t* w, int64_t i) {
+  if (KIND == 0) return _mm512_loadu_ps(reinterpret_cast<const float*>(w) + i);
+  // the zero-masked form: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
+  return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(reinterpret_cast<const uint16_t*>(w) + i)));
+}
+
+template <int KIND, int NR, int NC>
+void dot_tile_float512(int64_t k, const uint8_t* const* w, const float* const* x, float* out) {
+  __m512 a[NR][NC][2];
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) a[r][c][0] = a[r][c][1] = _mm512_setzero_ps();
+  }
+  int64_t i = 0;
+  constexpr int esize = KIND == 0 ? 4 : 2;
+  for (; i + 32 <= k; i += 32) {
+    if (NC == 1 && NR > 1) {
+      for (int r = 0; r < NR; r++) __builtin_prefetch(w[r] + i * esize + kFloatPrefetch, 0, 3);
+    }
+    for (int j = 0; j < 2; j++) {
+      __m512 wj[NR];
+      for (int r = 0; r < NR; r++) wj[r] = wload16<KIND>(w[r], i + 16 * j);
+      for (int c = 0; c < NC; c++) {
+        const __m512 xj = _mm512_loadu_ps(x[c] + i + 16 * j);
+        for (int r = 0; r < NR; r++) a[r][c][j] = _mm512_fmadd_ps(wj[r], xj, a[r][c][j]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int c = 0; c < NC; c++) {
+      // (a0 + a2 | a1 + a3), then a0 + a1 and ggml_reduce4's 128-bit steps
+      const __m512 s = _mm512_add_ps(a[r][c][0], a[r][c][1]);
+      // the halves through memory: GCC 12's 512→256-bit extract intrinsics warn (-Wuninitialized, in its header)
+      alignas(64) float h[16];
+      _mm512_store_ps(h, s);
+      const __m256 a01 = _mm256_add_ps(_mm256_load_ps(h), _mm256_load_ps(h + 8));
+      const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a01), _mm256_extractf128_ps(a01, 1));
+      const __m128 t1 = _mm_hadd_ps(t0, t0);
+      const float red = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+      if (KIND == 0) {
+        float sum = red;
+        for (int64_t j = i; j < k; j++) sum += welem<KIND>(w[r], j) * x[c][j];
+        out[r * NC + c] = sum;
+      } else {
+        double sum = red;
+        for (int64_t j = i; j < k; j++) sum += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
+        out[r * NC + c] = static_cast<float>(sum);
+      }
+    }
+  }
+}
+#endif
+
 template <int KIND, int NR, int NC>
 void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
   const float* x[NC];
   for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+#if defined(PI_KERNELS_VNNI)
+  if constexpr (KIND != 2) {
+    dot_tile_float512<KIND, NR, NC>(k, w, x, out);
+    return;
+  }
+#endif
   __m256 a[NR][NC][4];
   for (int r = 0; r < NR; r++) {
     for (int c = 0; c < NC; c++) {
