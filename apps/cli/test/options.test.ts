@@ -54,6 +54,15 @@ describe("every option is checked before any file is opened", () => {
     [["run", "-m", m, "-p", "x", "--kv-type", "f8"], /--kv-type must be f16 or f32, got "f8"/],
     [["run", "-m", m, "-p", "x", "--sparse", "maybe"], /--sparse must be predictor, oracle or off, got "maybe"/],
     [["run", "-m", m, "-p", "x", "--solver", "simplex"], /--solver must be ilp or greedy, got "simplex"/],
+    [
+      ["run", "-m", m, "-p", "x", "--sparse", "off", "--sparse-threshold", "0.5"],
+      /--sparse-threshold applies to --sparse predictor only, not --sparse off/,
+    ],
+    [
+      ["serve", "-m", m, "--sparse", "oracle", "--sparse-threshold", "0.5"],
+      /--sparse-threshold applies to --sparse predictor only, not --sparse oracle/,
+    ],
+    [["run", "-m", m, "-p", "x", "-f", f], /give the prompt with -p or -f, not both/],
     [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer ≥ 1, got 0/],
     [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \(0, 1\], got 2/],
     [["chat", "-m", m, "-n", "-7"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -7/],

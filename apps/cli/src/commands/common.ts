@@ -167,6 +167,10 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
   if (o.sparse !== undefined && !["predictor", "oracle", "off"].includes(o.sparse)) {
     throw new InvalidArgumentError(`--sparse must be predictor, oracle or off, got "${o.sparse}"`);
   }
+  if (o.sparseThreshold !== undefined && (o.sparse === "off" || o.sparse === "oracle")) {
+    // the predictor's threshold: off computes every neuron, oracle keeps the neurons whose gate is > 0
+    throw new InvalidArgumentError(`--sparse-threshold applies to --sparse predictor only, not --sparse ${o.sparse}`);
+  }
   if (!(o.batchSize >= 1)) throw new InvalidArgumentError(`--batch-size must be ≥ 1, got ${o.batchSize}`);
   if (o.threads !== undefined && o.threads < 1)
     throw new InvalidArgumentError(`--threads must be ≥ 1, got ${o.threads}`);

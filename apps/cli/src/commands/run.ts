@@ -43,6 +43,8 @@ export function register(program: Command): void {
       action(async (o: RunOptions) => {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
+        if (o.prompt !== undefined && o.file !== undefined)
+          throw new InvalidArgumentError("give the prompt with -p or -f, not both");
         const prompt = o.prompt ?? readTextFile(o.file!);
         // hot neurons (and --n-gpu-layers layers) on a device when one is there, the rest on the CPU
         const loaded = await loadModelWithDevice(o);
