@@ -14,7 +14,8 @@
  *   Q4_0 steps with a margin below 5e-3 are exempt from the logits check, counted, and must be at most a
  *   quarter of the steps.
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
@@ -397,17 +398,92 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     expect(String(e2.message)).toMatch(/not available for routed experts/);
   });
 
-  it("profile refuses routed experts with a typed error (not supported yet)", async () => {
-    const { profileActivations } = await import("@powerinfer/engine");
+  it("profile counts firings per (layer, expert, neuron) and selections per (layer, expert): they equal the oracle kernels' row counters and read back from the statistics file", async () => {
+    const { profileActivations, summarizeSparsity, checkStatsForModel } = await import("@powerinfer/engine");
+    const { readActivationStats, writeActivationStats } = await import("@powerinfer/gguf");
     const path = join(dir, "st-profile.gguf");
-    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: SHAPE });
-    const m = await Model.load(path, { backend });
-    const s = m.createSession({ nCtx: 32 });
+    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: SHAPE, seed: 5, untiedOutput: false, design: {} });
+    const tokens = Array.from({ length: 40 }, (_, i) => (i * 37 + 11) % 500);
+    const dense = await Model.load(path, { backend });
+    const oracle = await Model.load(path, { backend, sparse: "oracle" });
     try {
-      expect(() => profileActivations(s, [1, 2, 3], { bosId: 1 })).toThrow(/routed experts .* not supported yet/);
-    } finally {
+      const s = dense.createSession({ nCtx: 64 });
+      const prof = profileActivations(s, tokens, { bosId: 1 });
       s.dispose();
-      m.dispose();
+      const cfg = dense.config;
+      const { n_expert: E, n_expert_used: U, n_ff_exp: F } = cfg.moe!;
+      expect(prof.tokens).toBe(41);
+      expect(prof.nExpert).toBe(E);
+      for (const [l, sel] of prof.selections!.entries()) {
+        expect(
+          sel.reduce((a, b) => a + b, 0),
+          `layer ${l}`,
+        ).toBe(41 * U); // each token counted once per chosen expert
+        // a neuron fires at most on the tokens routed to its expert
+        for (let e = 0; e < E; e++) {
+          for (let i = 0; i < F; i++) expect(prof.counts[l]![e * F + i]!).toBeLessThanOrEqual(sel[e]!);
+        }
+      }
+      // the oracle's up projection reads exactly the firing neurons of the chosen experts
+      const so = oracle.createSession({ nCtx: 64 });
+      so.evaluate([1, ...tokens], { allLogits: true });
+      const rows = so.stats.activeRows;
+      so.dispose();
+      expect(prof.counts.map((c) => c.reduce((a, b) => a + b, 0))).toEqual(rows);
+      // designed: 40 % of a chosen expert's neurons fire per token (gen-model's default)
+      const layers = summarizeSparsity(prof);
+      for (const L of layers) {
+        expect(L.mean).toBeGreaterThan(0.3);
+        expect(L.mean).toBeLessThan(0.5);
+        expect(L.hotExperts80).toBeGreaterThan(0);
+        expect(L.hotExperts80).toBeLessThanOrEqual(1);
+      }
+      // the file: written, read back, checked against the model; a dense model's statistics are refused
+      const stats = {
+        counts: prof.counts,
+        nFf: F,
+        nExpert: E,
+        selections: prof.selections,
+        tokenCount: prof.tokens,
+        corpusName: "t",
+        corpusSha256: "",
+        modelSha256: "",
+      };
+      const out = join(dir, "st-profile.activations.gguf");
+      writeActivationStats(out, stats);
+      const back = readActivationStats(out);
+      expect(back.nExpert).toBe(E);
+      expect(back.selections).toEqual(prof.selections);
+      expect(back.counts).toEqual(prof.counts);
+      expect(() => checkStatsForModel(back, cfg)).not.toThrow();
+      expect(() => checkStatsForModel({ ...back, nExpert: undefined, selections: undefined }, cfg)).toThrow(
+        /have no experts; this model routes tokens to experts/,
+      );
+      expect(() => checkStatsForModel(back, { n_layer: cfg.n_layer, n_ff: F })).toThrow(
+        /routed experts; this model has none/,
+      );
+      expect(() => writeActivationStats(out, { ...stats, selections: undefined })).toThrow(
+        /both nExpert and selections/,
+      );
+      // the command: its report and its file (default path next to the model)
+      const text = join(dir, "st-profile.txt");
+      writeFileSync(text, "Once upon a time there was a little cat. ".repeat(8));
+      const bin = join(import.meta.dirname, "..", "dist", "bin.js");
+      const r = spawnSync(process.execPath, [bin, "profile", "-m", path, "-f", text, "-c", "64", "-t", "2"], {
+        encoding: "utf8",
+        timeout: 120_000,
+      });
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stdout).toMatch(
+        /routed experts: 2 of 8 per token; active = share of the chosen experts' 64 neurons each/,
+      );
+      expect(r.stdout).toMatch(/experts with 80 % of routed tokens/);
+      const rep = readActivationStats(out);
+      expect(rep.nExpert).toBe(E);
+      for (const sel of rep.selections!) expect(sel.reduce((a, b) => a + b, 0)).toBe(rep.tokenCount * U);
+    } finally {
+      dense.dispose();
+      oracle.dispose();
     }
   });
 

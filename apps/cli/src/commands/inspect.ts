@@ -108,9 +108,12 @@ export interface InspectReport {
         path: string;
         tokens: number;
         corpus: string;
+        /** With experts: of the chosen experts' neurons. */
         meanActive: number;
         hot80: number;
-        layers: { mean: number; hot80: number; dead: number }[];
+        /** With experts: the mean share of experts receiving 80 % of the routed tokens. */
+        hotExperts80?: number;
+        layers: { mean: number; hot80: number; dead: number; hotExperts80?: number }[];
       }
     | { path: string; error: string };
 }
@@ -248,14 +251,16 @@ function statsSummary(path: string, config: ModelConfig | null): InspectReport["
   try {
     const stats = readActivationStats(statsPath);
     checkStatsForModel(stats, config);
-    const layers = summarizeSparsity({ counts: stats.counts, tokens: stats.tokenCount });
+    const layers = summarizeSparsity({ counts: stats.counts, tokens: stats.tokenCount, selections: stats.selections });
+    const avg = (f: (L: (typeof layers)[number]) => number) => layers.reduce((a, L) => a + f(L), 0) / layers.length;
     return {
       path: statsPath,
       tokens: stats.tokenCount,
       corpus: stats.corpusName,
-      meanActive: layers.reduce((a, L) => a + L.mean, 0) / layers.length,
-      hot80: layers.reduce((a, L) => a + L.hot80, 0) / layers.length,
-      layers: layers.map((L) => ({ mean: L.mean, hot80: L.hot80, dead: L.dead })),
+      meanActive: avg((L) => L.mean),
+      hot80: avg((L) => L.hot80),
+      ...(stats.selections ? { hotExperts80: avg((L) => L.hotExperts80 ?? 0) } : {}),
+      layers: layers.map((L) => ({ mean: L.mean, hot80: L.hot80, dead: L.dead, hotExperts80: L.hotExperts80 })),
     };
   } catch (e) {
     return { path: statsPath, error: (e as Error).message };
@@ -377,10 +382,14 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
   const st = r.activationStats;
   if (st && "error" in st) out.push(`activations:   ${st.path} unusable: ${st.error}`);
   else if (st) {
+    const pc = (v: number) => `${(v * 100).toFixed(1)} %`;
     out.push(
-      `activations:   ${st.path}: ${num(st.tokens)} positions of ${st.corpus}; ${(st.meanActive * 100).toFixed(1)} % of FFN neurons fire per token on average, ` +
-        `${(st.hot80 * 100).toFixed(1)} % of neurons carry 80 % of activations` +
-        (r.sparse.verdict === "dense" ? " — yet this FFN is not ReLU, so sparse inference gains nothing" : ""),
+      st.hotExperts80 !== undefined
+        ? `activations:   ${st.path}: ${num(st.tokens)} positions of ${st.corpus}; ${pc(st.meanActive)} of a chosen expert's neurons fire per token on average, ` +
+            `${pc(st.hot80)} of (expert, neuron) pairs carry 80 % of activations, ${pc(st.hotExperts80)} of experts receive 80 % of the routed tokens`
+        : `activations:   ${st.path}: ${num(st.tokens)} positions of ${st.corpus}; ${pc(st.meanActive)} of FFN neurons fire per token on average, ` +
+            `${pc(st.hot80)} of neurons carry 80 % of activations` +
+            (r.sparse.verdict === "dense" ? " — yet this FFN is not ReLU, so sparse inference gains nothing" : ""),
     );
   }
   return out.join("\n");

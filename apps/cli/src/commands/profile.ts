@@ -1,4 +1,7 @@
-/** `powerinfer profile`: activation statistics of a ReLU model over real text, and a sparsity report. */
+/**
+ * `powerinfer profile`: activation statistics of a ReLU model (dense FFN or routed ReLU experts) over real
+ * text, and a sparsity report.
+ */
 import { createHash } from "node:crypto";
 import { basename } from "node:path";
 import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSparsity } from "@powerinfer/engine";
@@ -43,7 +46,8 @@ export function register(program: Command): void {
           if (!o.json && process.stderr.isTTY) process.stderr.write("\n");
           const stats = {
             counts: prof.counts,
-            nFf: cfg.n_ff,
+            nFf: cfg.moe ? cfg.moe.n_ff_exp : cfg.n_ff,
+            ...(prof.nExpert ? { nExpert: prof.nExpert, selections: prof.selections } : {}),
             tokenCount: prof.tokens,
             corpusName: basename(o.file),
             corpusSha256: createHash("sha256").update(text).digest("hex"),
@@ -54,7 +58,9 @@ export function register(program: Command): void {
           const layers = summarizeSparsity(prof);
 
           // Bytes of weights read per decoded token: dense reads every FFN row; sparse only the firing ones.
+          // With experts, a token reads n_expert_used of the n_expert experts' rows (and the router).
           const bytesOf = (name: string) => model.file.tensorMap.get(name)?.byteLength ?? 0;
+          const share = cfg.moe ? cfg.moe.n_expert_used / cfg.moe.n_expert : 1;
           let dense = bytesOf("output.weight") || bytesOf("token_embd.weight");
           let sparse = dense;
           layers.forEach((L, l) => {
@@ -63,13 +69,14 @@ export function register(program: Command): void {
               (s, n) => s + bytesOf(`${p}${n}.weight`),
               0,
             );
-            const ffn = ["ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"].reduce(
-              (s, n) => s + bytesOf(`${p}${n}.weight`),
-              0,
-            );
+            const ffn =
+              ["ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"].reduce((s, n) => s + bytesOf(`${p}${n}.weight`), 0) +
+              ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].reduce((s, n) => s + bytesOf(`${p}${n}.weight`), 0) *
+                share;
             const pred = bytesOf(`${p}fc1.weight`) + bytesOf(`${p}fc2.weight`);
-            dense += attn + ffn;
-            sparse += attn + ffn * L.mean + pred;
+            const router = bytesOf(`${p}ffn_gate_inp.weight`);
+            dense += attn + router + ffn;
+            sparse += attn + router + ffn * L.mean + pred;
           });
           const report = {
             model: o.model,
@@ -87,10 +94,16 @@ export function register(program: Command): void {
             const pct = (v: number) => `${(v * 100).toFixed(1)} %`.padStart(8);
             const lines = [
               `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}`,
-              "layer | mean active | p50 | p90 | hot80 (share of neurons with 80 % of activations) | dead",
+              ...(cfg.moe
+                ? [
+                    `routed experts: ${cfg.moe.n_expert_used} of ${cfg.moe.n_expert} per token; active = share of the chosen experts' ${cfg.moe.n_ff_exp} neurons each`,
+                    "layer | mean active | p50 | p90 | hot80 (share of (expert, neuron) with 80 % of activations) | dead | experts with 80 % of routed tokens",
+                  ]
+                : ["layer | mean active | p50 | p90 | hot80 (share of neurons with 80 % of activations) | dead"]),
               ...layers.map(
                 (L, l) =>
-                  `${String(l).padStart(5)} | ${pct(L.mean)} | ${pct(L.p50)} | ${pct(L.p90)} | ${pct(L.hot80)} | ${L.dead}`,
+                  `${String(l).padStart(5)} | ${pct(L.mean)} | ${pct(L.p50)} | ${pct(L.p90)} | ${pct(L.hot80)} | ${L.dead}` +
+                  (L.hotExperts80 !== undefined ? ` | ${pct(L.hotExperts80)}` : ""),
               ),
               `weights read per decoded token: dense ${(dense / 2 ** 20).toFixed(2)} MiB, sparse ${(sparse / 2 ** 20).toFixed(2)} MiB ` +
                 `(${model.config.has_predictors ? "predictors included" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
