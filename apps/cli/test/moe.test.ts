@@ -88,7 +88,8 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
   return w;
 };
 
-const PROMPTS = [[1], [1, 17, 250, 300, 42, 9, 480, 3, 77, 91, 200, 150, 12, 64, 5, 311]];
+// the last: five repeats of one token (where SmallThinker Q8_0 once parted from the peer, see its case)
+const PROMPTS = [[1], [1, 17, 250, 300, 42, 9, 480, 3, 77, 91, 200, 150, 12, 64, 5, 311], [1, 42, 42, 42, 42, 42]];
 
 const SHAPE: SyntheticMoeShape = {
   n_embd: 64,
@@ -201,6 +202,11 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
     { arch: "smallthinker", dtype: "F32", opts: { untiedOutput: false }, label: "softmax gating" },
     { arch: "smallthinker", dtype: "F32", opts: { untiedOutput: false, gating: "sigmoid" }, label: "sigmoid gating" },
     { arch: "smallthinker", dtype: "F16", opts: { untiedOutput: true, gating: "sigmoid" }, label: "sigmoid gating" },
+    // Q8_0: equal to the peer bit for bit on the 2-vCPU AMD EPYC with AVX-512 (2026-12-04). On the machine of
+    // an earlier session, the repeated-token prompt parted from node-llama-cpp's prebuilt by up to 0.24 in the
+    // logits through attn_output (then skipped, not understood); the tolerance stays TOL.Q8_0.
+    { arch: "smallthinker", dtype: "Q8_0", opts: { untiedOutput: false }, label: "softmax gating" },
+    { arch: "smallthinker", dtype: "Q8_0", opts: { untiedOutput: true, gating: "sigmoid" }, label: "sigmoid gating" },
     // 5 layers with a sliding window: layers 1-3 windowed (4096), layers 0 and 4 NoPE with full attention.
     // Deeper: the two implementations' F16 KV-cache and F16-query roundings part at a few half-way points
     // per layer; measured ≤ 1.1e-2 on these files, hence 3e-2 for this case (ids must still be equal).
@@ -212,7 +218,6 @@ describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
       tol: 3e-2,
     },
   ];
-  it.skip("smallthinker Q8_0 equals llama.cpp — skipped: on a run of five repeats of one token (seed 3, the batch prompt) the attention output parts from llama.cpp's by up to 0.24 in the logits (zeroing attn_output removes it; F32, F16 and the other archs' Q8_0 files agree to 1e-6); not understood yet", () => {});
   for (const { arch, dtype, opts, label, tol } of cases) {
     it.skipIf("unavailable" in peer)(
       `${arch} ${dtype}${label ? ` (${label})` : ""} equals llama.cpp built for this CPU ${peerReason}`,
