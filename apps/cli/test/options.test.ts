@@ -93,6 +93,10 @@ describe("every option is checked before any file is opened", () => {
       ["gen-model", "-o", join(dir, "no-such-folder", "m.gguf")],
       /output .*m\.gguf: the folder .*no-such-folder does not exist/,
     ],
+    [
+      ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--drelu"],
+      /--drelu: smallthinker-4b-a0\.6b is a smallthinker model; dReLU experts are written for llama-moe presets/,
+    ],
     [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
     // 0 threads is not "none" (as 0 prompt tokens is): it would print an empty table
     [["bench", "-m", m, "-t", "0"], /--threads must be integers ≥ 1, got "0"/],

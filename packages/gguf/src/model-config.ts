@@ -58,7 +58,10 @@ export const ModelConfigSchema = z.object({
     activation: z.enum(["silu", "relu", "gelu"]),
     /** Gated FFN: act(gate·x) ⊙ (up·x); ungated: act(up·x). */
     gated: z.boolean(),
-    /** Activation on the up branch too (Bamboo: ReLU(gate)·ReLU(up)). */
+    /**
+     * Activation on the up branch too: dReLU, ReLU(gate)·ReLU(up) (Bamboo always; `llama` — dense or with
+     * experts, TurboSparse-Mistral/-Mixtral — when the file says `powerinfer.ffn_up_activation = "relu"`).
+     */
     up_activation: z.literal("relu").optional(),
   }),
   /** Biases on the q, k and v projections (`blk.N.attn_{q,k,v}.bias`: opt, qwen2). */
@@ -243,6 +246,13 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const actRaw = getOptionalString(file, actKey);
   const act = actRaw === undefined ? undefined : normalizeAct(file, actKey, actRaw);
   const pwri = file.format === "PWRI";
+  // dReLU (TurboSparse, Song et al. 2024: ReLU(gate)·ReLU(up)), which llama.cpp cannot run: this project's key
+  // `powerinfer.ffn_up_activation` = "relu" on a llama file (dense FFN or routed experts)
+  const upKey = "powerinfer.ffn_up_activation";
+  const upAct = getOptionalString(file, upKey);
+  if (upAct !== undefined && upAct !== "relu")
+    bad(file, upKey, `"${upAct}" is not "relu" (the only up activation read)`);
+  if (upAct !== undefined && arch !== "llama" && arch !== "bamboo") bad(file, upKey, `not read for ${arch}`);
   let ffn: ModelConfig["ffn"];
   if (qwen) {
     // SmallThinker's experts are ReGLU: ReLU(gate)·up (llama.cpp's LLM_FFN_RELU with a gate)
@@ -253,7 +263,10 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     if (pwri && act !== undefined && act !== "relu") {
       bad(file, actKey, `"${actRaw}" contradicts the PWRI format, whose llama FFN is ReLU(gate)·up`);
     }
-    ffn = { activation: act ?? (pwri ? "relu" : "silu"), gated: true };
+    if (upAct && act !== undefined && act !== "relu") bad(file, actKey, `"${actRaw}" contradicts ${upKey}'s dReLU FFN`);
+    ffn = upAct
+      ? { activation: "relu", gated: true, up_activation: "relu" }
+      : { activation: act ?? (pwri ? "relu" : "silu"), gated: true };
   } else if (arch === "bamboo") {
     if (act !== undefined && act !== "relu")
       bad(file, actKey, `"${actRaw}" contradicts bamboo's ReLU(gate)·ReLU(up) FFN`);

@@ -178,6 +178,12 @@ export interface SyntheticMoeOptions {
   slidingWindow?: number;
   /** Designed routing and firing statistics (see the module comment); absent: plain Gaussian weights. */
   design?: MoeActivityDesign;
+  /**
+   * llama-moe only: "relu" makes the experts dReLU, ReLU(gate)·ReLU(up) (TurboSparse-Mixtral), written as
+   * `powerinfer.ffn_up_activation = "relu"` (llama.cpp cannot run such a file). With a design the gates
+   * fire at the designed frequencies; ReLU(up), whose input term is unbiased, passes half of those.
+   */
+  upActivation?: "relu";
 }
 
 /** Designed statistics of a model with routed experts (see the module comment). Every field optional. */
@@ -211,12 +217,16 @@ export interface MoeDesignPlan {
   firing(l: number): Float64Array;
 }
 
-/** Resolves {@link MoeActivityDesign} for a shape. @throws RangeError for out-of-range values. */
+/**
+ * Resolves {@link MoeActivityDesign} for a shape (`drelu`: llama-moe with dReLU experts, whose gates fire by
+ * design). @throws RangeError for out-of-range values.
+ */
 export function planMoeDesign(
   arch: SyntheticMoeArch,
   s: SyntheticMoeShape,
   seed: number,
   d: MoeActivityDesign = {},
+  drelu = false,
 ): MoeDesignPlan {
   const zipf = d.zipf ?? 1;
   const active = d.active ?? 0.4;
@@ -226,7 +236,7 @@ export function planMoeDesign(
   if (!(massive > 0)) throw new RangeError(`massive value ${massive} must be positive`);
   if (s.n_embd < 2 * RESERVED)
     throw new RangeError(`n_embd ${s.n_embd} too small for a designed model (≥ ${2 * RESERVED})`);
-  const relu = arch === "smallthinker";
+  const relu = arch === "smallthinker" || drelu;
   const freqs = relu ? powerLawFrequencies(s.n_ff_exp, { mean: active, hotShare: hot }) : null;
   const X = s.n_expert;
   const F = s.n_ff_exp;
@@ -303,6 +313,9 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   if (!Number.isInteger(hd)) throw new RangeError(`n_head ${s.n_head} does not divide n_embd ${s.n_embd}`);
   if (s.n_head % s.n_head_kv !== 0) throw new RangeError(`n_head_kv ${s.n_head_kv} does not divide n_head ${s.n_head}`);
   const moe = o.arch === "llama-moe" || o.arch === "qwen3moe" || o.arch === "smallthinker";
+  if (o.upActivation !== undefined && (o.arch !== "llama-moe" || o.upActivation !== "relu")) {
+    throw new RangeError(`upActivation "${o.upActivation}": only "relu" on llama-moe (dReLU experts)`);
+  }
   if (moe && !(s.n_expert_used >= 1 && s.n_expert_used <= s.n_expert)) {
     throw new RangeError(`n_expert_used ${s.n_expert_used} must be in 1..n_expert ${s.n_expert}`);
   }
@@ -341,6 +354,7 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
       if (o.slidingWindow) meta.push(u32("attention.sliding_window", o.slidingWindow));
     }
   }
+  if (o.upActivation) meta.push({ key: "powerinfer.ffn_up_activation", type: GgufTypes.string, value: "relu" });
   meta.push(...vocab);
 
   const tensors: GgufTensorSpec[] = [];
@@ -380,7 +394,7 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
     });
   };
   // ---- the design (see the module comment); plan undefined: plain Gaussian weights ----
-  const plan = o.design ? planMoeDesign(o.arch, s, seed, o.design) : undefined;
+  const plan = o.design ? planMoeDesign(o.arch, s, seed, o.design, o.upActivation === "relu") : undefined;
   const nRest = E - RESERVED;
   const M = plan?.massive ?? 0;
   /** Residual std of channels ≥ 32 at layer l's input, the RMS of that residual, normalized std and massive value. */

@@ -46,6 +46,8 @@ export interface GenModelCliOptions {
   hotShare?: number;
   /** Expert presets: Zipf exponent of expert popularity (default 1). */
   zipf: number;
+  /** llama-moe presets: dReLU experts (TurboSparse-Mixtral). */
+  drelu?: boolean;
   predictorRank: number;
   predictorDtype?: string;
   predictorNoise: number;
@@ -279,6 +281,11 @@ function genMoe(o: GenModelCliOptions): void {
     throw new InvalidArgumentError(`--format ${o.format}: models with routed experts are written as GGUF only`);
   }
   if (existsSync(o.output) && !o.force) throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);
+  if (o.drelu && p.arch !== "llama-moe") {
+    throw new InvalidArgumentError(
+      `--drelu: ${o.preset} is a ${p.arch} model; dReLU experts are written for llama-moe presets (mixtral-8x7b)`,
+    );
+  }
   const layers = o.layers ?? 4;
   const r = generateSyntheticMoeModel(o.output, {
     arch: p.arch,
@@ -290,11 +297,12 @@ function genMoe(o: GenModelCliOptions): void {
     seed: o.seed,
     ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
     design: { zipf: o.zipf, active: o.active ?? 0.4, hot: o.hotShare ?? 0.5 },
+    ...(o.drelu ? { upActivation: "relu" as const } : {}),
   });
   const active = activeParametersPerToken(p.arch, { ...p.shape, n_layer: layers }, r.n_vocab);
   const design = {
     zipf: o.zipf,
-    expertActive: p.arch === "smallthinker" ? (o.active ?? 0.4) : null,
+    expertActive: p.arch === "smallthinker" || o.drelu ? (o.active ?? 0.4) : null,
     hotShare: o.hotShare ?? 0.5,
   };
   const report = {
@@ -314,7 +322,7 @@ function genMoe(o: GenModelCliOptions): void {
   process.stdout.write(
     `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
       `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n` +
-      `design: expert popularity Zipf-like, exponent ${o.zipf}; ${design.expertActive === null ? "SiLU experts (no designed firing)" : `${(design.expertActive * 100).toFixed(0)} % of a chosen expert's neurons fire per token (power law, hot share ${design.hotShare})`}\n`,
+      `design: expert popularity Zipf-like, exponent ${o.zipf}; ${design.expertActive === null ? "SiLU experts (no designed firing)" : `${(design.expertActive * 100).toFixed(0)} % of a chosen expert's ${o.drelu ? "gates fire" : "neurons fire"} per token (power law, hot share ${design.hotShare})${o.drelu ? "; dReLU experts, ReLU(gate)·ReLU(up): about half of those pass ReLU(up) (llama.cpp cannot run this file)" : ""}`}\n`,
   );
 }
 
@@ -347,6 +355,10 @@ export function register(program: Command): void {
       "expert presets: Zipf exponent of expert popularity (router bias −s·ln(rank); an assumption, not measured)",
       float("zipf", { min: 0 }),
       1,
+    )
+    .option(
+      "--drelu",
+      "llama-moe presets (mixtral-8x7b): dReLU experts, ReLU(gate)·ReLU(up) as TurboSparse-Mixtral (powerinfer.ffn_up_activation; llama.cpp cannot run it)",
     )
     .option(
       "--hot-share <fraction>",

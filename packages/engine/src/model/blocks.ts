@@ -116,7 +116,8 @@ export interface ExpertWeights {
 /**
  * Routed experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024; llama.cpp's `build_moe_ffn`):
  * p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid), the
- * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) then
+ * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) (dReLU:
+ * ReLU(W_gate_e·h) ⊙ ReLU(W_up_e·h), TurboSparse) then
  * W_down_e, summed with weights p_e (divided by their sum over the chosen when `norm_weights`).
  * `routerInput` r is h (the FFN input after ffn_norm) for llama and qwen3moe, the layer input before
  * attn_norm for SmallThinker.
@@ -146,15 +147,17 @@ export function moeFfn(
   const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
   let down: TensorId;
   const sparseNodes: number[] = [];
+  // dReLU experts (TurboSparse-Mixtral): ReLU on the up branch too
+  const upAct = (t: TensorId) => (cfg.ffn.up_activation === "relu" ? g.relu(t) : t);
   if (!sparse) {
-    const up = g.mulMatId(g.handle(W.upExps), h, ids);
+    const up = upAct(g.mulMatId(g.handle(W.upExps), h, ids));
     const a = g.mul(act(gate), up);
     down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});
   } else {
     const sel = { logits: gate, threshold: F32_MIN_POSITIVE };
     const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
     sparseNodes.push(g.nodes.length - 1);
-    const a = g.mul(g.relu(gate), up);
+    const a = g.mul(g.relu(gate), upAct(up));
     if (W.downExpsT) {
       down = g.axpyIdSparse(g.handle(W.downExpsT), a, ids, sel);
       sparseNodes.push(g.nodes.length - 1);
