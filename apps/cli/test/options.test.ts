@@ -4,7 +4,7 @@
  * and the fix without the error's class and code (those only with --verbose).
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -255,4 +255,35 @@ describe("every command's --help shows examples, and trying them as a new user g
       }
     });
   }
+});
+
+describe("outputs that already exist are not replaced unless asked", () => {
+  const dir = mkdtempSync(join(tmpdir(), "powerinfer-overwrite-"));
+  const text = join(dir, "t.txt");
+  writeFileSync(text, "Once upon a time there was a cat.\n");
+  const model = join(models, "stories260K.gguf");
+
+  it("profile -o onto a model file is refused and leaves it as it was; --force replaces it", () => {
+    const victim = join(dir, "victim.gguf");
+    copyFileSync(model, victim);
+    const before = readFileSync(victim);
+    const r = cli("profile", "-m", model, "-f", text, "-o", victim);
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([
+      `powerinfer: ${victim} exists and is a model, not activation statistics: choose another output or use --force to overwrite it`,
+    ]);
+    expect(readFileSync(victim).equals(before)).toBe(true);
+    // --force gets past the check (this model is SiLU, so profile then refuses for that reason)
+    const f = cli("profile", "-m", model, "-f", text, "-o", victim, "--force");
+    expect(f.stderr).toMatch(/silu/i);
+  });
+
+  it("train-predictor -o onto an existing file needs --force", () => {
+    const out = join(dir, "existing.gguf");
+    writeFileSync(out, "x");
+    const r = cli("train-predictor", "-m", model, "-f", text, "-o", out);
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([`powerinfer: ${out} exists (use --force to overwrite)`]);
+    expect(readFileSync(out, "utf8")).toBe("x");
+  });
 });

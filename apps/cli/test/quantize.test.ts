@@ -10,6 +10,7 @@ import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { GGMLType, GgufTypes, openGguf, quantize, readTensorBytes, writeGguf } from "@powerinfer/gguf";
 import { randomPredictor, rewriteModel } from "@powerinfer/predictor";
+import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -158,6 +159,40 @@ describe("powerinfer quantize", () => {
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/has no predictors, and a bundled model runs only in predictor mode/);
     expect(existsSync(join(dir, "nopred.bundle.gguf"))).toBe(false);
+  });
+
+  it("a model whose matrices are all quantized is refused (llama.cpp needs --allow-requantize); an expert router stays F32", () => {
+    const q8 = join(dir, "already-q8.gguf");
+    expect(cli("quantize", relu, q8, "Q8_0").code).toBe(0);
+    const r = cli("quantize", q8, join(dir, "requant.gguf"), "Q4_0");
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim().split("\n")).toEqual([
+      `powerinfer: ${q8}'s weight matrices are already quantized (Q8_0): nothing to convert to Q4_0 (requantizing a quantized model loses precision; start from the F32/F16/BF16 model)`,
+    ]);
+    expect(existsSync(join(dir, "requant.gguf"))).toBe(false);
+    // routed experts: ffn_gate_inp is copied as stored, the expert stacks are quantized
+    const st = join(dir, "st-f32.gguf");
+    generateSyntheticMoeModel(st, {
+      arch: "smallthinker",
+      shape: {
+        n_embd: 64,
+        n_ff: 96,
+        n_ff_exp: 64,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_head: 4,
+        n_head_kv: 2,
+        n_layer: 1,
+        n_ctx: 64,
+      },
+      untiedOutput: false,
+    });
+    const out = join(dir, "st-q4.gguf");
+    const q = cli("quantize", st, out, "Q4_0");
+    expect(q.code, q.stderr).toBe(0);
+    const f = openGguf(out);
+    expect(f.tensorMap.get("blk.0.ffn_gate_inp.weight")!.type).toBe(GGMLType.F32);
+    expect(f.tensorMap.get("blk.0.ffn_up_exps.weight")!.type).toBe(GGMLType.Q4_0);
   });
 
   it("an unsupported type or a missing file: one line naming it", () => {

@@ -70,6 +70,8 @@ export interface RewriteResult {
 }
 
 const DOWN = /^blk\.(\d+)\.ffn_down\.weight$/;
+/** Expert routers (`blk.N.ffn_gate_inp.weight`): never quantized. */
+const ROUTER = /^blk\.\d+\.ffn_gate_inp\.weight$/;
 const DOWN_T = /^blk\.(\d+)\.ffn_down_t\.weight$/;
 const PRED = /^blk\.(\d+)\.fc[12]\.weight$/;
 
@@ -179,8 +181,14 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
         shape: [b, a],
         data: () => encode(type, transposeF32(dequantize(t.type, readTensorBytes(file, t), t.nElements), b, a)),
       });
-    } else if (PRED.test(t.name) || !t.name.endsWith(".weight") || t.shape.filter((d) => d > 1).length < 2) {
-      // predictors (kept at their precision), vectors and non-weights: copied
+    } else if (
+      PRED.test(t.name) ||
+      ROUTER.test(t.name) ||
+      !t.name.endsWith(".weight") ||
+      t.shape.filter((d) => d > 1).length < 2
+    ) {
+      // predictors (kept at their precision), expert routers (llama.cpp's quantizer keeps ffn_gate_inp F32:
+      // a rounded router changes which experts a token gets), vectors and non-weights: copied
       const type = pwri && t.type === GGMLType.BF16 ? GGMLType.F16 : t.type;
       if (type !== t.type) notes.push(`${t.name}: PWRI files cannot hold BF16, stored as F16`);
       specs.push({

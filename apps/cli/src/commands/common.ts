@@ -4,7 +4,7 @@ import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import { defaultStatsPath, type GenerateOptions, Model, type SparseMode } from "@powerinfer/engine";
-import { type ActivationStats, readActivationStats } from "@powerinfer/gguf";
+import { type ActivationStats, type GgufFileKind, ggufFileKind, openGguf, readActivationStats } from "@powerinfer/gguf";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -376,6 +376,26 @@ export function checkOutputPath(out: string, ...inputs: (string | undefined)[]):
  */
 export function refuseOverwrite(out: string, force: boolean | undefined): void {
   if (!force && existsSync(out)) throw new InvalidArgumentError(`${out} exists (use --force to overwrite)`);
+}
+
+/**
+ * Like {@link refuseOverwrite}, except that an existing GGUF of `kind` (this command's own kind of output,
+ * e.g. the activation statistics `profile` rewrites) is replaced without --force.
+ * @returns true when an existing file of that kind will be replaced
+ * @throws InvalidArgumentError "X exists and is a model, not …; use --force to overwrite" (or "X exists …")
+ */
+export function refuseOverwriteUnlessKind(out: string, force: boolean | undefined, kind: GgufFileKind): boolean {
+  if (force || !existsSync(out)) return false;
+  let found: GgufFileKind | undefined;
+  try {
+    found = ggufFileKind(openGguf(out));
+  } catch {
+    found = undefined; // not a GGUF at all
+  }
+  if (found === kind) return true;
+  throw new InvalidArgumentError(
+    `${out} exists${found ? ` and is ${found === "model" ? "a model" : `a ${found} file`}` : ""}, not ${kind === "activation-stats" ? "activation statistics" : kind}: choose another output or use --force to overwrite it`,
+  );
 }
 
 /** Sampling options as llama.cpp names them (`--temp`, `--top-k`, …) with its defaults. */

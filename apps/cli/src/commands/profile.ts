@@ -8,7 +8,14 @@ import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSpar
 import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, int, type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import {
+  checkOutputPath,
+  int,
+  type ModelCliOptions,
+  modelOptions,
+  readTextFile,
+  refuseOverwriteUnlessKind,
+} from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 export function register(program: Command): void {
@@ -21,12 +28,20 @@ export function register(program: Command): void {
     .option("--tokens <n>", "stop after this many positions, BOS included (may be below -c)", int("tokens", { min: 1 }))
     .option("-o, --output <file>", "statistics file (default: <model>.activations.gguf next to the model)")
     .option("--json", "print the report as JSON")
+    .option("--force", "replace the output even when it is not an activation statistics file")
     .action(
       action(
         async (
-          o: ModelCliOptions & DeviceCliOptions & { file: string; tokens?: number; output?: string; json?: boolean },
+          o: ModelCliOptions &
+            DeviceCliOptions & { file: string; tokens?: number; output?: string; json?: boolean; force?: boolean },
         ) => {
           checkOutputPath(o.output ?? defaultStatsPath(o.model), o.model, o.file);
+          // an earlier profile's statistics are replaced; anything else (a model, say) only with --force
+          const replacing = refuseOverwriteUnlessKind(
+            o.output ?? defaultStatsPath(o.model),
+            o.force,
+            "activation-stats",
+          );
           const text = readTextFile(o.file);
           const loaded = await loadModelWithDevice({ ...o, sparse: "off" }, !!o.json);
           const { backend, model } = loaded;
@@ -93,7 +108,7 @@ export function register(program: Command): void {
           } else {
             const pct = (v: number) => `${(v * 100).toFixed(1)} %`.padStart(8);
             const lines = [
-              `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}`,
+              `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}${replacing ? " (replacing the earlier statistics)" : ""}`,
               ...(cfg.moe
                 ? [
                     `routed experts: ${cfg.moe.n_expert_used} of ${cfg.moe.n_expert} per token; active = share of the chosen experts' ${cfg.moe.n_ff_exp} neurons each`,

@@ -34,6 +34,7 @@ import { action } from "../errors.js";
 import {
   checkInputFile,
   checkOutputPath,
+  refuseOverwrite,
   choice,
   float,
   int,
@@ -46,6 +47,7 @@ interface TrainPredictorCliOptions {
   model: string;
   file: string;
   output: string;
+  force?: boolean;
   holdout: number;
   rank: ReturnType<typeof parseRank>;
   targetRecall: number;
@@ -175,11 +177,13 @@ export function register(program: Command): void {
       "auto",
     )
     .option("--json", "print the report as JSON on stdout")
+    .option("--force", "replace the output file if it exists")
     .action(action(trainPredictorCommand));
 }
 
 async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void> {
   checkOutputPath(o.output, o.model, o.file);
+  refuseOverwrite(o.output, o.force);
   // options first: a typo must not cost a model load
   // every option's own rule was checked by its parser (see common.ts); the rank against the model below
   const rank = o.rank;
