@@ -20,6 +20,8 @@ export type GgufErrorCode =
   | "TENSOR_OUT_OF_BOUNDS"
   /** A tensor's data offset is not a multiple of the file's alignment. */
   | "MISALIGNED"
+  /** Two tensors' data ranges overlap (a corrupted header: llama.cpp refuses such a file too). */
+  | "TENSOR_OVERLAP"
   /** An unknown ggml tensor type id or GGUF metadata value type id. */
   | "UNKNOWN_TYPE"
   /** Two tensors with the same name. */

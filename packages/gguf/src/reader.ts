@@ -508,6 +508,21 @@ function parse(src: ByteSource, path: string, base = 0): GgufFile {
       );
     }
   }
+  // no two tensors share bytes (a type or offset changed in the header would otherwise read another
+  // tensor's data as this one's)
+  const order = tensors.map((_, i) => i).filter((i) => tensors[i]!.byteLength > 0);
+  order.sort((a, b) => tensors[a]!.offset - tensors[b]!.offset);
+  for (let j = 1; j < order.length; j++) {
+    const prev = tensors[order[j - 1]!]!;
+    const t = tensors[order[j]!]!;
+    if (t.offset < prev.offset + prev.byteLength) {
+      c.fail(
+        "TENSOR_OVERLAP",
+        `tensor "${t.name}": data at offset ${t.offset} overlaps tensor "${prev.name}" [${prev.offset}, ${prev.offset + prev.byteLength}) in the data section`,
+        offsetFieldAt[order[j]!],
+      );
+    }
+  }
   if (base !== 0) for (const t of tensors) t.fileOffset += base;
   return {
     path,

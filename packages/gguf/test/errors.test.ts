@@ -113,6 +113,36 @@ describe("typed parse errors name the byte offset", () => {
     expect(ok.tensors[0].byteLength).toBe(32);
   });
 
+  it("TENSOR_OVERLAP: two tensors' data ranges share bytes (a type or offset changed in the header)", () => {
+    // b starts inside a (a: 16 F32 = 64 bytes at 0; b at 32)
+    const c = withTensors(
+      [
+        { name: "a", dims: [16], type: GGMLType.F32, offset: 0 },
+        { name: "b", dims: [8], type: GGMLType.F32, offset: 32 },
+      ],
+      128,
+    );
+    expectError(c.build(), "TENSOR_OVERLAP", c.marks.offset1, /"b": data at offset 32 overlaps tensor "a" \[0, 64\)/);
+    // listed in the other order: the later offset is the one named
+    const r = withTensors(
+      [
+        { name: "b", dims: [8], type: GGMLType.F32, offset: 32 },
+        { name: "a", dims: [16], type: GGMLType.F32, offset: 0 },
+      ],
+      128,
+    );
+    expectError(r.build(), "TENSOR_OVERLAP", r.marks.offset0, /"b": data at offset 32 overlaps tensor "a"/);
+    // back to back is fine
+    const ok = withTensors(
+      [
+        { name: "a", dims: [16], type: GGMLType.F32, offset: 0 },
+        { name: "b", dims: [8], type: GGMLType.F32, offset: 64 },
+      ],
+      128,
+    );
+    expect(parseGgufBuffer(ok.build()).tensors).toHaveLength(2);
+  });
+
   it("MISALIGNED: tensor offset not a multiple of general.alignment", () => {
     const c = withTensors(
       [

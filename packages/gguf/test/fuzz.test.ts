@@ -23,6 +23,7 @@ const CODES = new Set<GgufErrorCode>([
   "LENGTH_PAST_END",
   "TENSOR_OUT_OF_BOUNDS",
   "MISALIGNED",
+  "TENSOR_OVERLAP",
   "UNKNOWN_TYPE",
   "DUPLICATE_TENSOR",
   "DUPLICATE_KEY",
@@ -266,7 +267,10 @@ describe("fuzz: mutated headers parse or throw a typed GgufError", () => {
     if (process.env.FUZZ_VERBOSE) console.log(total, slowest.toFixed(1), [...outcomes]);
     expect(total).toBeGreaterThanOrEqual(2500);
     // The mutations reach deep into the parser: successes and many different typed errors.
-    expect(outcomes.get("parsed") ?? 0).toBeGreaterThan(50);
+    // (39 parse here; 19 mutations that used to parse — a type or offset changed so that two tensors share
+    // bytes — are TENSOR_OVERLAP since the reader checks it)
+    expect(outcomes.get("parsed") ?? 0).toBeGreaterThan(25);
+    expect(outcomes.get("TENSOR_OVERLAP") ?? 0).toBeGreaterThan(0);
     for (const code of [
       "TRUNCATED",
       "LENGTH_PAST_END",

@@ -118,7 +118,7 @@ function checkLogits(backend: Backend, logits: readonly (Float32Array | undefine
       if (Number.isNaN(l[i]!)) {
         throw new EngineError(
           "BACKEND_FAULT",
-          `backend ${backend.name} left logit ${i % nVocab} of a token unwritten or NaN: its compute is broken (check it with the conformance kit)`,
+          `logit ${i % nVocab} of a token is NaN or was not written by backend ${backend.name}: the model file holds NaN or damaged weights, or the backend is broken (check it with the conformance kit)`,
         );
       }
     }
