@@ -98,6 +98,8 @@ describe("every option is checked before any file is opened", () => {
       /--drelu: smallthinker-4b-a0\.6b is a smallthinker model; dReLU experts are written for llama-moe presets/,
     ],
     [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
+    [["bench", "-m", m, "-p", "0", "-n", "0"], /nothing to measure: -p 0 and -n 0 leave no test/],
+    [["bench", "-m", m, "--no-llama-cpp", "--no-ours"], /nothing to measure: --no-llama-cpp and --no-ours/],
     // 0 threads is not "none" (as 0 prompt tokens is): it would print an empty table
     [["bench", "-m", m, "-t", "0"], /--threads must be integers ≥ 1, got "0"/],
     [["bench", "-m", m, "-p", "abc"], /--n-prompt must be integers ≥ 1 \(or 0 for none\), got "abc"/],

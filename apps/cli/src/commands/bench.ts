@@ -5,7 +5,7 @@
  * The llama.cpp peer is the native build's llama-bench when it has been built (`--llama-cpp-dir`, see
  * native-llama-cpp.ts), else node-llama-cpp's slower prebuilt binary (`--llama-cpp-peer`).
  */
-import type { SparseMode } from "@powerinfer/engine";
+import { EngineError, type SparseMode } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
@@ -165,6 +165,9 @@ export function register(program: Command): void {
     .option("-q, --quiet", "no progress lines on stderr")
     .action(
       action(async (o: BenchCliOptions) => {
+        if (o.nPrompt.length === 0 && o.nGen.length === 0)
+          throw new InvalidArgumentError("nothing to measure: -p 0 and -n 0 leave no test");
+        if (!o.llamaCpp && !o.ours) throw new InvalidArgumentError("nothing to measure: --no-llama-cpp and --no-ours");
         for (const m of [...o.model, ...(o.twin ?? []).filter(Boolean)]) checkInputFile(m);
         const log = o.quiet ? undefined : (line: string) => process.stderr.write(`bench: ${line}\n`);
         const res = await runBench(benchOptions(o, log));
@@ -175,6 +178,9 @@ export function register(program: Command): void {
           const cmd = `powerinfer ${process.argv.slice(2).join(" ")}`;
           process.stdout.write(`${formatHeader(res, cmd)}\n\n${formatMarkdown(res)}\n`);
         }
+        // every row skipped (each with its note): a failure, not an empty result
+        if (res.rows.length === 0)
+          throw new EngineError("BAD_INPUT", "no test ran: every row was skipped (see the notes above)");
       }),
     );
 }

@@ -71,6 +71,11 @@ export function register(program: Command): void {
                 ? "a bundled model converts back to PWRI (--to pwri); convert that to GGUF afterwards"
                 : "--bundle writes a PowerInfer file: use --to pwri",
             );
+          if (cfg.moe) {
+            throw new InvalidArgumentError(
+              `${input} has routed experts: the bundled layout (and PWRI) holds dense FFNs only; --ram-budget does not serve experts from storage yet`,
+            );
+          }
           if (isBundled(file)) {
             if (o.bundle) throw new InvalidArgumentError(`${input} is bundled already`);
             await writeUnbundled(file, output, cfg.n_embd, cfg.n_ff);

@@ -103,7 +103,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   if (cfg.moe) {
     throw new EngineError(
       "UNSUPPORTED_ARCH",
-      `no placement plan for routed experts yet (${cfg.arch}: the planner places dense FFN neurons only); run with --n-gpu-layers N to put N layers' attention on the device`,
+      `no placement plan for routed experts yet (${cfg.arch}: the planner places dense FFN neurons only); \`run\`, \`chat\` and \`serve\` with --n-gpu-layers N put N layers' attention on the device without a plan`,
     );
   }
   const bytesPerNeuron = Array.from({ length: cfg.n_layer }, (_, l) => hotNeuronBytes(model, l));

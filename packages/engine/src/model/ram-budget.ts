@@ -135,9 +135,11 @@ export function planRamBudget(
   if (residentBytes + minCache > budget) {
     const why =
       tensors.length === 0
-        ? sparse === "off"
-          ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
-          : " (no FFN tensor of this model can be served from the file)"
+        ? cfg.moe
+          ? " (routed experts are not served from the file yet: every weight stays resident)"
+          : sparse === "off"
+            ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
+            : " (no FFN tensor of this model can be served from the file)"
         : ` (resident: embeddings, attention, norms, output and predictors take ${gib(residentBytes)}; the neuron cache needs at least ${gib(minCache)})`;
     throw new EngineError(
       "RAM_BUDGET",
