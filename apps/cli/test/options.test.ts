@@ -41,7 +41,12 @@ describe("every option is checked before any file is opened", () => {
   const cases: [string[], RegExp][] = [
     [["run", "-m", m, "-p", "x", "-n", "-5"], /--n-predict must be an integer ≥ 0 \(or -1 = until end .*\), got -5/],
     [["run", "-m", m, "-p", "x", "--vram-budget", "-1"], /--vram-budget must be a number ≥ 0, got -1/],
-    [["run", "-m", m, "-p", "x", "--top-k", "-3"], /--top-k must be an integer ≥ 0, got -3/],
+    [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
+    [["gen-model", "-o", o, "--vocab-size", "256"], /--vocab-size must be an integer ≥ 300, got 256/],
+    [
+      ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--verify", "16"],
+      /--verify is for the dense presets .*; for smallthinker-4b-a0\.6b run `powerinfer profile` on the written model/,
+    ],
     [["run", "-m", m, "-p", "x", "--top-p", "0"], /--top-p must be a number in \(0, 1\], got 0/],
     [["run", "-m", m, "-p", "x", "--min-p", "1.5"], /--min-p must be a number in \[0, 1\], got 1\.5/],
     [["run", "-m", m, "-p", "x", "--repeat-penalty", "0"], /--repeat-penalty must be a number > 0, got 0/],
@@ -278,6 +283,14 @@ describe("outputs that already exist are not replaced unless asked", () => {
     // --force gets past the check (this model is SiLU, so profile then refuses for that reason)
     const f = cli("profile", "-m", model, "-f", text, "-o", victim, "--force");
     expect(f.stderr).toMatch(/silu/i);
+  });
+
+  it("--sparse-threshold on a model that does not run its predictors is refused after loading, not ignored", () => {
+    const r = cli("run", "-m", model, "-p", "x", "-n", "1", "--sparse-threshold", "0.5");
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([
+      "powerinfer: --sparse-threshold applies to the predictor mode; this model runs dense (no predictors or not ReLU)",
+    ]);
   });
 
   it("train-predictor -o onto an existing file needs --force", () => {

@@ -225,6 +225,8 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   let ramStats: ActivationStats | undefined;
   if (budget !== undefined) {
     const statsPath = o.stats ?? defaultStatsPath(o.model);
+    // a file the user named must be there (the default one is optional)
+    if (o.stats !== undefined) checkInputFile(o.stats, "activation statistics file (--stats)");
     if (existsSync(statsPath)) ramStats = readActivationStats(statsPath);
     else if (!quiet)
       process.stderr.write(
@@ -249,6 +251,13 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
       ramStats,
     });
     bar?.stop();
+    if (o.sparseThreshold !== undefined && model.sparse !== "predictor") {
+      model.dispose();
+      backend.dispose();
+      throw new InvalidArgumentError(
+        `--sparse-threshold applies to the predictor mode; this model runs ${model.sparse === "off" ? "dense (no predictors or not ReLU)" : `--sparse ${model.sparse}`}`,
+      );
+    }
     if (model.ramPlan && !quiet) process.stderr.write(`${describeRamPlan(model)}\n`);
     return { backend, model };
   } finally {
@@ -421,18 +430,21 @@ export const SEED_RULE: NumberRule = { min: 0, max: 2 ** 32 - 1, also: [-1], als
 
 /** Adds the sampling options; `seedHelp` describes -s for the command. */
 export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: random)"): Command {
-  return cmd
-    .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
-    .option("--top-k <k>", "top-k sampling (0 = off)", int("top-k", { min: 0 }), 40)
-    .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { above: 0, max: 1 }), 0.95)
-    .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p", { min: 0, max: 1 }), 0.05)
-    .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty", { above: 0 }), 1)
-    .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n", { min: 0 }), 64)
-    .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
-    .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-    .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed", SEED_RULE))
-    .option("--ignore-eos", "keep generating after end of text")
-    .option("--stop <text...>", "stop strings");
+  return (
+    cmd
+      .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
+      // llama.cpp: k ≤ 0 turns top-k off
+      .option("--top-k <k>", "top-k sampling (≤ 0 = off)", (v: string) => Math.max(0, int("top-k")(v)), 40)
+      .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { above: 0, max: 1 }), 0.95)
+      .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p", { min: 0, max: 1 }), 0.05)
+      .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty", { above: 0 }), 1)
+      .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n", { min: 0 }), 64)
+      .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
+      .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
+      .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed", SEED_RULE))
+      .option("--ignore-eos", "keep generating after end of text")
+      .option("--stop <text...>", "stop strings")
+  );
 }
 
 /** The engine's generation options from the CLI's sampling options. */

@@ -11,6 +11,7 @@ import {
   activeParametersPerToken,
   generateSyntheticModel,
   generateSyntheticMoeModel,
+  MIN_SYNTHETIC_VOCAB,
   MOE_SHAPE_PRESETS,
   type MoeShapePreset,
   SHAPE_PRESET_NAMES,
@@ -28,7 +29,7 @@ import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { checkOutputPath, float, int } from "./common.js";
+import { checkInputFile, checkOutputPath, float, int } from "./common.js";
 
 export interface GenModelCliOptions {
   output: string;
@@ -342,7 +343,12 @@ export function register(program: Command): void {
     .option("--layers <n>", "layers to generate (a slice; default: all of the preset's)", int("layers", { min: 1 }))
     .option("--dtype <type>", SYNTHETIC_DTYPES.join(" | "), "F16")
     .option("--format <format>", "gguf (llama.cpp) or pwri (PowerInfer: ffn_down_t, predictors, threshold)", "gguf")
-    .option("--vocab-size <n>", "size of the synthetic SPM vocabulary", int("vocab-size"), 1024)
+    .option(
+      "--vocab-size <n>",
+      `size of the synthetic SPM vocabulary (≥ ${MIN_SYNTHETIC_VOCAB})`,
+      int("vocab-size", { min: MIN_SYNTHETIC_VOCAB }),
+      1024,
+    )
     .option("--vocab-from <file>", "copy the vocabulary from this GGUF instead")
     .option("--seed <n>", "seed", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
     .option(
@@ -403,7 +409,18 @@ export function register(program: Command): void {
       action(async (o: GenModelCliOptions) => {
         checkPresetLayers(o);
         checkOutputPath(o.output);
+        if (o.vocabFrom !== undefined) checkInputFile(o.vocabFrom, "vocabulary file (--vocab-from)");
         if (o.preset in MOE_SHAPE_PRESETS) {
+          // the predictor and verification options belong to the dense presets' PWRI files
+          for (const [given, name] of [
+            [o.verify !== undefined, "--verify"],
+            [o.threshold !== undefined, "--threshold"],
+          ] as const) {
+            if (given)
+              throw new InvalidArgumentError(
+                `${name} is for the dense presets (predictors, designed statistics checked in the engine); for ${o.preset} run \`powerinfer profile\` on the written model`,
+              );
+          }
           genMoe(o);
           return;
         }
