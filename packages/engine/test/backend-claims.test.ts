@@ -41,7 +41,9 @@ describe("Model.load and the backend's claims", () => {
     });
     const m = await Model.load(model, { backend });
     const s = m.createSession({ nCtx: 32 });
-    expect(() => s.evaluate([1, 2])).toThrow(/logit 0 of a token is NaN or was not written by backend ts-reference: the model file holds NaN or damaged weights/);
+    expect(() => s.evaluate([1, 2])).toThrow(
+      /logit 0 of a token is NaN or was not written by backend ts-reference: the model file holds NaN or damaged weights/,
+    );
     m.dispose();
     backend.dispose();
   });
