@@ -313,6 +313,11 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     const r = cli(undefined, "plan", "-m", st, "--device-backend", "cpu", "-ngl", "1");
     expect(r.code).toBe(1);
     expect(r.stderr).toMatch(/^powerinfer: no placement plan for routed experts yet/);
+    expect(r.stderr).toMatch(/`run`, `chat` and `serve` with --n-gpu-layers N put N layers' attention on the device/);
+    // run -ngl: the layer's attention moves, its experts stay (said so)
+    const g = cli(undefined, "run", "-m", st, "--device-backend", "cpu", "-ngl", "1", "-p", "x", "-n", "1", "-t", "2");
+    expect(g.code, g.stderr).toBe(0);
+    expect(g.stderr).toMatch(/hybrid: 1 layer's attention \(experts stay on cpu\) on cpu \(.* MiB of weights/);
   }, 120_000);
 
   it("a foreign GPU index is used as it is and never rewritten", () => {

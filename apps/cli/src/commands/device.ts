@@ -308,7 +308,13 @@ export async function loadModelWithDevice(
     if (throughputLine) note(throughputLine);
     const whole = plan.layers.filter((L) => L.attention && L.hot.length === cfg.n_ff).length;
     const kv = plan.layers.reduce((s, L, l) => s + (L.attention ? kvBytes(l) : 0), 0);
-    out.summary = `${sparse ? `${placed.hotNeurons} hot neurons and ${plural(placed.attentionLayers, "attention layer")}` : plural(whole, "whole layer")} on ${device.name} (${mib(placed.deviceBytes())} of weights${kv ? ` + ${mib(kv)} of KV cache` : ""}), the rest on ${backend.name}`;
+    // routed experts stay on the main backend: only their layers' attention moves (offload.ts)
+    const what = cfg.moe
+      ? `${placed.attentionLayers === 1 ? "1 layer's" : `${placed.attentionLayers} layers'`} attention (experts stay on ${backend.name})`
+      : sparse
+        ? `${placed.hotNeurons} hot neurons and ${plural(placed.attentionLayers, "attention layer")}`
+        : plural(whole, "whole layer");
+    out.summary = `${what} on ${device.name} (${mib(placed.deviceBytes())} of weights${kv ? ` + ${mib(kv)} of KV cache` : ""}), the rest on ${backend.name}`;
     note(`hybrid: ${out.summary}`);
     return out;
   } catch (e) {
