@@ -26,6 +26,7 @@ import {
 } from "@powerinfer/engine";
 import { generateSyntheticModel, generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const probe = await cpuBackend.probe();
@@ -197,17 +198,7 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
       const path = join(dir, `${arch}.gguf`);
       generateSyntheticMoeModel(path, {
         arch,
-        shape: {
-          n_embd: 64,
-          n_ff: 96,
-          n_ff_exp: 64,
-          n_expert: 8,
-          n_expert_used: 2,
-          n_head: 4,
-          n_head_kv: 2,
-          n_layer: 2,
-          n_ctx: 256,
-        },
+        shape: TINY_MOE_SHAPE,
       });
       const model = await Model.load(path, { backend: main });
       const device = await cpuBackend.load({ threads: 1 });

@@ -14,22 +14,13 @@ import { argmax, Model } from "@powerinfer/engine";
 import { dequantize, openGguf, parseModelConfig, readTensorBytes } from "@powerinfer/gguf";
 import { generateSyntheticMoeModel, type SyntheticMoeShape } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 
 const probe = await cpuBackend.probe();
 const dir = mkdtempSync(join(tmpdir(), "powerinfer-drelu-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const SHAPE: SyntheticMoeShape = {
-  n_embd: 64,
-  n_ff: 96,
-  n_ff_exp: 64,
-  n_expert: 8,
-  n_expert_used: 2,
-  n_head: 4,
-  n_head_kv: 2,
-  n_layer: 2,
-  n_ctx: 256,
-};
+const SHAPE: SyntheticMoeShape = TINY_MOE_SHAPE;
 
 /** Float64 logits at every position of `tokens` (one causal pass), from the file's F32 tensors. */
 function reference(path: string, tokens: number[]): Float64Array[] {

@@ -29,6 +29,7 @@ import {
   type SyntheticMoeShape,
 } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 import { type LlamaCppPeer, loadLlamaCpp } from "../src/bench/llama-cpp.js";
 
 const probe = await cpuBackend.probe();
@@ -91,17 +92,7 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
 // the last: five repeats of one token (where SmallThinker Q8_0 once parted from the peer, see its case)
 const PROMPTS = [[1], [1, 17, 250, 300, 42, 9, 480, 3, 77, 91, 200, 150, 12, 64, 5, 311], [1, 42, 42, 42, 42, 42]];
 
-const SHAPE: SyntheticMoeShape = {
-  n_embd: 64,
-  n_ff: 96,
-  n_ff_exp: 64,
-  n_expert: 8,
-  n_expert_used: 2,
-  n_head: 4,
-  n_head_kv: 2,
-  n_layer: 2,
-  n_ctx: 256,
-};
+const SHAPE: SyntheticMoeShape = TINY_MOE_SHAPE;
 
 describe.skipIf(!probe.usable)(`routed experts (${probe.reason})`, () => {
   let backend: Backend;

@@ -12,6 +12,7 @@ import { GGMLType, GgufTypes, openGguf, quantize, readTensorBytes, writeGguf } f
 import { randomPredictor, rewriteModel } from "@powerinfer/predictor";
 import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
@@ -174,17 +175,7 @@ describe("powerinfer quantize", () => {
     const st = join(dir, "st-f32.gguf");
     generateSyntheticMoeModel(st, {
       arch: "smallthinker",
-      shape: {
-        n_embd: 64,
-        n_ff: 96,
-        n_ff_exp: 64,
-        n_expert: 8,
-        n_expert_used: 2,
-        n_head: 4,
-        n_head_kv: 2,
-        n_layer: 1,
-        n_ctx: 64,
-      },
+      shape: { ...TINY_MOE_SHAPE, n_layer: 1, n_ctx: 64 },
       untiedOutput: false,
     });
     const out = join(dir, "st-q4.gguf");
