@@ -55,7 +55,10 @@ export function register(program: Command): void {
             bosId: tok.bosId,
             maxTokens: o.tokens,
             onChunk: (d, n) => {
-              if (!o.json && process.stderr.isTTY) process.stderr.write(`\rprofiling chunk ${d}/${n}`);
+              // a terminal: one line rewritten; a pipe or file: a line per chunk (llama.cpp's imatrix prints each)
+              if (o.json) return;
+              if (process.stderr.isTTY) process.stderr.write(`\rprofiling chunk ${d}/${n}`);
+              else process.stderr.write(`profiling chunk ${d}/${n}\n`);
             },
           });
           if (!o.json && process.stderr.isTTY) process.stderr.write("\n");
