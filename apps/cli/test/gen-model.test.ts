@@ -168,8 +168,13 @@ describe("gen-model with routed experts", () => {
     const cfg = parseModelConfig(openGguf(out));
     expect(cfg.moe).toMatchObject({ n_expert: 128, n_expert_used: 8, n_ff_exp: 768 });
     expect([cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.head_dim, cfg.n_layer]).toEqual([2048, 32, 4, 128, 1]);
-    // attention 2048·128·(2·32 + 2·4) + router 2048·128 + 8 experts · 3·2048·768, plus the output 2048·512
-    expect(rep.activeParametersPerToken).toBe(2048 * 128 * 72 + 2048 * 128 + 8 * 3 * 2048 * 768 + 2048 * 512);
+    // attention 2048·128·(2·32 + 2·4) + q/k norms 2·128 + 2 norms 2·2048 + router 2048·128 + 8 experts ·
+    // 3·2048·768, plus the output norm 2048 and matrix 2048·512 — what inspect counts from the file
+    expect(rep.activeParametersPerToken).toBe(
+      2048 * 128 * 72 + 2 * 128 + 2 * 2048 + 2048 * 128 + 8 * 3 * 2048 * 768 + 2048 + 2048 * 512,
+    );
+    const { inspectFile } = await import("../src/commands/inspect.js");
+    expect(inspectFile(out).experts!.activeParametersPerToken).toBe(rep.activeParametersPerToken);
   }, 120_000);
 
   it("refuses --format pwri and a conflicting --arch for an expert preset", async () => {

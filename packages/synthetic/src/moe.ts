@@ -146,16 +146,19 @@ export const MOE_SHAPE_PRESETS = {
 export type MoeShapePreset = keyof typeof MOE_SHAPE_PRESETS;
 
 /**
- * Parameters one token reads in a model with routed experts: attention, router and the n_expert_used
- * chosen experts of every layer, plus the output matrix (token_embd is a row lookup and is not counted).
- * Dense archs: every FFN parameter.
+ * Parameters one token reads in a model with routed experts: attention (with qwen2's q/k/v biases and
+ * qwen3's q/k norms), the two norms, router and the n_expert_used chosen experts of every layer, plus the
+ * output norm and matrix (token_embd is a row lookup and is not counted) — what `inspect` counts from the
+ * file. Dense archs: every FFN parameter.
  */
 export function activeParametersPerToken(arch: SyntheticMoeArch, s: SyntheticMoeShape, n_vocab: number): number {
   const hd = s.head_dim ?? s.n_embd / s.n_head;
   const attn = s.n_embd * hd * (2 * s.n_head + 2 * s.n_head_kv);
+  const extra =
+    arch === "qwen2" ? hd * (s.n_head + 2 * s.n_head_kv) : arch === "qwen3" || arch === "qwen3moe" ? 2 * hd : 0;
   const moe = arch === "llama-moe" || arch === "qwen3moe" || arch === "smallthinker";
   const ffn = moe ? s.n_embd * s.n_expert + s.n_expert_used * 3 * s.n_embd * s.n_ff_exp : 3 * s.n_embd * s.n_ff;
-  return s.n_layer * (attn + ffn) + s.n_embd * n_vocab;
+  return s.n_layer * (attn + extra + 2 * s.n_embd + ffn) + s.n_embd + s.n_embd * n_vocab;
 }
 
 /** Options of {@link generateSyntheticMoeModel}. */
