@@ -144,6 +144,16 @@ describe("bad input gives one line naming the problem and a non-zero exit", () =
   }
 });
 
+describe("perplexity numbers as llama.cpp prints them (%.4f)", () => {
+  it("inf and nan, every digit of a huge value, four decimals", async () => {
+    const { fixed4 } = await import("../src/commands/perplexity.js");
+    expect(fixed4(Number.POSITIVE_INFINITY)).toBe("inf");
+    expect(fixed4(Number.NaN)).toBe("nan");
+    expect(fixed4(12.04912)).toBe("12.0491");
+    expect(fixed4(2.5e22)).toBe("25000000000000000000000.0000");
+  });
+});
+
 describe.skipIf(!probe.usable)("powerinfer perplexity", () => {
   it("reproduces the ReLU model's held-out perplexity 12.049 (all-tokens protocol of README-relu.md)", () => {
     const r = cli(

@@ -28,13 +28,13 @@ export function register(program: Command): void {
           addBos: tok.addBos,
           onChunk: (d, n, p) => {
             // llama.cpp's running estimate after each chunk: "[1]15.4127,[2]15.9143," (readable in a pipe too)
-            if (!o.json) process.stderr.write(`[${d}]${p.toFixed(4)},${d === n ? "\n" : ""}`);
+            if (!o.json) process.stderr.write(`[${d}]${fixed4(p)},${d === n ? "\n" : ""}`);
           },
         });
         if (o.json) process.stdout.write(`${JSON.stringify({ protocol, n_ctx: session.nCtx, ...r })}\n`);
         else
           process.stdout.write(
-            `perplexity (${protocol}, n_ctx ${session.nCtx}): ${r.perplexity.toFixed(4)} over ${r.tokensScored} tokens in ${r.chunks} chunks (mean NLL ${r.meanNll.toFixed(5)})\n`,
+            `perplexity (${protocol}, n_ctx ${session.nCtx}): ${fixed4(r.perplexity)} over ${r.tokensScored} tokens in ${r.chunks} chunks (mean NLL ${r.meanNll.toFixed(5)})\n`,
           );
         session.dispose();
         model.dispose();
@@ -42,4 +42,14 @@ export function register(program: Command): void {
         loaded.device?.dispose();
       }),
     );
+}
+
+/**
+ * A number as C's printf("%.4f") prints it (llama.cpp's perplexity): "inf"/"nan" for non-finite values and
+ * every integer digit for large ones (JavaScript's toFixed switches to exponent form from 1e21).
+ */
+export function fixed4(x: number): string {
+  if (Number.isNaN(x)) return "nan";
+  if (!Number.isFinite(x)) return x > 0 ? "inf" : "-inf";
+  return x.toLocaleString("en-US", { useGrouping: false, minimumFractionDigits: 4, maximumFractionDigits: 4 });
 }
