@@ -1,7 +1,6 @@
 /** Mapping GGUF tensors onto backend tensors. */
 import {
   dequantize,
-  f32ToF16,
   GGMLType,
   type GgufFile,
   type GgufTensorInfo,
@@ -86,22 +85,51 @@ export function gatherRows(src: Backend, t: TensorHandle, rows: Int32Array, dst:
 
 /**
  * The neuron-major copy of a down projection ({n_ff, n_embd} → {n_embd, n_ff}) on `backend`, from
- * the tensor's bytes in the file: F16 stays F16, every other dtype becomes F32.
+ * the tensor's bytes in the file: F16 stays F16 (its bits moved, not converted), every other dtype
+ * becomes F32.
  */
 export function transposeDown(file: GgufFile, backend: Backend, name: string): TensorHandle {
   const t = file.tensorMap.get(name);
   if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
   const [nFf, nEmbd] = [t.shape[0]!, t.shape[1]!];
-  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements); // row e holds W[e, 0..n_ff)
-  const f16 = t.type === GGMLType.F16;
+  const { src, f16 } = floatElements(file, t);
   const out = f16 ? new Uint16Array(nFf * nEmbd) : new Float32Array(nFf * nEmbd);
-  for (let e = 0; e < nEmbd; e++) {
-    for (let i = 0; i < nFf; i++) {
-      const v = w[e * nFf + i]!;
-      out[i * nEmbd + e] = f16 ? f32ToF16(v) : v;
+  transposeBlocked(src, out, 0, nEmbd, nFf); // row e holds W[e, 0..n_ff)
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
+}
+
+/** A tensor's elements: F16 as its raw 16-bit values, any other dtype as F32 (dequantized). */
+function floatElements(file: GgufFile, t: GgufTensorInfo): { src: Uint16Array | Float32Array; f16: boolean } {
+  const bytes = readTensorBytes(file, t);
+  if (t.type === GGMLType.F16) {
+    const aligned = bytes.byteOffset % 2 === 0 ? bytes : bytes.slice();
+    return { src: new Uint16Array(aligned.buffer, aligned.byteOffset, t.nElements), f16: true };
+  }
+  return { src: dequantize(t.type, bytes, t.nElements), f16: false };
+}
+
+/**
+ * out[base + c·rows + r] = src[base + r·cols + c] for r < rows, c < cols, in 32 × 32 blocks (a plain
+ * double loop strides through one of the two arrays a whole row per element).
+ */
+function transposeBlocked(
+  src: Uint16Array | Float32Array,
+  out: Uint16Array | Float32Array,
+  base: number,
+  rows: number,
+  cols: number,
+): void {
+  const B = 32;
+  for (let r0 = 0; r0 < rows; r0 += B) {
+    const r1 = Math.min(rows, r0 + B);
+    for (let c0 = 0; c0 < cols; c0 += B) {
+      const c1 = Math.min(cols, c0 + B);
+      for (let r = r0; r < r1; r++) {
+        const s0 = base + r * cols;
+        for (let c = c0; c < c1; c++) out[base + c * rows + r] = src[s0 + c]!;
+      }
     }
   }
-  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf], out);
 }
 
 /**
@@ -126,17 +154,10 @@ export function transposeDownExperts(file: GgufFile, backend: Backend, name: str
   const t = file.tensorMap.get(name);
   if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
   const [nFf, nEmbd, nExp] = [t.shape[0]!, t.shape[1]!, t.shape[2] ?? 1];
-  const w = dequantize(t.type, readTensorBytes(file, t), t.nElements);
-  const f16 = t.type === GGMLType.F16;
+  const { src, f16 } = floatElements(file, t);
   const n = nFf * nEmbd;
   const out = f16 ? new Uint16Array(n * nExp) : new Float32Array(n * nExp);
-  for (let x = 0; x < nExp; x++) {
-    for (let e = 0; e < nEmbd; e++) {
-      for (let i = 0; i < nFf; i++) {
-        const v = w[x * n + e * nFf + i]!;
-        out[x * n + i * nEmbd + e] = f16 ? f32ToF16(v) : v;
-      }
-    }
-  }
+  // expert x: its n_embd rows of n_ff_exp → n_ff_exp rows of n_embd
+  for (let x = 0; x < nExp; x++) transposeBlocked(src, out, x * n, nEmbd, nFf);
   return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, nFf, nExp], out);
 }
