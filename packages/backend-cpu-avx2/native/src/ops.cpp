@@ -825,8 +825,10 @@ void op_axpy_id_sparse(const NodeExec& n, int ith, int nth) {
   float* y = n.dst.f32();
   const size_t wrb = row_bytes(W.dtype, D);
   const int64_t blk = dtype_layout(W.dtype).block;
-  // pieces of a column: whole blocks, about 512 values (a single piece when the columns keep every thread busy)
-  int64_t piece = P >= 4 * nth ? D : (512 + blk - 1) / blk * blk;
+  // pieces of a column: whole blocks, about 512 values; a single piece from two columns per thread on (a
+  // decode step's 4–6 chosen experts at 2 threads: whole rows read once per column, 3–11 % faster on the
+  // SmallThinker-4B F16 slice than 512-value pieces, alternating A/B)
+  int64_t piece = P >= 2 * nth ? D : (512 + blk - 1) / blk * blk;
   if (piece > D) piece = D;
   const int64_t npieces = (D + piece - 1) / piece;
   const size_t piece_bytes = row_bytes(W.dtype, piece);
