@@ -34,6 +34,8 @@ export {
   thresholdForRecall,
 } from "./metrics.js";
 export {
+  isFloatType,
+  isQuantizableMatrix,
   QUANTIZE_TYPES,
   readPredictors,
   type RewriteOptions,

@@ -5,6 +5,7 @@
  * tiles; used when no backend is given, and as the test oracle).
  */
 import { type Backend, Graph } from "@powerinfer/core";
+import { transposeBlocked } from "@powerinfer/engine";
 
 /** Dense products on float32 row-major matrices. */
 export interface MatMul {
@@ -141,19 +142,9 @@ export function backendMatMul(backend: Backend): MatMul {
   };
 }
 
-/** Row-major transpose: `out[j·rows + i] = src[i·cols + j]`, in 32×32 blocks. */
+/** Row-major transpose: `out[j·rows + i] = src[i·cols + j]`, in 32×32 blocks (engine's transposeBlocked). */
 export function transpose(src: Float32Array, rows: number, cols: number, out?: Float32Array): Float32Array {
   const dst = out ?? new Float32Array(rows * cols);
-  const B = 32;
-  for (let i0 = 0; i0 < rows; i0 += B) {
-    const i1 = Math.min(rows, i0 + B);
-    for (let j0 = 0; j0 < cols; j0 += B) {
-      const j1 = Math.min(cols, j0 + B);
-      for (let i = i0; i < i1; i++) {
-        const s = i * cols;
-        for (let j = j0; j < j1; j++) dst[j * rows + i] = src[s + j]!;
-      }
-    }
-  }
+  transposeBlocked(src, dst, 0, rows, cols);
   return dst;
 }

@@ -23,6 +23,7 @@ import {
   readTensorBytes,
   writeGguf,
 } from "@powerinfer/gguf";
+import { transpose } from "./matmul.js";
 import type { LayerPredictor } from "./predictor.js";
 
 /** Types {@link rewriteModel} can quantize to. */
@@ -79,11 +80,20 @@ function encode(type: GGMLType, data: Float32Array): Uint8Array {
   return quantize(type, data);
 }
 
-/** Row-major transpose of a [rows × cols] float32 matrix. */
-function transposeF32(a: Float32Array, rows: number, cols: number): Float32Array {
-  const out = new Float32Array(a.length);
-  for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[c * rows + r] = a[r * cols + c]!;
-  return out;
+/**
+ * Whether `quantize` converts this tensor (a float one): a weight matrix, not a predictor (kept at its
+ * precision) and not an expert router (llama.cpp's quantizer keeps ffn_gate_inp F32: a rounded router
+ * changes which experts a token gets). Vectors and non-weights are copied as they are.
+ */
+export function isQuantizableMatrix(t: Pick<GgufTensorInfo, "name" | "shape">): boolean {
+  return (
+    t.name.endsWith(".weight") && t.shape.filter((d) => d > 1).length >= 2 && !PRED.test(t.name) && !ROUTER.test(t.name)
+  );
+}
+
+/** Whether a tensor type is one `quantize` converts from (F32, F16, BF16). */
+export function isFloatType(type: GGMLType): boolean {
+  return FLOAT_TYPES.has(type);
 }
 
 /**
@@ -179,16 +189,10 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
         name,
         type: type,
         shape: [b, a],
-        data: () => encode(type, transposeF32(dequantize(t.type, readTensorBytes(file, t), t.nElements), b, a)),
+        data: () => encode(type, transpose(dequantize(t.type, readTensorBytes(file, t), t.nElements), b, a)),
       });
-    } else if (
-      PRED.test(t.name) ||
-      ROUTER.test(t.name) ||
-      !t.name.endsWith(".weight") ||
-      t.shape.filter((d) => d > 1).length < 2
-    ) {
-      // predictors (kept at their precision), expert routers (llama.cpp's quantizer keeps ffn_gate_inp F32:
-      // a rounded router changes which experts a token gets), vectors and non-weights: copied
+    } else if (!isQuantizableMatrix(t)) {
+      // predictors, expert routers, vectors and non-weights: copied (isQuantizableMatrix)
       const type = pwri && t.type === GGMLType.BF16 ? GGMLType.F16 : t.type;
       if (type !== t.type) notes.push(`${t.name}: PWRI files cannot hold BF16, stored as F16`);
       specs.push({

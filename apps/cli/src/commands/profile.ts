@@ -35,13 +35,10 @@ export function register(program: Command): void {
           o: ModelCliOptions &
             DeviceCliOptions & { file: string; tokens?: number; output?: string; json?: boolean; force?: boolean },
         ) => {
-          checkOutputPath(o.output ?? defaultStatsPath(o.model), o.model, o.file);
+          const out = o.output ?? defaultStatsPath(o.model);
+          checkOutputPath(out, o.model, o.file);
           // an earlier profile's statistics are replaced; anything else (a model, say) only with --force
-          const replacing = refuseOverwriteUnlessKind(
-            o.output ?? defaultStatsPath(o.model),
-            o.force,
-            "activation-stats",
-          );
+          const replacing = refuseOverwriteUnlessKind(out, o.force, "activation-stats");
           const text = readTextFile(o.file);
           const loaded = await loadModelWithDevice({ ...o, sparse: "off" }, !!o.json);
           const { backend, model } = loaded;
@@ -49,7 +46,6 @@ export function register(program: Command): void {
           const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
           const tok = model.tokenizer;
           const ids = tok.tokenize(text, { addSpecial: false });
-          const out = o.output ?? defaultStatsPath(o.model);
           const fingerprint = modelFingerprint(model.file);
           const prof = profileActivations(session, ids, {
             bosId: tok.bosId,

@@ -2,8 +2,8 @@
  * `powerinfer quantize IN OUT TYPE`: converts the weight matrices of a model (F32/F16/BF16) to Q8_0, Q4_0,
  * F16, BF16 or F32, keeping its container (GGUF or PowerInfer PWRI), predictors and metadata.
  */
-import { GGMLType, ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
-import { QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
+import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
+import { isFloatType, isQuantizableMatrix, QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import { checkInputFile, checkOutputPath, refuseOverwrite } from "./common.js";
@@ -39,14 +39,8 @@ export function register(program: Command): void {
         const file = openGgufModel(input);
         // llama.cpp's llama-quantize refuses to requantize without --allow-requantize; this command converts
         // float matrices only, so a model whose matrices are all quantized would come out unchanged
-        const matrices = file.tensors.filter(
-          (t) =>
-            t.name.endsWith(".weight") &&
-            t.shape.filter((d) => d > 1).length >= 2 &&
-            !/\.fc[12]\.weight$|\.ffn_gate_inp\.weight$/.test(t.name),
-        );
-        const float = new Set<number>([GGMLType.F32, GGMLType.F16, GGMLType.BF16]);
-        if (matrices.length > 0 && !matrices.some((t) => float.has(t.type))) {
+        const matrices = file.tensors.filter(isQuantizableMatrix);
+        if (matrices.length > 0 && !matrices.some((t) => isFloatType(t.type))) {
           const kinds = [...new Set(matrices.map((t) => ggmlTypeName(t.type)))].join(", ");
           throw new InvalidArgumentError(
             `${input}'s weight matrices are already quantized (${kinds}): nothing to convert to ${ggmlTypeName(type)} (requantizing a quantized model loses precision; start from the F32/F16/BF16 model)`,

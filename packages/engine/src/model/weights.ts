@@ -109,12 +109,13 @@ function floatElements(file: GgufFile, t: GgufTensorInfo): { src: Uint16Array | 
 }
 
 /**
- * out[base + c·rows + r] = src[base + r·cols + c] for r < rows, c < cols, in 32 × 32 blocks (a plain
- * double loop strides through one of the two arrays a whole row per element).
+ * Row-major transpose of the [rows × cols] matrix at element `base` of `src` into the same place of `out`:
+ * out[base + c·rows + r] = src[base + r·cols + c], in 32 × 32 blocks (a plain double loop strides through
+ * one of the two arrays a whole row per element). Any element type (F32 values, raw F16 bits).
  */
-function transposeBlocked(
-  src: Uint16Array | Float32Array,
-  out: Uint16Array | Float32Array,
+export function transposeBlocked<T extends Float32Array | Uint16Array>(
+  src: T,
+  out: T,
   base: number,
   rows: number,
   cols: number,
