@@ -108,13 +108,29 @@ inline float welem(const uint8_t* w, int64_t i) {
 
 /// ggml's reduction of four 8-lane accumulators (GGML_F32x8_REDUCE): a0 += a2, a1 += a3, a0 += a1, then
 /// the two 128-bit halves added and two horizontal adds: ((l0+l4)+(l1+l5)) + ((l2+l6)+(l3+l7)).
+inline float ggml_hsum8(__m256 a) {
+  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 t1 = _mm_hadd_ps(t0, t0);
+  return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
 inline float ggml_reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
   a0 = _mm256_add_ps(a0, a2);
   a1 = _mm256_add_ps(a1, a3);
-  a0 = _mm256_add_ps(a0, a1);
-  const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a0), _mm256_extractf128_ps(a0, 1));
-  const __m128 t1 = _mm_hadd_ps(t0, t0);
-  return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+  return ggml_hsum8(_mm256_add_ps(a0, a1));
+}
+
+/// The elements past the last 32-element step, after the vector part's reduction `red` (llama.cpp's tails:
+/// F32 each product rounded then added in float; F16/BF16 products added in double).
+template <int KIND>
+inline float float_dot_tail(float red, const uint8_t* w, const float* x, int64_t i, int64_t k) {
+  if (KIND == 0) {
+    float s = red;
+    for (int64_t j = i; j < k; j++) s += welem<KIND>(w, j) * x[j];
+    return s;
+  }
+  double s = red;
+  for (int64_t j = i; j < k; j++) s += static_cast<double>(welem<KIND>(w, j) * x[j]);
+  return static_cast<float>(s);
 }
 
 /// NR × NC dot products of float rows. Every tile shape performs exactly the same operations per output,
@@ -170,19 +186,8 @@ void dot_tile_float512(int64_t k, const uint8_t* const* w, const float* const* x
       // the halves through memory: GCC 12's 512→256-bit extract intrinsics warn (-Wuninitialized, in its header)
       alignas(64) float h[16];
       _mm512_store_ps(h, s);
-      const __m256 a01 = _mm256_add_ps(_mm256_load_ps(h), _mm256_load_ps(h + 8));
-      const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a01), _mm256_extractf128_ps(a01, 1));
-      const __m128 t1 = _mm_hadd_ps(t0, t0);
-      const float red = _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-      if (KIND == 0) {
-        float sum = red;
-        for (int64_t j = i; j < k; j++) sum += welem<KIND>(w[r], j) * x[c][j];
-        out[r * NC + c] = sum;
-      } else {
-        double sum = red;
-        for (int64_t j = i; j < k; j++) sum += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
-        out[r * NC + c] = static_cast<float>(sum);
-      }
+      const float red = ggml_hsum8(_mm256_add_ps(_mm256_load_ps(h), _mm256_load_ps(h + 8)));
+      out[r * NC + c] = float_dot_tail<KIND>(red, w[r], x[c], i, k);
     }
   }
 }
@@ -227,15 +232,7 @@ void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv
       const float red =
           KIND == 2 ? hsum_ps(_mm256_add_ps(_mm256_add_ps(a[r][c][0], a[r][c][2]), _mm256_add_ps(a[r][c][1], a[r][c][3])))
                     : ggml_reduce4(a[r][c][0], a[r][c][1], a[r][c][2], a[r][c][3]);
-      if (KIND == 0) {
-        float s = red;
-        for (int64_t j = i; j < k; j++) s += welem<KIND>(w[r], j) * x[c][j];
-        out[r * NC + c] = s;
-      } else {
-        double s = red;
-        for (int64_t j = i; j < k; j++) s += static_cast<double>(welem<KIND>(w[r], j) * x[c][j]);
-        out[r * NC + c] = static_cast<float>(s);
-      }
+      out[r * NC + c] = float_dot_tail<KIND>(red, w[r], x[c], i, k);
     }
   }
 }
