@@ -85,8 +85,9 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × gemm_cols); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
-  /// Columns of the gemm_tile register tile that runs fastest (4 rows × gemm_cols columns per call): 3 on
-  /// AVX2 (16 registers), 6 with AVX512VL (32); results do not depend on it.
+  /// Columns of the gemm_tile register tile that runs fastest (4 rows × gemm_cols columns per call, at most
+  /// 12): 3 on AVX2 (16 registers), 12 with AVX-512 (F32/F16/BF16 on 512-bit registers; Q8_0 splits it
+  /// into two 4 × 6 tiles); results do not depend on it.
   int gemm_cols = 3;
   /// Repacked layouts (null where the table or the dtype has none): Q4_0 and Q4_K. Every dot of those types
   /// (packed or not, any tile) has one arithmetic per output. Q4_0: acc = fma(float(Σ(q − 8)·x over the

@@ -284,37 +284,90 @@ void gemm_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* x
 }
 
 #if defined(PI_KERNELS_VNNI)
+/// 8 elements of a float weight row, converted, in both 256-bit halves of a 512-bit register.
+template <int KIND>
+inline __m512 wload8x2(const uint8_t* w, int64_t i) {
+  if (KIND == 1) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(reinterpret_cast<const uint16_t*>(w) + i));
+    return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_broadcastsi128_si256(h));
+  }
+  const __m256d v = _mm256_castps_pd(wload<KIND>(w, i));
+  return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xFF, _mm512_castpd256_pd512(v), v, 1));
+}
+
+/// x[i..i+8) of two activation rows: a in the low 256-bit half, b in the high one.
+inline __m512 xload8x2(const float* a, const float* b, int64_t i) {
+  const __m256d lo = _mm256_castps_pd(_mm256_loadu_ps(a + i)), hi = _mm256_castps_pd(_mm256_loadu_ps(b + i));
+  // the zero-masked form: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
+  return _mm512_castpd_ps(_mm512_maskz_insertf64x4(0xFF, _mm512_castpd256_pd512(lo), hi, 1));
+}
+
+/// gemm_tile_float on 512-bit registers: each register holds two outputs of one weight row (columns 2p
+/// and 2p + 1, one per 256-bit half), each half the same 8-lane FMA chain as the 256-bit tile and the
+/// same hsum_ps at the end, so every output is bit-identical to it, with half the FMA instructions. Up
+/// to 4 rows × 12 columns: 24 accumulators + 6 activation pairs + a weight = 31 of the 32 registers. An odd
+/// column count computes its last column twice (the copy is dropped).
+template <int KIND, int NR, int NC>
+void gemm_tile_float512(int64_t k, const uint8_t* const* w, const float* const* x, float* out) {
+  constexpr int NP = (NC + 1) / 2;
+  __m512 a[NR][NP];
+  for (int r = 0; r < NR; r++) {
+    for (int p = 0; p < NP; p++) a[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i + 8 <= k; i += 8) {
+    __m512 xc[NP];
+    for (int p = 0; p < NP; p++) xc[p] = xload8x2(x[2 * p], x[2 * p + 1 < NC ? 2 * p + 1 : 2 * p], i);
+    for (int r = 0; r < NR; r++) {
+      const __m512 wv = wload8x2<KIND>(w[r], i);
+      for (int p = 0; p < NP; p++) a[r][p] = _mm512_fmadd_ps(wv, xc[p], a[r][p]);
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int p = 0; p < NP; p++) {
+      // the halves through memory (see dot_tile_float512)
+      alignas(64) float h[16];
+      _mm512_store_ps(h, a[r][p]);
+      out[r * NC + 2 * p] = hsum_ps(_mm256_load_ps(h));
+      if (2 * p + 1 < NC) out[r * NC + 2 * p + 1] = hsum_ps(_mm256_load_ps(h + 8));
+    }
+  }
+}
+
 /// Columns of the widest GEMM register tile. With AVX512VL the compiler has 32 vector registers (ymm16–31
-/// through EVEX encodings): 4 × 6 tiles, 24 accumulators + 6 activations + a weight, so each converted
-/// weight vector serves 6 FMAs instead of 3 (the per-output arithmetic is the same 8-lane chain).
-constexpr int kGemmCols = 6;
+/// through EVEX encodings): Q8_0 takes 4 × 6 tiles, 24 accumulators + 6 activations + a weight, so each
+/// weight vector serves 6 FMAs instead of 3; float weights take 4 × 12 on 512-bit registers
+/// (gemm_tile_float512). The per-output arithmetic is the same 8-lane chain in every tile.
+constexpr int kGemmColsQ8 = 6;
+constexpr int kGemmColsFloat = 12;
 #else
-constexpr int kGemmCols = 3;  ///< AVX2: 16 registers, 4 × 3 tiles (tinyBLAS's AVX2 tile)
+constexpr int kGemmColsQ8 = 3;  ///< AVX2: 16 registers, 4 × 3 tiles (tinyBLAS's AVX2 tile)
+constexpr int kGemmColsFloat = 3;
 #endif
+constexpr int kGemmCols = kGemmColsFloat > kGemmColsQ8 ? kGemmColsFloat : kGemmColsQ8;
 
-template <template <int, int> class F, size_t I>
+template <template <int, int> class F, int COLS, size_t I>
 constexpr DotTileFn gemm_shape_fn() {
-  return F<static_cast<int>(I) / kGemmCols + 1, static_cast<int>(I) % kGemmCols + 1>::run;
+  return F<static_cast<int>(I) / COLS + 1, static_cast<int>(I) % COLS + 1>::run;
 }
-template <template <int, int> class F, size_t... I>
+template <template <int, int> class F, int COLS, size_t... I>
 constexpr std::array<DotTileFn, sizeof...(I)> gemm_shape_table(std::index_sequence<I...>) {
-  return {gemm_shape_fn<F, I>()...};
+  return {gemm_shape_fn<F, COLS, I>()...};
 }
 
-/// A tile kernel for every shape 1–4 rows × 1–kGemmCols columns, index (nr − 1) · kGemmCols + (nc − 1).
-template <template <int, int> class F>
+/// A tile kernel for every shape 1–4 rows × 1–COLS columns, index (nr − 1) · COLS + (nc − 1).
+template <template <int, int> class F, int COLS>
 struct GemmShapes {
-  static constexpr std::array<DotTileFn, 4 * kGemmCols> fns = gemm_shape_table<F>(std::make_index_sequence<4 * kGemmCols>());
-  /// nr ≤ 4 rows × nc ≤ kGemmCols columns; larger shapes in 4 × kGemmCols pieces.
+  static constexpr std::array<DotTileFn, 4 * COLS> fns = gemm_shape_table<F, COLS>(std::make_index_sequence<4 * COLS>());
+  /// nr ≤ 4 rows × nc ≤ COLS columns; larger shapes in 4 × COLS pieces.
   static void tile(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
     if (nr <= 0 || nc <= 0) return;
-    if (nr <= 4 && nc <= kGemmCols) return fns[static_cast<size_t>((nr - 1) * kGemmCols + (nc - 1))](k, nr, nc, w, x, out);
+    if (nr <= 4 && nc <= COLS) return fns[static_cast<size_t>((nr - 1) * COLS + (nc - 1))](k, nr, nc, w, x, out);
     for (int r = 0; r < nr; r += 4) {
       const int mr = nr - r < 4 ? nr - r : 4;
-      for (int c = 0; c < nc; c += kGemmCols) {
-        const int mc = nc - c < kGemmCols ? nc - c : kGemmCols;
-        float o[4 * kGemmCols];
-        fns[static_cast<size_t>((mr - 1) * kGemmCols + (mc - 1))](k, mr, mc, w + r, x + c, o);
+      for (int c = 0; c < nc; c += COLS) {
+        const int mc = nc - c < COLS ? nc - c : COLS;
+        float o[4 * COLS];
+        fns[static_cast<size_t>((mr - 1) * COLS + (mc - 1))](k, mr, mc, w + r, x + c, o);
         for (int i = 0; i < mr; i++) {
           for (int j = 0; j < mc; j++) out[(r + i) * nc + c + j] = o[i * mc + j];
         }
@@ -327,15 +380,21 @@ template <int KIND>
 struct GemmFloat {
   template <int NR, int NC>
   struct S {
-    static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-      gemm_tile_float<KIND, NR, NC>(k, w, x, out);
+    static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
+#if defined(PI_KERNELS_VNNI)
+      const float* x[NC];
+      for (int c = 0; c < NC; c++) x[c] = reinterpret_cast<const float*>(xv[c]);
+      gemm_tile_float512<KIND, NR, NC>(k, w, x, out);
+#else
+      gemm_tile_float<KIND, NR, NC>(k, w, xv, out);
+#endif
     }
   };
 };
 
 template <int KIND>
 void gemm_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-  GemmShapes<GemmFloat<KIND>::template S>::tile(k, nr, nc, w, x, out);
+  GemmShapes<GemmFloat<KIND>::template S, kGemmColsFloat>::tile(k, nr, nc, w, x, out);
 }
 
 template <int KIND>
@@ -601,7 +660,7 @@ struct GemmQ8 {
 };
 
 void gemm_tile_q8_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
-  GemmShapes<GemmQ8::S>::tile(k, nr, nc, w, x, out);
+  GemmShapes<GemmQ8::S, kGemmColsQ8>::tile(k, nr, nc, w, x, out);
 }
 
 /// Q4_0 / Q8_0 tiles: 2–4 rows take the interleaved rows (for each column); one row loops over the dot.

@@ -207,8 +207,8 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
   }
   // With GEMM columns: rows in blocks of 16, tokens in blocks of 48; a block's weight rows stay in
   // cache while every token of the block is dotted with them. Inside, a run of columns taking the same
-  // arithmetic is cut into register tiles: GEMM columns 4 rows × gemm_cols columns (3 on AVX2, 6 with
-  // AVX512VL's 32 registers), the others 2 × 2; a tile's columns go over all the block's rows before the
+  // arithmetic is cut into register tiles: GEMM columns 4 rows × gemm_cols columns (3 on AVX2, 12 with
+  // AVX-512's 32 registers), the others 2 × 2; a tile's columns go over all the block's rows before the
   // next tile, so their activations are reused from cache. Per-output arithmetic does not depend on the
   // tile (see DotTileFn and KernelTable::gemm_tile).
   while (next_chunk(n, N, chunk, &r0, &r1)) {
@@ -219,16 +219,16 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
         for (int64_t t = tb; t < te;) {
           const DotTileFn tile = tile_of(t);
           const bool g = tile != dot_tile;
-          const int mc = g ? (n.k->gemm_cols < 8 ? n.k->gemm_cols : 8) : 2, mr = g ? 4 : 2;
+          const int mc = g ? (n.k->gemm_cols < 12 ? n.k->gemm_cols : 12) : 2, mr = g ? 4 : 2;
           int nc = 1;
           while (nc < mc && t + nc < te && tile_of(t + nc) == tile) nc++;
-          const uint8_t* x[8];
+          const uint8_t* x[12];
           for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
           for (int64_t r = rb; r < re; r += mr) {
             const int nr = r + mr <= re ? mr : static_cast<int>(re - r);
             const uint8_t* w[4];
             for (int i = 0; i < nr; i++) w[i] = W.data + (r + i) * wrb;
-            float out[32];
+            float out[48];
             tile(K, nr, nc, w, x, out);
             for (int i = 0; i < nr; i++) {
               for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];

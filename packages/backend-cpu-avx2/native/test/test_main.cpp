@@ -304,15 +304,17 @@ void test_dtype_kernels(const KernelTable& kt) {
   }
 }
 
-/// gemm_tile (llama.cpp's prompt GEMM arithmetic): every shape up to 9 rows × 7 columns (the 4 × 3
-/// register tile, its edges, and shapes cut into several tiles) gives, bit for bit, the 1 × 1 tile's
-/// value and the scalar mirror's, for F32/F16/BF16/Q8_0 weights (Q8_0 bytes include −128).
+/// gemm_tile (llama.cpp's prompt GEMM arithmetic): every shape up to 9 rows × 25 columns (the 4 × 3,
+/// 4 × 6 and 4 × 12 register tiles, their edges — odd column counts included — and shapes cut into several
+/// tiles) gives, bit for bit, the 1 × 1 tile's value and the scalar mirror's, for F32/F16/BF16/Q8_0 weights
+/// (Q8_0 bytes include −128).
 void test_gemm_tiles() {
+  constexpr int NCOL = 25;
   const CpuFeatures f = cpu_features();
   const KernelTable& s = kernels_scalar();
   const bool avx = f.avx2 && f.fma && f.f16c;
   const KernelTable& a = avx ? kernels_avx2() : s;
-  std::vector<const KernelTable*> tabs{&a, &s};  // the VNNI build tiles 4 × 6 (32 registers)
+  std::vector<const KernelTable*> tabs{&a, &s};  // the VNNI build tiles 4 × 6 (Q8_0) and 4 × 12 (floats)
 #if defined(PI_HAVE_VNNI_KERNELS)
   if (avx && f.avx512vnni) tabs.push_back(&kernels_avx2_vnni());
 #endif
@@ -329,19 +331,19 @@ void test_gemm_tiles() {
           for (int64_t i = 0; i < k / QK; i++) wr.back()[static_cast<size_t>(i * 34 + 2 + (r + i) % 32)] = 0x80;
         }
       }
-      for (int c = 0; c < 7; c++) {
+      for (int c = 0; c < NCOL; c++) {
         std::vector<float> xf(k);
         for (auto& v : xf) v = uni(-2, 2) * (irand(0, 7) == 0 ? 100.0f : 1.0f);
         xr.emplace_back(x_row_bytes(fmt, k));
         a.convert[fmt](xf.data(), xr.back().data(), k);
       }
       const uint8_t* w[9];
-      const uint8_t* x[7];
+      const uint8_t* x[NCOL];
       for (int r = 0; r < 9; r++) w[r] = wr[static_cast<size_t>(r)].data();
-      for (int c = 0; c < 7; c++) x[c] = xr[static_cast<size_t>(c)].data();
-      float one[9][7], ref[9][7];
+      for (int c = 0; c < NCOL; c++) x[c] = xr[static_cast<size_t>(c)].data();
+      float one[9][NCOL], ref[9][NCOL];
       for (int r = 0; r < 9; r++) {
-        for (int c = 0; c < 7; c++) {
+        for (int c = 0; c < NCOL; c++) {
           a.gemm_tile[dt](k, 1, 1, w + r, x + c, &one[r][c]);
           s.gemm_tile[dt](k, 1, 1, w + r, x + c, &ref[r][c]);
           CHECK(std::memcmp(&one[r][c], &ref[r][c], 4) == 0, "%s gemm_tile k=%ld (%d,%d): %s %.9g vs scalar %.9g",
@@ -349,14 +351,14 @@ void test_gemm_tiles() {
         }
       }
       for (int nr = 1; nr <= 9; nr++) {
-        for (int nc = 1; nc <= 7; nc++) {
+        for (int nc = 1; nc <= NCOL; nc++) {
           for (int r0 : {0, 9 - nr}) {
-            float out[63];
+            float out[9 * NCOL];
             for (const KernelTable* kt : tabs) {
-              kt->gemm_tile[dt](k, nr, nc, w + r0, x + 7 - nc, out);
+              kt->gemm_tile[dt](k, nr, nc, w + r0, x + NCOL - nc, out);
               int bad = 0;
               for (int r = 0; r < nr; r++) {
-                for (int c = 0; c < nc; c++) bad += std::memcmp(&out[r * nc + c], &ref[r0 + r][7 - nc + c], 4) != 0;
+                for (int c = 0; c < nc; c++) bad += std::memcmp(&out[r * nc + c], &ref[r0 + r][NCOL - nc + c], 4) != 0;
               }
               CHECK(bad == 0, "%s %s gemm_tile k=%ld %dx%d: %d outputs differ from the 1x1 tile", kt->name, dtype_name(dt),
                     static_cast<long>(k), nr, nc, bad);
