@@ -581,6 +581,67 @@ void q4_0x8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, fl
   }
 }
 
+#if defined(PI_KERNELS_VNNI)
+/// q4_0x8_tile_t for batches on 512-bit registers: groups 2h and 2h + 1 in the two 256-bit halves (16 rows per
+/// register), each activation chunk broadcast to all 16 lanes, so one vpdpbusd does two groups' work. Every
+/// lane's integers and float operations are those of the 256-bit tile: bit-identical outputs. NG even.
+template <int NG, int NC>
+void q4_0x8_tile_512(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  static_assert(NG % 2 == 0, "groups in pairs");
+  constexpr int NH = NG / 2;
+  const int64_t nb = k / QK;
+  const BlockQ4_0x8* a[NG];
+  for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_0x8*>(groups) + g * nb;
+  const XBlockQ8* b[NC];
+  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const XBlockQ8*>(x[c]);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[NH][NC];
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; i++) {
+    __m512i p[NH][NC];
+    for (int h = 0; h < NH; h++) {
+      for (int c = 0; c < NC; c++) p[h][c] = _mm512_setzero_si512();
+    }
+    for (int ch = 0; ch < 4; ch++) {
+      __m512i xl[NC], xh[NC];
+      for (int c = 0; c < NC; c++) {
+        xl[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 4 * ch)));
+        xh[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 16 + 4 * ch)));
+      }
+      for (int h = 0; h < NH; h++) {
+        // the zero-masked insert: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
+        const __m512i v = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(loadu256(a[2 * h][i].qs + 32 * ch)),
+                                                   loadu256(a[2 * h + 1][i].qs + 32 * ch), 1);
+        const __m512i lo = _mm512_and_si512(v, m4);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+        for (int c = 0; c < NC; c++) p[h][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[h][c], lo, xl[c]), hi, xh[c]);
+      }
+    }
+    for (int h = 0; h < NH; h++) {
+      const __m256i d2 = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].d)),
+                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].d)));
+      const __m512 dw = _mm512_maskz_cvtph_ps(0xFFFF, d2);
+      for (int c = 0; c < NC; c++) {
+        const __m512i sq = _mm512_sub_epi32(p[h][c], _mm512_set1_epi32(8 * b[c][i].sum));
+        acc[h][c] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sq), _mm512_mul_ps(dw, _mm512_set1_ps(b[c][i].d)), acc[h][c]);
+      }
+    }
+  }
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, acc[h][c]);
+      for (int r = 0; r < 8; r++) {
+        out[8 * (2 * h * NC + c) + r] = t[r];
+        out[8 * ((2 * h + 1) * NC + c) + r] = t[8 + r];
+      }
+    }
+  }
+}
+#endif
+
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const uint8_t* wp = static_cast<const uint8_t*>(w);
   const uint8_t* xp = static_cast<const uint8_t*>(x);
@@ -1027,6 +1088,9 @@ struct Q4_0x8Kernel {
   static constexpr int kDtype = DT_Q4_0;
   template <int NG, int NC>
   static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+#if defined(PI_KERNELS_VNNI)
+    if constexpr (NG % 2 == 0 && NC > 1) return q4_0x8_tile_512<NG, NC>(k, groups, x, out);
+#endif
     q4_0x8_tile_t<NG, NC>(k, groups, x, out);
   }
 };
@@ -1045,6 +1109,8 @@ void packed_tile(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t
   if (ng == 4 && nc == 1) return K::template run<4, 1>(k, groups, x, out);
   if (ng == 2 && nc == 1) return K::template run<2, 1>(k, groups, x, out);
   if (ng == 2 && nc == 2) return K::template run<2, 2>(k, groups, x, out);
+  if (ng == 2 && nc == 3) return K::template run<2, 3>(k, groups, x, out);
+  if (ng == 2 && nc == 4) return K::template run<2, 4>(k, groups, x, out);
   const size_t gbytes = packed_group_bytes(K::kDtype, k);
   for (int g = 0; g < ng; g++) {
     for (int c = 0; c < nc; c += 4) {

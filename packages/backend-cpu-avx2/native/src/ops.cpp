@@ -105,7 +105,7 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
     const int64_t G = N / 8;
     const size_t gbytes = packed_group_bytes(W.dtype, K);
     int64_t g0, g1;
-    float out[32];
+    float out[64];
     if (T == 1) {
       while (next_chunk(n, G, (chunk_size(G, nth, 4) + 3) / 4 * 4, &g0, &g1)) {
         for (int64_t g = g0; g < g1; g += 4) {
@@ -115,18 +115,23 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
       }
       return;
     }
-    while (next_chunk(n, G, chunk_size(G, nth, 2), &g0, &g1)) {
+    // batches: two groups (16 rows) × up to 4 tokens per call (the AVX-512 kernels hold the two groups in
+    // one register's halves); chunks of whole group pairs
+    while (next_chunk(n, G, (chunk_size(G, nth, 2) + 1) / 2 * 2, &g0, &g1)) {
       for (int64_t tb = 0; tb < T; tb += 48) {
         const int64_t te = tb + 48 < T ? tb + 48 : T;
-        for (int64_t g = g0; g < g1; g++) {
+        for (int64_t g = g0; g < g1; g += 2) {
+          const int ng = g1 - g < 2 ? 1 : 2;
           const uint8_t* grp = W.packed + static_cast<size_t>(g) * gbytes;
           for (int64_t t = tb; t < te; t += 4) {
             const int nc = te - t < 4 ? static_cast<int>(te - t) : 4;
             const uint8_t* x[4];
             for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
-            tile(K, 1, nc, grp, x, out);
-            for (int c = 0; c < nc; c++) {
-              for (int r = 0; r < 8; r++) y[g * 8 + r + (t + c) * N] = out[8 * c + r];
+            tile(K, ng, nc, grp, x, out);
+            for (int j = 0; j < ng; j++) {
+              for (int c = 0; c < nc; c++) {
+                for (int r = 0; r < 8; r++) y[(g + j) * 8 + r + (t + c) * N] = out[8 * (j * nc + c) + r];
+              }
             }
           }
         }
