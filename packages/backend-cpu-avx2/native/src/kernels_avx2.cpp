@@ -1083,6 +1083,108 @@ void q4_Kx8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, fl
   }
 }
 
+#if defined(PI_KERNELS_VNNI)
+/// q4_Kx8_tile_t for batches on 512-bit registers, as q4_0x8_tile_512: groups 2h and 2h + 1 in the two 256-bit
+/// halves, activation chunks and min sums broadcast to all 16 lanes, each lane's integers and float operations
+/// those of the 256-bit tile (bit-identical outputs). NG even.
+template <int NG, int NC>
+void q4_Kx8_tile_512(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  static_assert(NG % 2 == 0, "groups in pairs");
+  constexpr int NH = NG / 2;
+  const int64_t nb = k / QK_K;
+  const BlockQ4_Kx8* a[NG];
+  for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_Kx8*>(groups) + g * nb;
+  const BlockQ8_K* b[NC];
+  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  // two groups' 8 bytes (or 16 bytes, or 8 F16 values) side by side
+  const auto pair8 = [](const uint8_t* u, const uint8_t* v) {
+    return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u)), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)));
+  };
+  const auto pair16 = [](__m128i u, __m128i v) { return _mm256_set_m128i(v, u); };
+  __m512 acc[NH][NC];
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < nb; i++) {
+    __m512i sumi[NH][NC], summ[NH][NC];
+    for (int h = 0; h < NH; h++) {
+      for (int c = 0; c < NC; c++) sumi[h][c] = summ[h][c] = _mm512_setzero_si512();
+    }
+    for (int p = 0; p < 4; p++) {
+      __m512i pl[NH][NC], ph[NH][NC];
+      for (int h = 0; h < NH; h++) {
+        for (int c = 0; c < NC; c++) pl[h][c] = ph[h][c] = _mm512_setzero_si512();
+      }
+      for (int ch = 0; ch < 8; ch++) {
+        __m512i xl[NC], xh[NC];
+        for (int c = 0; c < NC; c++) {
+          xl[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 4 * ch)));
+          xh[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 32 + 4 * ch)));
+        }
+        for (int h = 0; h < NH; h++) {
+          // the zero-masked insert: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
+          const __m512i v = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(loadu256(a[2 * h][i].qs + 256 * p + 32 * ch)),
+                                                     loadu256(a[2 * h + 1][i].qs + 256 * p + 32 * ch), 1);
+          const __m512i lo = _mm512_and_si512(v, m4);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
+          for (int c = 0; c < NC; c++) {
+            pl[h][c] = _mm512_dpbusd_epi32(pl[h][c], lo, xl[c]);
+            ph[h][c] = _mm512_dpbusd_epi32(ph[h][c], hi, xh[c]);
+          }
+        }
+      }
+      for (int h = 0; h < NH; h++) {
+        const __m512i sl = _mm512_maskz_cvtepu8_epi32(0xFFFF, pair8(a[2 * h][i].sc + 16 * p, a[2 * h + 1][i].sc + 16 * p));
+        const __m512i sh = _mm512_maskz_cvtepu8_epi32(0xFFFF, pair8(a[2 * h][i].sc + 16 * p + 8, a[2 * h + 1][i].sc + 16 * p + 8));
+        for (int c = 0; c < NC; c++) {
+          sumi[h][c] = _mm512_add_epi32(sumi[h][c], _mm512_add_epi32(_mm512_mullo_epi32(pl[h][c], sl), _mm512_mullo_epi32(ph[h][c], sh)));
+        }
+      }
+    }
+    // mins as in q4_Kx8_tile_t, lanes 0–7 for group 2h and 8–15 for group 2h + 1
+    for (int t = 0; t < 4; t++) {
+      __m512i bs[NC];
+      for (int c = 0; c < NC; c++) {
+        const int s0 = b[c][i].bsums[4 * t] + b[c][i].bsums[4 * t + 1];
+        const int s1 = b[c][i].bsums[4 * t + 2] + b[c][i].bsums[4 * t + 3];
+        bs[c] = _mm512_set1_epi32(static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16)));
+      }
+      for (int h = 0; h < NH; h++) {
+        __m128i mg[2];
+        for (int j = 0; j < 2; j++) {
+          const uint8_t* mn = a[2 * h + j][i].mn + 16 * t;
+          mg[j] = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 8)));
+        }
+        const __m512i m = _mm512_cvtepu8_epi16(pair16(mg[0], mg[1]));
+        for (int c = 0; c < NC; c++) summ[h][c] = _mm512_add_epi32(summ[h][c], _mm512_madd_epi16(m, bs[c]));
+      }
+    }
+    for (int h = 0; h < NH; h++) {
+      const __m512 d = _mm512_maskz_cvtph_ps(0xFFFF, pair16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].d)),
+                                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].d))));
+      const __m512 dmin = _mm512_maskz_cvtph_ps(0xFFFF, pair16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].dmin)),
+                                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].dmin))));
+      for (int c = 0; c < NC; c++) {
+        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(0xFFFF, sumi[h][c])),
+                                       _mm512_mul_ps(dmin, _mm512_maskz_cvtepi32_ps(0xFFFF, summ[h][c])));
+        acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(_mm512_set1_ps(b[c][i].d), v));
+      }
+    }
+  }
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) {
+      alignas(64) float t[16];
+      _mm512_store_ps(t, acc[h][c]);
+      for (int r = 0; r < 8; r++) {
+        out[8 * (2 * h * NC + c) + r] = t[r];
+        out[8 * ((2 * h + 1) * NC + c) + r] = t[8 + r];
+      }
+    }
+  }
+}
+#endif
+
 /// The kernels of the repacked layouts, as types (KernelTable::packed_tile takes them through packed_tile).
 struct Q4_0x8Kernel {
   static constexpr int kDtype = DT_Q4_0;
@@ -1098,6 +1200,9 @@ struct Q4_Kx8Kernel {
   static constexpr int kDtype = DT_Q4_K;
   template <int NG, int NC>
   static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+#if defined(PI_KERNELS_VNNI)
+    if constexpr (NG % 2 == 0 && NC > 1) return q4_Kx8_tile_512<NG, NC>(k, groups, x, out);
+#endif
     q4_Kx8_tile_t<NG, NC>(k, groups, x, out);
   }
 };
