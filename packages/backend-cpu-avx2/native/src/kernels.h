@@ -85,6 +85,9 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × gemm_cols); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
+  /// True where gemm_tile gives every output the value dot gives (the AVX2 tables' Q8_0: both are llama.cpp's
+  /// AVX2 Q8_0 arithmetic), so that ops may pick either for speed (mul_mat_sparse's busy rows in a batch).
+  bool gemm_is_dot[DT_TABLE];
   /// Columns of the gemm_tile register tile that runs fastest (4 rows × gemm_cols columns per call, at most
   /// 12): 3 on AVX2 (16 registers), 12 with AVX-512 (F32/F16/BF16 on 512-bit registers; Q8_0 splits it
   /// into two 4 × 6 tiles); results do not depend on it.

@@ -239,6 +239,35 @@ void dot_tile_float(int64_t k, const uint8_t* const* w, const uint8_t* const* xv
 
 template <int KIND>
 void dot_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+#if defined(PI_KERNELS_VNNI)
+  // 512-bit F32/F16 tiles: 4 rows × 3 columns in 24 of the 32 registers (a batch of sparse rows)
+  if constexpr (KIND != 2) {
+    if (nr == 4 && nc == 3) return dot_tile_float<KIND, 4, 3>(k, w, x, out);
+  }
+#endif
+  if (nr > 2 && nc > 1) {
+    // rows one or two at a time (the shapes below), each written at its place in out
+    for (int r = 0; r < nr; r += 2) {
+      const int m = nr - r < 2 ? nr - r : 2;
+      float o[2 * 16];
+      for (int c = 0; c < nc; c += 16) {
+        const int mc = nc - c < 16 ? nc - c : 16;
+        dot_tile_f<KIND>(k, m, mc, w + r, x + c, o);
+        for (int i = 0; i < m; i++) {
+          for (int j = 0; j < mc; j++) out[(r + i) * nc + c + j] = o[i * mc + j];
+        }
+      }
+    }
+    return;
+  }
+  if (nr == 2 && nc > 2) {
+    for (int i = 0; i < 2; i++) dot_tile_f<KIND>(k, 1, nc, w + i, x, out + i * nc);
+    return;
+  }
+  if (nr > 4) {  // one column
+    for (int r = 0; r < nr; r += 4) dot_tile_f<KIND>(k, nr - r < 4 ? nr - r : 4, 1, w + r, x, out + r);
+    return;
+  }
   if (nc == 1 && nr == 4) {
     dot_tile_float<KIND, 4, 1>(k, w, x, out);
   } else if (nc == 1 && nr == 3) {
@@ -1757,6 +1786,7 @@ KernelTable make_table() {
   t.dot_tile[DT_Q5_1] = dot_tile_loop<DT_Q5_1>;
   t.dot_tile[DT_Q8_0] = dot_tile_rows<dot_rows_q8_0<1>, dot_rows_q8_0<2>, dot_rows_q8_0<3>, dot_rows_q8_0<4>>;
   t.gemm_tile[DT_Q8_0] = gemm_tile_q8_0;
+  t.gemm_is_dot[DT_Q8_0] = true;  // dot_rows_q8_0 and gemm_tile_q8_0_t: the same lanes, scale FMA and hsum
   t.gemm_cols = kGemmCols;
   t.dot_tile[DT_Q4_K] = dot_tile_q4_K;
   t.dot_tile[DT_Q5_K] = dot_tile_loop<DT_Q5_K>;

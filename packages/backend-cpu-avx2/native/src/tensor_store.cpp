@@ -258,24 +258,24 @@ TensorPtr TensorStore::get(int id) const {
 
 namespace {
 
-/// 8 rows of Q4_0 (src: row r at src + r·nb) → nb BlockQ4_0x8.
-void pack_group_q4_0(const BlockQ4_0* src, int64_t nb, BlockQ4_0x8* dst) {
+/// 8 rows of Q4_0 (row r at src[r]) → nb BlockQ4_0x8.
+void pack_group_q4_0(const BlockQ4_0* const* src, int64_t nb, BlockQ4_0x8* dst) {
   for (int64_t i = 0; i < nb; i++) {
     BlockQ4_0x8& o = dst[i];
     for (int r = 0; r < 8; r++) {
-      const BlockQ4_0& b = src[r * nb + i];
+      const BlockQ4_0& b = src[r][i];
       o.d[r] = b.d;
       for (int c = 0; c < 4; c++) std::memcpy(o.qs + 32 * c + 4 * r, b.qs + 4 * c, 4);
     }
   }
 }
 
-/// 8 rows of Q4_K → nb BlockQ4_Kx8 (scales and mins decoded to bytes).
-void pack_group_q4_K(const BlockQ4_K* src, int64_t nb, BlockQ4_Kx8* dst) {
+/// 8 rows of Q4_K (row r at src[r]) → nb BlockQ4_Kx8 (scales and mins decoded to bytes).
+void pack_group_q4_K(const BlockQ4_K* const* src, int64_t nb, BlockQ4_Kx8* dst) {
   for (int64_t i = 0; i < nb; i++) {
     BlockQ4_Kx8& o = dst[i];
     for (int r = 0; r < 8; r++) {
-      const BlockQ4_K& b = src[r * nb + i];
+      const BlockQ4_K& b = src[r][i];
       o.d[r] = b.d;
       o.dmin[r] = b.dmin;
       for (int j = 0; j < 8; j++) k4_scale_min(j, b.scales, &o.sc[8 * j + r], &o.mn[8 * j + r]);
@@ -287,6 +287,18 @@ void pack_group_q4_K(const BlockQ4_K* src, int64_t nb, BlockQ4_Kx8* dst) {
 }
 
 }  // namespace
+
+void pack_rows_x8(int dtype, int64_t k, const uint8_t* const* rows, uint8_t* dst) {
+  if (dtype == DT_Q4_0) {
+    const BlockQ4_0* src[8];
+    for (int r = 0; r < 8; r++) src[r] = reinterpret_cast<const BlockQ4_0*>(rows[r]);
+    pack_group_q4_0(src, k / QK, reinterpret_cast<BlockQ4_0x8*>(dst));
+  } else {
+    const BlockQ4_K* src[8];
+    for (int r = 0; r < 8; r++) src[r] = reinterpret_cast<const BlockQ4_K*>(rows[r]);
+    pack_group_q4_K(src, k / QK_K, reinterpret_cast<BlockQ4_Kx8*>(dst));
+  }
+}
 
 const uint8_t* TensorStore::packed(const TensorPtr& t) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -306,13 +318,9 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
   }
   const size_t rb = row_bytes(t->dtype, k);
   for (int64_t g = 0; g < rows / 8; g++) {
-    const uint8_t* src = t->data + static_cast<size_t>(g) * 8 * rb;
-    uint8_t* dst = p + static_cast<size_t>(g) * gbytes;
-    if (t->dtype == DT_Q4_0) {
-      pack_group_q4_0(reinterpret_cast<const BlockQ4_0*>(src), k / QK, reinterpret_cast<BlockQ4_0x8*>(dst));
-    } else {
-      pack_group_q4_K(reinterpret_cast<const BlockQ4_K*>(src), k / QK_K, reinterpret_cast<BlockQ4_Kx8*>(dst));
-    }
+    const uint8_t* src[8];
+    for (int r = 0; r < 8; r++) src[r] = t->data + (static_cast<size_t>(g) * 8 + static_cast<size_t>(r)) * rb;
+    pack_rows_x8(t->dtype, k, src, p + static_cast<size_t>(g) * gbytes);
   }
   if (t->mapped) {
     // give the mapped pages back (whole pages inside the tensor only; the file refaults them if read)

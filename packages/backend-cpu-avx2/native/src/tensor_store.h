@@ -15,6 +15,10 @@
 
 namespace pi {
 
+/// 8 rows of a Q4_0 or Q4_K matrix (row r at rows[r], any rows) → one repacked group (BlockQ4_0x8 /
+/// BlockQ4_Kx8 blocks, packed_group_bytes(dtype, k) bytes at dst), as TensorStore::packed makes them.
+void pack_rows_x8(int dtype, int64_t k, const uint8_t* const* rows, uint8_t* dst);
+
 class NeuronCache;
 class ReaderPool;
 class SlotPool;

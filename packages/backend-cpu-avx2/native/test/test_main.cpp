@@ -350,6 +350,19 @@ void test_gemm_tiles() {
                 dtype_name(dt), static_cast<long>(k), r, c, a.name, static_cast<double>(one[r][c]), static_cast<double>(ref[r][c]));
         }
       }
+      // where a table says its gemm_tile is its dot (gemm_is_dot), every output agrees bit for bit
+      for (const KernelTable* kt : tabs) {
+        if (!kt->gemm_is_dot[dt]) continue;
+        int bad = 0;
+        for (int r = 0; r < 9; r++) {
+          for (int c = 0; c < NCOL; c++) {
+            const float d = kt->dot[dt](k, w[r], x[c]);
+            bad += std::memcmp(&d, &ref[r][c], 4) != 0;
+          }
+        }
+        CHECK(bad == 0, "%s %s gemm_is_dot k=%ld: %d outputs of dot differ from gemm_tile", kt->name, dtype_name(dt),
+              static_cast<long>(k), bad);
+      }
       for (int nr = 1; nr <= 9; nr++) {
         for (int nc = 1; nc <= NCOL; nc++) {
           for (int r0 : {0, 9 - nr}) {
