@@ -41,7 +41,9 @@
  *   `blk.N.ffn_down_t.weight`); overwrites its output with this partial sum. Same activity rule and
  *   compact-W rule as mul_mat_sparse.
  * Sparse ops report, per node, how many weight rows they actually read ({@link ComputeResult.rowsRead}),
- * counting a row once per token column it was read for.
+ * counting a row once per token column it was read for: the (neuron, token) outputs computed as active. (A
+ * backend may compute a batch's busy rows in whole tiles and drop the products of inactive pairs; those are
+ * not counted.)
  *
  * Routed experts (mixture of experts; the role of ggml's `mul_mat_id`). Stacked expert tensors have one
  * matrix per expert in ne[2]: `ffn_gate_exps`/`ffn_up_exps` ne = [n_embd, n_ff_exp, n_expert],
