@@ -877,7 +877,7 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
     const size_t gbytes = packed_group_bytes(W.dtype, K);
     const int64_t G = M / 8, per = (G + 3) / 4, items = nu * per;
     int64_t i0, i1;
-    float out[32];
+    float out[64];
     while (next_chunk(n, items, chunk_size(items, nth, 1), &i0, &i1)) {
       for (int64_t it = i0; it < i1; it++) {
         const int32_t e = l.used[it / per];
@@ -890,7 +890,9 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
           ptile(K, static_cast<int>(ng), 1, grp, &xp, y + p * M + g0 * 8);
           continue;
         }
-        for (int64_t g = 0; g < ng; g++) {
+        // two groups (16 rows) × up to 4 columns per call, as the dense batch driver
+        for (int64_t g = 0; g < ng; g += 2) {
+          const int gn = ng - g < 2 ? 1 : 2;
           for (int32_t q = q0; q < q1; q += 4) {
             const int nc = q1 - q < 4 ? q1 - q : 4;
             const uint8_t* x[4];
@@ -898,10 +900,12 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
               const int64_t p = l.pairs[q + c];
               x[c] = xq + (per_slot ? p : p / U) * xrb;
             }
-            ptile(K, 1, nc, grp + static_cast<size_t>(g) * gbytes, x, out);
-            for (int c = 0; c < nc; c++) {
-              float* yo = y + static_cast<int64_t>(l.pairs[q + c]) * M + (g0 + g) * 8;
-              for (int r = 0; r < 8; r++) yo[r] = out[8 * c + r];
+            ptile(K, gn, nc, grp + static_cast<size_t>(g) * gbytes, x, out);
+            for (int j = 0; j < gn; j++) {
+              for (int c = 0; c < nc; c++) {
+                float* yo = y + static_cast<int64_t>(l.pairs[q + c]) * M + (g0 + g + j) * 8;
+                for (int r = 0; r < 8; r++) yo[r] = out[8 * (j * nc + c) + r];
+              }
             }
           }
         }
