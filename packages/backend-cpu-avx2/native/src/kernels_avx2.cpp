@@ -547,129 +547,164 @@ void dot_tile_q4_0(int64_t k, int nr, int nc, const uint8_t* const* w, const uin
 /// 1 KiB measured best here (2-vCPU Xeon: 10.9 / 19.7 GB/s at 1 / 2 threads, 9.5 / 17.0 without it).
 constexpr int kQ4x8Prefetch = 1024;
 
+/// Vector operations of the repacked kernels for W groups per register: W = 1, one group of 8 rows per 256-bit
+/// register (lane r = row r); W = 2 (AVX-512 only), groups 2h and 2h + 1 in the two 256-bit halves of a 512-bit
+/// register, each half doing what the W = 1 register does (so every output is bit-identical). Loads take the
+/// W groups' pointers (the second ignored when W = 1).
+template <int W>
+struct Lanes;
+template <>
+struct Lanes<1> {
+  using I = __m256i;
+  using F = __m256;
+  static I zero() { return _mm256_setzero_si256(); }
+  static F fzero() { return _mm256_setzero_ps(); }
+  static I set1(int v) { return _mm256_set1_epi32(v); }
+  static F fset1(float v) { return _mm256_set1_ps(v); }
+  static I nibbles() { return _mm256_set1_epi8(0x0F); }
+  static I and_(I a, I b) { return _mm256_and_si256(a, b); }
+  static I srl4(I v) { return _mm256_srli_epi16(v, 4); }
+  static I add(I a, I b) { return _mm256_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm256_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm256_mullo_epi32(a, b); }
+  static I madd16(I a, I b) { return _mm256_madd_epi16(a, b); }
+  static F cvt(I v) { return _mm256_cvtepi32_ps(v); }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm256_mul_ps(a, b); }
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm256_sub_ps(a, b); }
+  static I q32(const uint8_t* p, const uint8_t*) { return loadu256(p); }                   ///< 32 bytes
+  static I u8to32(const uint8_t* p, const uint8_t*) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))); }
+  static I u8to16(__m128i a, __m128i) { return _mm256_cvtepu8_epi16(a); }                 ///< 16 bytes → int16
+  static F h8(const uint16_t* p, const uint16_t*) { return load_f16(p); }                  ///< 8 F16 values
+  static void store(F v, float* o, float*) { _mm256_storeu_ps(o, v); }
+#if defined(PI_KERNELS_VNNI)
+  static I dpbusd(I acc, I u, I x) { return _mm256_dpbusd_epi32(acc, u, x); }
+#endif
+};
+#if defined(PI_KERNELS_VNNI)
+template <>
+struct Lanes<2> {
+  using I = __m512i;
+  using F = __m512;
+  static I zero() { return _mm512_setzero_si512(); }
+  static F fzero() { return _mm512_setzero_ps(); }
+  static I set1(int v) { return _mm512_set1_epi32(v); }
+  static F fset1(float v) { return _mm512_set1_ps(v); }
+  static I nibbles() { return _mm512_set1_epi8(0x0F); }
+  static I and_(I a, I b) { return _mm512_and_si512(a, b); }
+  static I srl4(I v) { return _mm512_srli_epi16(v, 4); }
+  static I add(I a, I b) { return _mm512_add_epi32(a, b); }
+  static I sub(I a, I b) { return _mm512_sub_epi32(a, b); }
+  static I mullo(I a, I b) { return _mm512_mullo_epi32(a, b); }
+  static I madd16(I a, I b) { return _mm512_madd_epi16(a, b); }
+  // the zero-masked forms: GCC 12's unmasked intrinsics warn (-Wmaybe-uninitialized, in its headers)
+  static F cvt(I v) { return _mm512_maskz_cvtepi32_ps(0xFFFF, v); }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F mul(F a, F b) { return _mm512_mul_ps(a, b); }
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fsub(F a, F b) { return _mm512_sub_ps(a, b); }
+  static I q32(const uint8_t* p, const uint8_t* q) {
+    return _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(loadu256(p)), loadu256(q), 1);
+  }
+  static I u8to32(const uint8_t* p, const uint8_t* q) {
+    return _mm512_maskz_cvtepu8_epi32(0xFFFF, _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)),
+                                                                  _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q))));
+  }
+  static I u8to16(__m128i a, __m128i b) { return _mm512_cvtepu8_epi16(_mm256_set_m128i(b, a)); }
+  static F h8(const uint16_t* p, const uint16_t* q) {
+    return _mm512_maskz_cvtph_ps(0xFFFF, _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)),
+                                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
+  }
+  static void store(F v, float* o, float* o2) {
+    alignas(64) float t[16];
+    _mm512_store_ps(t, v);
+    for (int r = 0; r < 8; r++) {
+      o[r] = t[r];
+      o2[r] = t[8 + r];
+    }
+  }
+  static I dpbusd(I acc, I u, I x) { return _mm512_dpbusd_epi32(acc, u, x); }
+};
+#endif
+
+/// Groups per register for a repacked tile of NG groups × NC columns: two on AVX-512 for batches (NC > 1,
+/// NG even), else one (matrix × vector keeps four 256-bit streams with their prefetch).
+template <int NG, int NC>
+constexpr int lanes_w() {
+#if defined(PI_KERNELS_VNNI)
+  return NG % 2 == 0 && NC > 1 ? 2 : 1;
+#else
+  return 1;
+#endif
+}
+
 /// NG groups of 8 repacked Q4_0 rows (BlockQ4_0x8, consecutive groups) × NC activation rows: per block, per
 /// 4-byte chunk c, one 32-byte load holds a group's 8 rows' nibbles of elements 4c..4c+3 (low) and
 /// 16+4c..16+4c+3 (high); multiplied by the activation's 4 matching bytes broadcast to every row's lane
 /// (maddubs: 16-bit pair sums, ≤ 2·15·127 each, 8 of them summed stay below 2^15; or vpdpbusd), then one madd
 /// gives lane r = row r's Σ q·x. Several groups at once are several concurrent memory streams (one stream per
-/// core leaves DRAM bandwidth unused in matrix × vector). Same per-output arithmetic as dot_pairs_q4_0.
+/// core leaves DRAM bandwidth unused in matrix × vector). Same per-output arithmetic as dot_pairs_q4_0. With
+/// AVX-512, batches hold two groups per register (Lanes<2>).
 template <int NG, int NC>
 void q4_0x8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  constexpr int W = lanes_w<NG, NC>(), NH = NG / W;
+  using L = Lanes<W>;
+  using I = typename L::I;
+  using F = typename L::F;
   const int64_t nb = k / QK;
   const BlockQ4_0x8* a[NG];
   for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_0x8*>(groups) + g * nb;
   const XBlockQ8* b[NC];
   for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const XBlockQ8*>(x[c]);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[NG][NC];
-  for (int g = 0; g < NG; g++) {
-    for (int c = 0; c < NC; c++) acc[g][c] = _mm256_setzero_ps();
+  const I m4 = L::nibbles();
+  F acc[NH][NC];
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) acc[h][c] = L::fzero();
   }
   for (int64_t i = 0; i < nb; i++) {
     if (NC == 1) {
       for (int g = 0; g < NG; g++) __builtin_prefetch(reinterpret_cast<const uint8_t*>(a[g] + i) + kQ4x8Prefetch, 0, 3);
     }
-    __m256i p[NG][NC];
-    for (int g = 0; g < NG; g++) {
-      for (int c = 0; c < NC; c++) p[g][c] = _mm256_setzero_si256();
+    I p[NH][NC];
+    for (int h = 0; h < NH; h++) {
+      for (int c = 0; c < NC; c++) p[h][c] = L::zero();
     }
     for (int ch = 0; ch < 4; ch++) {
-      __m256i xl[NC], xh[NC];
+      I xl[NC], xh[NC];
       for (int c = 0; c < NC; c++) {
-        xl[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 4 * ch)));
-        xh[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 16 + 4 * ch)));
+        xl[c] = L::set1(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 4 * ch)));
+        xh[c] = L::set1(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 16 + 4 * ch)));
       }
-      for (int g = 0; g < NG; g++) {
-        const __m256i v = loadu256(a[g][i].qs + 32 * ch);
-        const __m256i lo = _mm256_and_si256(v, m4);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+      for (int h = 0; h < NH; h++) {
+        const I v = L::q32(a[W * h][i].qs + 32 * ch, a[W * h + W - 1][i].qs + 32 * ch);
+        const I lo = L::and_(v, m4);
+        const I hi = L::and_(L::srl4(v), m4);
         for (int c = 0; c < NC; c++) {
 #if defined(PI_KERNELS_VNNI)
-          p[g][c] = _mm256_dpbusd_epi32(_mm256_dpbusd_epi32(p[g][c], lo, xl[c]), hi, xh[c]);  // int32 lanes directly
+          p[h][c] = L::dpbusd(L::dpbusd(p[h][c], lo, xl[c]), hi, xh[c]);  // int32 lanes directly
 #else
-          p[g][c] = _mm256_add_epi16(p[g][c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[c]), _mm256_maddubs_epi16(hi, xh[c])));
+          p[h][c] = _mm256_add_epi16(p[h][c], _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl[c]), _mm256_maddubs_epi16(hi, xh[c])));
 #endif
         }
       }
     }
-    for (int g = 0; g < NG; g++) {
-      const __m256 dw = load_f16(a[g][i].d);
+    for (int h = 0; h < NH; h++) {
+      const F dw = L::h8(a[W * h][i].d, a[W * h + W - 1][i].d);
       for (int c = 0; c < NC; c++) {
 #if defined(PI_KERNELS_VNNI)
-        const __m256i s = _mm256_sub_epi32(p[g][c], _mm256_set1_epi32(8 * b[c][i].sum));
+        const I s = L::sub(p[h][c], L::set1(8 * b[c][i].sum));
 #else
-        const __m256i s =
-            _mm256_sub_epi32(_mm256_madd_epi16(p[g][c], _mm256_set1_epi16(1)), _mm256_set1_epi32(8 * b[c][i].sum));
+        const I s = L::sub(L::madd16(p[h][c], _mm256_set1_epi16(1)), L::set1(8 * b[c][i].sum));
 #endif
-        acc[g][c] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(b[c][i].d)), acc[g][c]);
-      }
-    }
-  }
-  for (int g = 0; g < NG; g++) {
-    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + 8 * (g * NC + c), acc[g][c]);
-  }
-}
-
-#if defined(PI_KERNELS_VNNI)
-/// q4_0x8_tile_t for batches on 512-bit registers: groups 2h and 2h + 1 in the two 256-bit halves (16 rows per
-/// register), each activation chunk broadcast to all 16 lanes, so one vpdpbusd does two groups' work. Every
-/// lane's integers and float operations are those of the 256-bit tile: bit-identical outputs. NG even.
-template <int NG, int NC>
-void q4_0x8_tile_512(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
-  static_assert(NG % 2 == 0, "groups in pairs");
-  constexpr int NH = NG / 2;
-  const int64_t nb = k / QK;
-  const BlockQ4_0x8* a[NG];
-  for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_0x8*>(groups) + g * nb;
-  const XBlockQ8* b[NC];
-  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const XBlockQ8*>(x[c]);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  __m512 acc[NH][NC];
-  for (int h = 0; h < NH; h++) {
-    for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
-  }
-  for (int64_t i = 0; i < nb; i++) {
-    __m512i p[NH][NC];
-    for (int h = 0; h < NH; h++) {
-      for (int c = 0; c < NC; c++) p[h][c] = _mm512_setzero_si512();
-    }
-    for (int ch = 0; ch < 4; ch++) {
-      __m512i xl[NC], xh[NC];
-      for (int c = 0; c < NC; c++) {
-        xl[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 4 * ch)));
-        xh[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 16 + 4 * ch)));
-      }
-      for (int h = 0; h < NH; h++) {
-        // the zero-masked insert: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
-        const __m512i v = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(loadu256(a[2 * h][i].qs + 32 * ch)),
-                                                   loadu256(a[2 * h + 1][i].qs + 32 * ch), 1);
-        const __m512i lo = _mm512_and_si512(v, m4);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-        for (int c = 0; c < NC; c++) p[h][c] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(p[h][c], lo, xl[c]), hi, xh[c]);
-      }
-    }
-    for (int h = 0; h < NH; h++) {
-      const __m256i d2 = _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].d)),
-                                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].d)));
-      const __m512 dw = _mm512_maskz_cvtph_ps(0xFFFF, d2);
-      for (int c = 0; c < NC; c++) {
-        const __m512i sq = _mm512_sub_epi32(p[h][c], _mm512_set1_epi32(8 * b[c][i].sum));
-        acc[h][c] = _mm512_fmadd_ps(_mm512_maskz_cvtepi32_ps(0xFFFF, sq), _mm512_mul_ps(dw, _mm512_set1_ps(b[c][i].d)), acc[h][c]);
+        acc[h][c] = L::fmadd(L::cvt(s), L::mul(dw, L::fset1(b[c][i].d)), acc[h][c]);
       }
     }
   }
   for (int h = 0; h < NH; h++) {
-    for (int c = 0; c < NC; c++) {
-      alignas(64) float t[16];
-      _mm512_store_ps(t, acc[h][c]);
-      for (int r = 0; r < 8; r++) {
-        out[8 * (2 * h * NC + c) + r] = t[r];
-        out[8 * ((2 * h + 1) * NC + c) + r] = t[8 + r];
-      }
-    }
+    for (int c = 0; c < NC; c++) L::store(acc[h][c], out + 8 * (W * h * NC + c), out + 8 * ((W * h + W - 1) * NC + c));
   }
 }
-#endif
 
 float dot_q4_0(int64_t k, const void* w, const void* x) {
   const uint8_t* wp = static_cast<const uint8_t*>(w);
@@ -1022,206 +1057,114 @@ constexpr int kQ4Kx8Prefetch = 2048;
 
 template <int NG, int NC>
 void q4_Kx8_tile_t(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
+  constexpr int W = lanes_w<NG, NC>(), NH = NG / W;
+  using L = Lanes<W>;
+  using I = typename L::I;
+  using F = typename L::F;
   const int64_t nb = k / QK_K;
   const BlockQ4_Kx8* a[NG];
   for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_Kx8*>(groups) + g * nb;
   const BlockQ8_K* b[NC];
   for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
-  __m256 acc[NG][NC];
-  for (int g = 0; g < NG; g++) {
-    for (int c = 0; c < NC; c++) acc[g][c] = _mm256_setzero_ps();
+  const I m4 = L::nibbles();
+  F acc[NH][NC];
+  for (int h = 0; h < NH; h++) {
+    for (int c = 0; c < NC; c++) acc[h][c] = L::fzero();
   }
   for (int64_t i = 0; i < nb; i++) {
-    __m256i sumi[NG][NC], summ[NG][NC];
-    for (int g = 0; g < NG; g++) {
-      for (int c = 0; c < NC; c++) sumi[g][c] = summ[g][c] = _mm256_setzero_si256();
+    // the register's first and last group (the same group when W = 1)
+    const BlockQ4_Kx8* g0[NH];
+    const BlockQ4_Kx8* g1[NH];
+    for (int h = 0; h < NH; h++) {
+      g0[h] = &a[W * h][i];
+      g1[h] = &a[W * h + W - 1][i];
+    }
+    I sumi[NH][NC], summ[NH][NC];
+    for (int h = 0; h < NH; h++) {
+      for (int c = 0; c < NC; c++) sumi[h][c] = summ[h][c] = L::zero();
     }
     for (int p = 0; p < 4; p++) {
-      __m256i pl[NG][NC], ph[NG][NC];
-      for (int g = 0; g < NG; g++) {
-        for (int c = 0; c < NC; c++) pl[g][c] = ph[g][c] = _mm256_setzero_si256();
+      I pl[NH][NC], ph[NH][NC];
+      for (int h = 0; h < NH; h++) {
+        for (int c = 0; c < NC; c++) pl[h][c] = ph[h][c] = L::zero();
       }
       for (int ch = 0; ch < 8; ch++) {
         if (NC == 1 && ch % 2 == 0) {
           for (int g = 0; g < NG; g++) __builtin_prefetch(a[g][i].qs + 256 * p + 32 * ch + kQ4Kx8Prefetch, 0, 3);
         }
-        __m256i xl[NC], xh[NC];
+        I xl[NC], xh[NC];
         for (int c = 0; c < NC; c++) {
-          xl[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 4 * ch)));
-          xh[c] = _mm256_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 32 + 4 * ch)));
+          xl[c] = L::set1(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 4 * ch)));
+          xh[c] = L::set1(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 32 + 4 * ch)));
         }
-        for (int g = 0; g < NG; g++) {
-          const __m256i v = loadu256(a[g][i].qs + 256 * p + 32 * ch);
-          const __m256i lo = _mm256_and_si256(v, m4);
-          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+        for (int h = 0; h < NH; h++) {
+          const I v = L::q32(g0[h]->qs + 256 * p + 32 * ch, g1[h]->qs + 256 * p + 32 * ch);
+          const I lo = L::and_(v, m4);
+          const I hi = L::and_(L::srl4(v), m4);
           for (int c = 0; c < NC; c++) {
 #if defined(PI_KERNELS_VNNI)
-            pl[g][c] = _mm256_dpbusd_epi32(pl[g][c], lo, xl[c]);
-            ph[g][c] = _mm256_dpbusd_epi32(ph[g][c], hi, xh[c]);
+            pl[h][c] = L::dpbusd(pl[h][c], lo, xl[c]);
+            ph[h][c] = L::dpbusd(ph[h][c], hi, xh[c]);
 #else
-            pl[g][c] = _mm256_add_epi16(pl[g][c], _mm256_maddubs_epi16(lo, xl[c]));
-            ph[g][c] = _mm256_add_epi16(ph[g][c], _mm256_maddubs_epi16(hi, xh[c]));
+            pl[h][c] = _mm256_add_epi16(pl[h][c], _mm256_maddubs_epi16(lo, xl[c]));
+            ph[h][c] = _mm256_add_epi16(ph[h][c], _mm256_maddubs_epi16(hi, xh[c]));
 #endif
           }
         }
       }
-      for (int g = 0; g < NG; g++) {
-        const __m256i sl = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].sc + 16 * p)));
-        const __m256i sh = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].sc + 16 * p + 8)));
+      for (int h = 0; h < NH; h++) {
+        const I sl = L::u8to32(g0[h]->sc + 16 * p, g1[h]->sc + 16 * p);
+        const I sh = L::u8to32(g0[h]->sc + 16 * p + 8, g1[h]->sc + 16 * p + 8);
         for (int c = 0; c < NC; c++) {
 #if defined(PI_KERNELS_VNNI)
-          const __m256i t = _mm256_add_epi32(_mm256_mullo_epi32(pl[g][c], sl), _mm256_mullo_epi32(ph[g][c], sh));
+          const I t = L::add(L::mullo(pl[h][c], sl), L::mullo(ph[h][c], sh));
 #else
           // the row's scale in both 16-bit halves of its lane: madd gives sc·(pair sum + pair sum)
-          const __m256i t = _mm256_add_epi32(_mm256_madd_epi16(pl[g][c], _mm256_or_si256(sl, _mm256_slli_epi32(sl, 16))),
-                                             _mm256_madd_epi16(ph[g][c], _mm256_or_si256(sh, _mm256_slli_epi32(sh, 16))));
+          const I t = L::add(L::madd16(pl[h][c], _mm256_or_si256(sl, _mm256_slli_epi32(sl, 16))),
+                             L::madd16(ph[h][c], _mm256_or_si256(sh, _mm256_slli_epi32(sh, 16))));
 #endif
-          sumi[g][c] = _mm256_add_epi32(sumi[g][c], t);
+          sumi[h][c] = L::add(sumi[h][c], t);
         }
       }
     }
     // mins: lanes (2r, 2r + 1) = row r's mins of sub-blocks 2t and 2t + 1 against the activation's sums of
     // those sub-blocks (|Σ| ≤ 32·128, an int16) in both halves of a broadcast int32
     for (int t = 0; t < 4; t++) {
-      __m256i bs[NC];
+      I bs[NC];
       for (int c = 0; c < NC; c++) {
         const int s0 = b[c][i].bsums[4 * t] + b[c][i].bsums[4 * t + 1];
         const int s1 = b[c][i].bsums[4 * t + 2] + b[c][i].bsums[4 * t + 3];
-        bs[c] = _mm256_set1_epi32(static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16)));
-      }
-      for (int g = 0; g < NG; g++) {
-        const __m128i m0 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].mn + 16 * t));
-        const __m128i m1 = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(a[g][i].mn + 16 * t + 8));
-        const __m256i m = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m0, m1));
-        for (int c = 0; c < NC; c++) summ[g][c] = _mm256_add_epi32(summ[g][c], _mm256_madd_epi16(m, bs[c]));
-      }
-    }
-    for (int g = 0; g < NG; g++) {
-      const __m256 d = load_f16(a[g][i].d);
-      const __m256 dmin = load_f16(a[g][i].dmin);
-      for (int c = 0; c < NC; c++) {
-        const __m256 v = _mm256_sub_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(sumi[g][c])),
-                                       _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(summ[g][c])));
-        acc[g][c] = _mm256_add_ps(acc[g][c], _mm256_mul_ps(_mm256_set1_ps(b[c][i].d), v));
-      }
-    }
-  }
-  for (int g = 0; g < NG; g++) {
-    for (int c = 0; c < NC; c++) _mm256_storeu_ps(out + 8 * (g * NC + c), acc[g][c]);
-  }
-}
-
-#if defined(PI_KERNELS_VNNI)
-/// q4_Kx8_tile_t for batches on 512-bit registers, as q4_0x8_tile_512: groups 2h and 2h + 1 in the two 256-bit
-/// halves, activation chunks and min sums broadcast to all 16 lanes, each lane's integers and float operations
-/// those of the 256-bit tile (bit-identical outputs). NG even.
-template <int NG, int NC>
-void q4_Kx8_tile_512(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
-  static_assert(NG % 2 == 0, "groups in pairs");
-  constexpr int NH = NG / 2;
-  const int64_t nb = k / QK_K;
-  const BlockQ4_Kx8* a[NG];
-  for (int g = 0; g < NG; g++) a[g] = reinterpret_cast<const BlockQ4_Kx8*>(groups) + g * nb;
-  const BlockQ8_K* b[NC];
-  for (int c = 0; c < NC; c++) b[c] = reinterpret_cast<const BlockQ8_K*>(x[c]);
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  // two groups' 8 bytes (or 16 bytes, or 8 F16 values) side by side
-  const auto pair8 = [](const uint8_t* u, const uint8_t* v) {
-    return _mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(u)), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v)));
-  };
-  const auto pair16 = [](__m128i u, __m128i v) { return _mm256_set_m128i(v, u); };
-  __m512 acc[NH][NC];
-  for (int h = 0; h < NH; h++) {
-    for (int c = 0; c < NC; c++) acc[h][c] = _mm512_setzero_ps();
-  }
-  for (int64_t i = 0; i < nb; i++) {
-    __m512i sumi[NH][NC], summ[NH][NC];
-    for (int h = 0; h < NH; h++) {
-      for (int c = 0; c < NC; c++) sumi[h][c] = summ[h][c] = _mm512_setzero_si512();
-    }
-    for (int p = 0; p < 4; p++) {
-      __m512i pl[NH][NC], ph[NH][NC];
-      for (int h = 0; h < NH; h++) {
-        for (int c = 0; c < NC; c++) pl[h][c] = ph[h][c] = _mm512_setzero_si512();
-      }
-      for (int ch = 0; ch < 8; ch++) {
-        __m512i xl[NC], xh[NC];
-        for (int c = 0; c < NC; c++) {
-          xl[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 4 * ch)));
-          xh[c] = _mm512_set1_epi32(static_cast<int>(load_u32(reinterpret_cast<const uint8_t*>(b[c][i].qs) + 64 * p + 32 + 4 * ch)));
-        }
-        for (int h = 0; h < NH; h++) {
-          // the zero-masked insert: GCC 12's unmasked intrinsic warns (-Wmaybe-uninitialized, in its header)
-          const __m512i v = _mm512_maskz_inserti64x4(0xFF, _mm512_castsi256_si512(loadu256(a[2 * h][i].qs + 256 * p + 32 * ch)),
-                                                     loadu256(a[2 * h + 1][i].qs + 256 * p + 32 * ch), 1);
-          const __m512i lo = _mm512_and_si512(v, m4);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-          for (int c = 0; c < NC; c++) {
-            pl[h][c] = _mm512_dpbusd_epi32(pl[h][c], lo, xl[c]);
-            ph[h][c] = _mm512_dpbusd_epi32(ph[h][c], hi, xh[c]);
-          }
-        }
-      }
-      for (int h = 0; h < NH; h++) {
-        const __m512i sl = _mm512_maskz_cvtepu8_epi32(0xFFFF, pair8(a[2 * h][i].sc + 16 * p, a[2 * h + 1][i].sc + 16 * p));
-        const __m512i sh = _mm512_maskz_cvtepu8_epi32(0xFFFF, pair8(a[2 * h][i].sc + 16 * p + 8, a[2 * h + 1][i].sc + 16 * p + 8));
-        for (int c = 0; c < NC; c++) {
-          sumi[h][c] = _mm512_add_epi32(sumi[h][c], _mm512_add_epi32(_mm512_mullo_epi32(pl[h][c], sl), _mm512_mullo_epi32(ph[h][c], sh)));
-        }
-      }
-    }
-    // mins as in q4_Kx8_tile_t, lanes 0–7 for group 2h and 8–15 for group 2h + 1
-    for (int t = 0; t < 4; t++) {
-      __m512i bs[NC];
-      for (int c = 0; c < NC; c++) {
-        const int s0 = b[c][i].bsums[4 * t] + b[c][i].bsums[4 * t + 1];
-        const int s1 = b[c][i].bsums[4 * t + 2] + b[c][i].bsums[4 * t + 3];
-        bs[c] = _mm512_set1_epi32(static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16)));
+        bs[c] = L::set1(static_cast<int>((static_cast<uint32_t>(s0) & 0xFFFFu) | (static_cast<uint32_t>(s1) << 16)));
       }
       for (int h = 0; h < NH; h++) {
         __m128i mg[2];
         for (int j = 0; j < 2; j++) {
-          const uint8_t* mn = a[2 * h + j][i].mn + 16 * t;
+          const uint8_t* mn = (j == 0 ? g0[h] : g1[h])->mn + 16 * t;
           mg[j] = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn)), _mm_loadl_epi64(reinterpret_cast<const __m128i*>(mn + 8)));
         }
-        const __m512i m = _mm512_cvtepu8_epi16(pair16(mg[0], mg[1]));
-        for (int c = 0; c < NC; c++) summ[h][c] = _mm512_add_epi32(summ[h][c], _mm512_madd_epi16(m, bs[c]));
+        const I m = L::u8to16(mg[0], mg[1]);
+        for (int c = 0; c < NC; c++) summ[h][c] = L::add(summ[h][c], L::madd16(m, bs[c]));
       }
     }
     for (int h = 0; h < NH; h++) {
-      const __m512 d = _mm512_maskz_cvtph_ps(0xFFFF, pair16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].d)),
-                                                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].d))));
-      const __m512 dmin = _mm512_maskz_cvtph_ps(0xFFFF, pair16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h][i].dmin)),
-                                                               _mm_loadu_si128(reinterpret_cast<const __m128i*>(a[2 * h + 1][i].dmin))));
+      const F d = L::h8(g0[h]->d, g1[h]->d);
+      const F dmin = L::h8(g0[h]->dmin, g1[h]->dmin);
       for (int c = 0; c < NC; c++) {
-        const __m512 v = _mm512_sub_ps(_mm512_mul_ps(d, _mm512_maskz_cvtepi32_ps(0xFFFF, sumi[h][c])),
-                                       _mm512_mul_ps(dmin, _mm512_maskz_cvtepi32_ps(0xFFFF, summ[h][c])));
-        acc[h][c] = _mm512_add_ps(acc[h][c], _mm512_mul_ps(_mm512_set1_ps(b[c][i].d), v));
+        const F v = L::fsub(L::mul(d, L::cvt(sumi[h][c])), L::mul(dmin, L::cvt(summ[h][c])));
+        acc[h][c] = L::fadd(acc[h][c], L::mul(L::fset1(b[c][i].d), v));
       }
     }
   }
   for (int h = 0; h < NH; h++) {
-    for (int c = 0; c < NC; c++) {
-      alignas(64) float t[16];
-      _mm512_store_ps(t, acc[h][c]);
-      for (int r = 0; r < 8; r++) {
-        out[8 * (2 * h * NC + c) + r] = t[r];
-        out[8 * ((2 * h + 1) * NC + c) + r] = t[8 + r];
-      }
-    }
+    for (int c = 0; c < NC; c++) L::store(acc[h][c], out + 8 * (W * h * NC + c), out + 8 * ((W * h + W - 1) * NC + c));
   }
 }
-#endif
 
 /// The kernels of the repacked layouts, as types (KernelTable::packed_tile takes them through packed_tile).
 struct Q4_0x8Kernel {
   static constexpr int kDtype = DT_Q4_0;
   template <int NG, int NC>
   static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
-#if defined(PI_KERNELS_VNNI)
-    if constexpr (NG % 2 == 0 && NC > 1) return q4_0x8_tile_512<NG, NC>(k, groups, x, out);
-#endif
     q4_0x8_tile_t<NG, NC>(k, groups, x, out);
   }
 };
@@ -1229,9 +1172,6 @@ struct Q4_Kx8Kernel {
   static constexpr int kDtype = DT_Q4_K;
   template <int NG, int NC>
   static void run(int64_t k, const uint8_t* groups, const uint8_t* const* x, float* out) {
-#if defined(PI_KERNELS_VNNI)
-    if constexpr (NG % 2 == 0 && NC > 1) return q4_Kx8_tile_512<NG, NC>(k, groups, x, out);
-#endif
     q4_Kx8_tile_t<NG, NC>(k, groups, x, out);
   }
 };
