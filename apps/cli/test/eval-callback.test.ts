@@ -195,6 +195,13 @@ describe.skipIf(!probe.usable)("powerinfer eval-callback", () => {
     const d = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", other);
     expect(d.stdout).toMatch(/first node beyond ±2 in the last printed digit: /);
     expect(d.code).toBe(1);
+    // an existing --out file is replaced only with --force
+    const again = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--out", out);
+    expect(again.code).toBe(1);
+    expect(again.stderr).toBe(`powerinfer: ${out} exists (use --force to overwrite)\n`);
+    expect(parseEvalCallback(readFileSync(out, "utf8")).length).toBe(ours.length);
+    const forced = cli("eval-callback", "-m", model, "-p", "Once", "-t", "1", "--out", out, "--force");
+    expect(forced.code, forced.stderr).toBe(0);
   });
 
   it("refuses a missing prompt or a file that is no dump, in one line", () => {

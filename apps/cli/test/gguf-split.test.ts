@@ -100,6 +100,24 @@ describe("powerinfer gguf-split", () => {
     expect(j.config.n_layer).toBe(5);
   });
 
+  it("replaces an existing shard or --merge output only with --force", () => {
+    const keep = join(dir, "keep.txt");
+    writeFileSync(keep, "precious\n");
+    const m = cli(["gguf-split", "--merge", shards[0], keep]);
+    expect(m.code).toBe(1);
+    expect(m.stderr).toBe(`powerinfer: ${keep} exists (use --force to overwrite)\n`);
+    expect(readFileSync(keep, "utf8")).toBe("precious\n");
+    // splitting again over the same shards: refused before any shard is written
+    const before = readFileSync(shards[0]);
+    const s = cli(["gguf-split", "--split-max-tensors", "20", stories, prefix]);
+    expect(s.code).toBe(1);
+    expect(s.stderr).toBe(`powerinfer: ${shards[0]} exists (use --force to overwrite)\n`);
+    expect(Buffer.compare(readFileSync(shards[0]), before)).toBe(0);
+    const f = cli(["gguf-split", "--split-max-tensors", "20", stories, prefix, "--force"]);
+    expect(f.code, f.stderr).toBe(0);
+    expect(Buffer.compare(readFileSync(shards[0]), before)).toBe(0);
+  });
+
   it("--merge writes the first shard's metadata with split.count 0 and the original tensor data byte for byte", () => {
     const out = join(dir, "merged.gguf");
     const r = cli(["gguf-split", "--merge", shards[0], out]);

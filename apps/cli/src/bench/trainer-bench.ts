@@ -47,7 +47,7 @@ async function main(): Promise<void> {
   const o = new Command("trainer-bench")
     .option("--rank <r>", "predictor rank", int("rank", { min: 2 }), 1024)
     .option("--batch <n>", "positions per step", int("batch", { min: 1 }), 256)
-    .option("-t, --threads <n>", "CPU backend threads", int("threads", { min: 1 }), 2)
+    .option("-t, --threads <n>", "CPU backend threads", int("threads", { min: 1, max: 512 }), 2)
     .option("--positions <n>", "training positions of the epoch measured", int("positions", { min: 1 }), 2048)
     .option("-r, --repetitions <n>", "measured runs (median)", int("repetitions", { min: 1 }), 5)
     .option("--json", "print JSON")

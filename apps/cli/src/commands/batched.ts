@@ -65,8 +65,24 @@ export function register(program: Command): void {
           const tok = model.tokenizer;
           const ids = tok.tokenize(prompt, { addSpecial: true, parseSpecial: false });
           if (ids.length === 0) throw new InvalidArgumentError("the prompt is empty");
-          for (let i = 0; i < o.parallel; i++)
-            sessions.push(model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" }));
+          // without -c, each sequence's context holds what it needs (prompt + n_predict, as llama.cpp's batched
+          // sizes its one context to the sequences' total) rather than the model's default n_ctx each
+          const need = o.nPredict >= 0 ? ids.length + o.nPredict : undefined;
+          const dflt = Math.min(model.config.n_ctx_train, 4096);
+          const nCtxEach = o.ctxSize ?? (need !== undefined && need < dflt ? Math.max(need, 1) : undefined);
+          const newSession = () =>
+            model.createSession({ nCtx: nCtxEach, nBatch: o.batchSize, kvType: o.kvType as "f16" });
+          sessions.push(newSession());
+          // all the sequences' KV caches together must fit (each alone is checked by the engine)
+          const kv = sessions[0]!.kv;
+          const kvBytes = 2 * kv.k.length * kv.nEmbdKv * kv.nCtx * (kv.type === "f16" ? 2 : 4);
+          const free = backend.devices[0]?.freeMemory;
+          if (free !== undefined && free > 0 && kvBytes * (o.parallel - 1) > free) {
+            throw new InvalidArgumentError(
+              `${o.parallel} sequences need KV caches of ${((kvBytes * o.parallel) / 2 ** 30).toFixed(2)} GiB (n_ctx ${kv.nCtx} each), ${backend.name} has ${((free + kvBytes) / 2 ** 30).toFixed(2)} GiB free; use a smaller --parallel or -c`,
+            );
+          }
+          for (let i = 1; i < o.parallel; i++) sessions.push(newSession());
           const nCtx = sessions[0]!.nCtx;
           if (ids.length > nCtx) {
             throw new InvalidArgumentError(

@@ -112,7 +112,7 @@ export function modelOptions(cmd: Command): Command {
       "context size in tokens (default: the model's trained context, at most 4096)",
       int("ctx-size", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1 }))
+    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1, max: 512 }))
     .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")

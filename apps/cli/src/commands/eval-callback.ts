@@ -13,7 +13,14 @@ import {
 } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, type ModelCliOptions, loadModelFromCli, modelOptions, readTextFile } from "./common.js";
+import {
+  checkOutputPath,
+  loadModelFromCli,
+  type ModelCliOptions,
+  modelOptions,
+  readTextFile,
+  refuseOverwrite,
+} from "./common.js";
 
 interface EvalCallbackCliOptions extends ModelCliOptions {
   prompt?: string;
@@ -21,6 +28,7 @@ interface EvalCallbackCliOptions extends ModelCliOptions {
   out?: string;
   compare?: string;
   namedOnly?: boolean;
+  force?: boolean;
 }
 
 /** One line per compared node: "name  max |Δ| in the 4th decimal  Δ sum in the 6th". */
@@ -49,6 +57,7 @@ export function register(program: Command): void {
     .option("-p, --prompt <text>", "prompt text (BOS added as the model says)")
     .option("-f, --file <file>", "read the prompt from a file")
     .option("-o, --out <file>", "write the dump to this file instead of stdout")
+    .option("--force", "overwrite the --out file when it exists")
     .option(
       "--compare <file>",
       "a llama-eval-callback output for the same model and prompt: print, per node, the largest difference and the first node beyond ±2 in the last printed digit",
@@ -59,7 +68,10 @@ export function register(program: Command): void {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
         const prompt = o.prompt ?? readTextFile(o.file!);
-        if (o.out) checkOutputPath(o.out, o.model, o.file, o.compare);
+        if (o.out) {
+          checkOutputPath(o.out, o.model, o.file, o.compare);
+          refuseOverwrite(o.out, o.force);
+        }
         const ref = o.compare ? parseEvalCallback(readTextFile(o.compare)) : undefined;
         if (ref?.length === 0) throw new InvalidArgumentError(`${o.compare} holds no llama-eval-callback node`);
         const { backend, model } = await loadModelFromCli(o, true);

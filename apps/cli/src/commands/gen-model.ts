@@ -402,7 +402,7 @@ export function register(program: Command): void {
       "run the written model on N random tokens and measure its activations",
       int("verify", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads for --verify", int("threads", { min: 1 }))
+    .option("-t, --threads <n>", "CPU threads for --verify", int("threads", { min: 1, max: 512 }))
     .option("-f, --force", "overwrite the output file")
     .option("--json", "print the report as JSON")
     .action(

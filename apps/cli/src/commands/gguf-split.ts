@@ -61,6 +61,7 @@ interface SplitOptions {
   splitMaxTensors?: number;
   splitMaxSize?: number;
   dryRun?: boolean;
+  force?: boolean;
 }
 
 export function register(program: Command): void {
@@ -83,6 +84,7 @@ export function register(program: Command): void {
       (v) => parseSplitSize(v),
     )
     .option("--dry-run", "print the shards that would be written, write nothing")
+    .option("--force", "overwrite the output file or shards when they exist")
     .action(
       action(async (input: string, out: string, o: SplitOptions) => {
         if (o.split && o.merge) throw new InvalidArgumentError("give --split or --merge, not both");
@@ -100,6 +102,8 @@ export function register(program: Command): void {
             );
             return;
           }
+          checkOutputPath(out, input);
+          refuseOverwrite(out, o.force);
           const bytes = await mergeGgufSplit(input, out);
           process.stderr.write(
             `wrote ${out} (${file.splits?.length} shards merged, ${file.tensors.length} tensors, ${mb(bytes)})\n`,
@@ -118,6 +122,12 @@ export function register(program: Command): void {
             );
           });
           return;
+        }
+        // every shard path before the first is written (a user's file is replaced only with --force)
+        const plan = planGgufSplit(file, opts);
+        for (let i = 0; i < plan.length; i++) {
+          checkOutputPath(splitPath(out, i, plan.length), input);
+          refuseOverwrite(splitPath(out, i, plan.length), o.force);
         }
         await splitModel(file, out, opts);
       }),
