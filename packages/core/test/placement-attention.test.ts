@@ -271,7 +271,7 @@ describe("attention placement", () => {
       expectedTokensPerSecond(plan, { deviceBytesPerSecond: 0, cpuBytesPerSecond: 1, source: "measured" }),
     ).toThrow(/throughput.deviceBytesPerSecond must be > 0/);
     expect(explainPlan(plan, 4).split("\n").slice(0, 4)).toEqual([
-      "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 1 of 1 layers 0.00 MiB); expected share of activations served by the device 66.7 %, of bytes read per token 95.7 %; proven optimal (dp, " +
+      "placement (integer program): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 1 of 1 layers 0.00 MiB); expected share of activations served by the device 66.7 %, of bytes read per token 95.7 %; proven optimal (solved by dp, " +
         `${(plan.solveMs! / 1000).toFixed(2)} s)`,
       "expected 6.3 tokens/s for the layers (device 0.0 GB/s, CPU 0.0 GB/s: measured; output layer not counted)",
       "layer | attention | hot neurons | device bytes | device share | CPU share",

@@ -121,7 +121,7 @@ describe("placement planner", () => {
     expect(plan.layers[0]!.deviceShare).toBeCloseTo(140 / 148, 10);
     expect(explainPlan(plan, 8)).toBe(
       [
-        "placement (ilp): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 0 of 2 layers 0.00 MiB); expected share of activations served by the device 84.0 %, of bytes read per token 84.0 %; proven optimal (dp)",
+        "placement (integer program): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 0 of 2 layers 0.00 MiB); expected share of activations served by the device 84.0 %, of bytes read per token 84.0 %; proven optimal (solved by dp)",
         "expected 18269143633.9 tokens/s for the layers (device 1008.0 GB/s, CPU 76.8 GB/s: defaults; FFN only: no attention sizes given; output layer not counted)",
         "layer | attention | hot neurons | device bytes | device share | CPU share",
         "    0 |       cpu |     4 / 8 |     0.00 MiB |       94.6 % |     5.4 %",

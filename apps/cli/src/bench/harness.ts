@@ -516,8 +516,11 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       const nCtx = Math.max(maxPp, maxTg, 1);
       const ctxTrain =
         getOptionalNumber(file, `${getOptionalString(file, "general.architecture")}.context_length`) ?? nCtx;
-      if (nCtx > ctxTrain)
-        notes.push(`${name}: tests use ${nCtx} tokens of context, more than its trained ${ctxTrain}`);
+      if (nCtx > ctxTrain) {
+        const note = `${name}: tests use ${nCtx} tokens of context, more than its trained ${ctxTrain}`;
+        notes.push(note);
+        log(note); // also now: a long test gives no other sign of life until its first row
+      }
       const ppTokens = new Map(o.nPrompt.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + n)]));
       const tgTokens = new Map(o.nGen.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + 7919 * n)]));
       for (const threads of o.threads) {

@@ -412,7 +412,9 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
       ],
     });
     for (const n of written.notes) log(`note: ${n}`);
-    log(`wrote ${o.output} (${written.format}, ${written.tensors} tensors, sparse threshold ${baked.threshold})`);
+    log(
+      `wrote ${o.output} (${written.format}, ${written.tensors} tensors, sparse threshold ${baked.threshold}: each layer's calibrated threshold is folded into its fc2 scale, so one file threshold serves them all)`,
+    );
     rmSync(ckptPath, { force: true });
 
     let report: LayerReport[] = [];

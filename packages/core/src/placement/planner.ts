@@ -794,15 +794,15 @@ export function explainPlan(plan: PlacementPlan, nFf: number): string {
   const tps = plan.expectedTokensPerSecond;
   const gbps = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
   const lines = [
-    `placement (${plan.solver}): ${mib(plan.totalBytes)} of ${mib(plan.budgetBytes)} budget on the device ` +
+    `placement (${plan.solver === "ilp" ? "integer program" : "greedy"}): ${mib(plan.totalBytes)} of ${mib(plan.budgetBytes)} budget on the device ` +
       `(hot neurons ${mib(neuronBytes)}; attention + KV cache of ${nAtt} of ${plan.layers.length} layers ${mib(plan.attentionBytes ?? 0)}); ` +
       `expected share of activations served by the device ${(plan.deviceShare * 100).toFixed(1)} %, ` +
       `of bytes read per token ${((plan.deviceReadShare ?? Number.NaN) * 100).toFixed(1)} %; ` +
       (Number.isNaN(plan.gap)
         ? "read from the GPU index"
         : plan.gap === 0
-          ? `proven optimal (${plan.method}${took})`
-          : `within ${(plan.gap * 100).toFixed(2)} % of the optimum (${plan.method}${took}; bound ${(plan.bound * 100).toFixed(1)} %)`),
+          ? `proven optimal (solved by ${plan.method}${took})`
+          : `within ${(plan.gap * 100).toFixed(2)} % of the optimum (solved by ${plan.method}${took}; bound ${(plan.bound * 100).toFixed(1)} %)`),
     `expected ${tps === undefined || Number.isNaN(tps) ? "? (no statistics)" : tps.toFixed(1)} tokens/s for the layers ` +
       `(device ${gbps(t.deviceBytesPerSecond)}, CPU ${gbps(t.cpuBytesPerSecond)}: ${t.source}` +
       `${plan.attentionPlanned === false ? "; FFN only: no attention sizes given" : ""}; output layer not counted)`,

@@ -46,7 +46,10 @@ export function perplexity(
   const chunkLen = opts.protocol === "all-tokens" ? nCtx - 1 : nCtx;
   const nChunks = Math.floor(tokens.length / chunkLen);
   if (nChunks < 1) {
-    throw new EngineError("BAD_INPUT", `text has ${tokens.length} tokens, fewer than one chunk of ${chunkLen}`);
+    throw new EngineError(
+      "BAD_INPUT",
+      `text has ${tokens.length} token${tokens.length === 1 ? "" : "s"}, fewer than one chunk of ${chunkLen}`,
+    );
   }
   const bos = opts.bosId;
   if (opts.protocol === "all-tokens" && bos === undefined) {
