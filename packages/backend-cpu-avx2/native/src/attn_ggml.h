@@ -55,7 +55,9 @@ void attn_row_ggml(int64_t hd, const float* q, const uint8_t* k, size_t kstride,
         P::scale_f32(hd, a32, ms);
       }
     } else {
-      vs = std::exp(s - M);
+      // expf(x) rounds to +0 for x < −104 (e^−104 ≈ 6.8e−46 is below half the smallest subnormal); taking 0
+      // there skips libm's underflow path (errno), which far-away keys of a long context otherwise hit
+      vs = s - M < -104.0f ? 0.0f : std::exp(s - M);
     }
     const uint8_t* vr = v + static_cast<size_t>(j) * vstride;
     if (VI) {

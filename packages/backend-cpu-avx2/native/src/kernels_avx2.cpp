@@ -1642,8 +1642,12 @@ struct GgmlAvx2 {
     }
     for (; i < n; i++) y[i] = f32_to_f16(h2f(y[i]) * a);
   }
+  // ggml's vector loops take 32 elements at a time and leave the rest to a scalar tail; the tail's
+  // contracted y = fma(x, a, y) per element is what the 8-lane FMA does, so with kGgmlContract the vector
+  // loop runs on to the last multiple of 8 (head_dim 8–24 models then take no scalar path at all)
+  static constexpr int64_t kMadMask = kGgmlContract ? ~int64_t{7} : ~int64_t{31};
   static void mad_f32(int64_t n, float* y, const float* x, float a) {
-    const int64_t np = n & ~int64_t{31};
+    const int64_t np = n & kMadMask;
     const __m256 va = _mm256_set1_ps(a);
     for (int64_t i = 0; i < np; i += 8) {
       _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), va, _mm256_loadu_ps(y + i)));
@@ -1651,7 +1655,7 @@ struct GgmlAvx2 {
     for (int64_t i = np; i < n; i++) y[i] = kGgmlContract ? std::fma(x[i], a, y[i]) : y[i] + x[i] * a;
   }
   static void mad_f16(int64_t n, uint16_t* y, const uint16_t* x, float a) {
-    const int64_t np = n & ~int64_t{31};
+    const int64_t np = n & kMadMask;
     const __m256 va = _mm256_set1_ps(a);
     for (int64_t i = 0; i < np; i += 8) {
       const __m256 r = _mm256_fmadd_ps(load_f16(x + i), va, load_f16(y + i));
