@@ -63,7 +63,7 @@ describe("placement planner at real sizes", () => {
         expect(plan.totalBytes).toBeLessThanOrEqual(input.budgetBytes);
         expect(plan.totalBytes).toBeGreaterThan(input.budgetBytes - nLayer * 256 * bytesPerNeuron[0]!);
         expect(objective(input, plan)).toBeGreaterThanOrEqual(objective(input, planGreedy(input)));
-        expect(explainPlan(plan, nFf).split("\n")[0]).toMatch(/proven optimal \(dp, [0-9.]+ s\)$/);
+        expect(explainPlan(plan, nFf).split("\n")[0]).toMatch(/proven optimal \(solved by dp, [0-9.]+ s\)$/);
       }
     }
   });
@@ -107,7 +107,7 @@ describe("placement planner at real sizes", () => {
         expect(nAtt).toBeGreaterThanOrEqual(Math.min(nLayer, Math.floor(input.budgetBytes / attention)) - 1);
         expect(deviceRead(plan)).toBeGreaterThanOrEqual(deviceRead(planGreedy(input)) - 1e-6);
         const text = explainPlan(plan, nFf).split("\n");
-        expect(text[0]).toMatch(/attention \+ KV cache of \d+ of \d+ layers .* proven optimal \(dp, [0-9.]+ s\)$/);
+        expect(text[0]).toMatch(/attention \+ KV cache of \d+ of \d+ layers .* proven optimal \(solved by dp, [0-9.]+ s\)$/);
         expect(text[1]).toMatch(
           /^expected [0-9.]+ tokens\/s for the layers \(device 1008.0 GB\/s, CPU 76.8 GB\/s: defaults;/,
         );
