@@ -68,7 +68,9 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     expect(reset.reused).toBe(false);
 
     const text = cli("plan", ...common, "--vram-budget", String(budget));
-    expect(text.stdout).toMatch(/^placement \(integer program\): .* expected share of activations served by the device/m);
+    expect(text.stdout).toMatch(
+      /^placement \(integer program\): .* expected share of activations served by the device/m,
+    );
     expect(text.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l))).toHaveLength(6);
   });
 

@@ -107,7 +107,9 @@ describe("placement planner at real sizes", () => {
         expect(nAtt).toBeGreaterThanOrEqual(Math.min(nLayer, Math.floor(input.budgetBytes / attention)) - 1);
         expect(deviceRead(plan)).toBeGreaterThanOrEqual(deviceRead(planGreedy(input)) - 1e-6);
         const text = explainPlan(plan, nFf).split("\n");
-        expect(text[0]).toMatch(/attention \+ KV cache of \d+ of \d+ layers .* proven optimal \(solved by dp, [0-9.]+ s\)$/);
+        expect(text[0]).toMatch(
+          /attention \+ KV cache of \d+ of \d+ layers .* proven optimal \(solved by dp, [0-9.]+ s\)$/,
+        );
         expect(text[1]).toMatch(
           /^expected [0-9.]+ tokens\/s for the layers \(device 1008.0 GB\/s, CPU 76.8 GB\/s: defaults;/,
         );
