@@ -85,6 +85,8 @@ describe("options", () => {
   it("parses llama-bench-style lists", () => {
     expect(intList("-p")("512,1024")).toEqual([512, 1024]);
     expect(intList("-p")("0")).toEqual([]);
+    expect(intList("-d", 0, false)("0,4096")).toEqual([0, 4096]);
+    expect(() => intList("-d", 0, false)("-1")).toThrow(InvalidArgumentError);
     expect(() => intList("-p")("12,x")).toThrow(InvalidArgumentError);
     expect(sparseList("auto")).toBe("auto");
     expect(sparseList("off,oracle")).toEqual(["off", "oracle"]);
@@ -97,6 +99,7 @@ describe("options", () => {
 describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () => {
   let stories260K: BenchResult;
   let sparse: BenchResult;
+  let deep: BenchResult;
   beforeAll(async () => {
     stories260K = await runBench({
       models: [{ path: stories }],
@@ -123,7 +126,34 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
       bandwidth: stories260K.bandwidth,
       llamaCppPeer: "prebuilt",
     });
+    deep = await runBench({
+      models: [{ path: stories }],
+      nPrompt: [8],
+      nGen: [4],
+      nDepth: [0, 24],
+      threads: [1],
+      repetitions: 1,
+      sparse: ["off"],
+      bandwidth: stories260K.bandwidth,
+      llamaCppPeer: "prebuilt",
+    });
   }, 120_000);
+
+  it("-d: every test once per depth, named as llama-bench names them; the prebuilt peer runs depth 0 only and says so", () => {
+    const ours = deep.rows.filter((x) => x.engine === "powerinfer-ts");
+    expect(ours.map((x) => `${x.test} ${x.n_prompt} ${x.n_gen} ${x.n_depth}`)).toEqual([
+      "pp8 8 0 0",
+      "tg4 0 4 0",
+      "pp8 @ d24 8 0 24",
+      "tg4 @ d24 0 4 24",
+    ]);
+    expect(formatMarkdown(deep)).toMatch(/\| tg4 @ d24 \| [\d.]+ ± 0\.00 \|/);
+    if (deep.rows.some((x) => x.engine === "llama.cpp")) {
+      expect(deep.rows.filter((x) => x.engine === "llama.cpp").map((x) => x.test)).toEqual(["pp8", "tg4"]);
+      expect(deep.notes.join("\n")).toMatch(/llama\.cpp \(prebuilt\) cannot run depth \(-d\) tests/);
+      expect(ours.find((x) => x.test === "tg4 @ d24")!.vs_llama_cpp).toBeNull();
+    }
+  });
 
   it("stories260K: llama-bench rows for ours (and llama.cpp when its binary is there), bytes per token, bandwidth share", () => {
     const r = stories260K;

@@ -72,6 +72,10 @@ describe("llama-bench -o json", () => {
     expect(pp).toEqual(["-m", "m.gguf", "-p", "512", "-n", "0", "-t", "2", "-r", "1", "-o", "json"]);
     const tg = llamaBenchArgs("m.gguf", { kind: "tg", n: 128, threads: 1, repetitions: 3 });
     expect(tg.join(" ")).toBe("-m m.gguf -p 0 -n 128 -t 1 -r 3 -o json");
+    // a depth goes to -d; depth 0 passes nothing (older llama-bench builds have no -d)
+    const deep = llamaBenchArgs("m.gguf", { kind: "tg", n: 128, threads: 1, repetitions: 3, depth: 4096 });
+    expect(deep.join(" ")).toBe("-m m.gguf -p 0 -n 128 -t 1 -r 3 -d 4096 -o json");
+    expect(llamaBenchArgs("m.gguf", { kind: "pp", n: 8, threads: 1, repetitions: 1, depth: 0 })).not.toContain("-d");
   });
 
   it("median of samples", () => {
@@ -148,13 +152,14 @@ const native = findNativeLlamaCpp(resolveLlamaCppDir());
 const skip = "unavailable" in native ? native.unavailable : !probe.usable ? `CPU backend ${probe.reason}` : "";
 
 describe.skipIf(skip !== "")(`the native llama-bench as the bench peer ${skip ? `(skipped: ${skip})` : ""}`, () => {
-  it("stories260K, 1 repetition: llama-bench rows labelled with the native build, ratios against them", async () => {
+  it("stories260K, 1 repetition: llama-bench rows labelled with the native build, ratios against them, at depths 0 and 16", async () => {
     if ("unavailable" in native) throw new Error(native.unavailable);
     const lines: string[] = [];
     const r = await runBench({
       models: [{ path: stories }],
       nPrompt: [32],
       nGen: [8],
+      nDepth: [0, 16],
       threads: [1],
       repetitions: 1,
       sparse: ["off"],
@@ -165,18 +170,20 @@ describe.skipIf(skip !== "")(`the native llama-bench as the bench peer ${skip ? 
     expect(r.notes).toEqual([]);
     expect(r.llamaCpp).toMatchObject({ kind: "native", label: native.label });
     const peer = r.rows.filter((x) => x.engine === "llama.cpp");
-    expect(peer.map((x) => `${x.engine_label} ${x.test}`)).toEqual([`${native.label} pp32`, `${native.label} tg8`]);
+    const names = ["pp32", "tg8", "pp32 @ d16", "tg8 @ d16"];
+    expect(peer.map((x) => `${x.engine_label} ${x.test}`)).toEqual(names.map((t) => `${native.label} ${t}`));
     for (const row of peer) {
       expect(row.samples_ns).toHaveLength(1);
       expect(row.avg_ts).toBeGreaterThan(0);
     }
     const ours = r.rows.filter((x) => x.engine === "powerinfer-ts");
-    expect(ours.map((x) => x.test)).toEqual(["pp32", "tg8"]);
+    expect(ours.map((x) => x.test)).toEqual(names);
+    expect(ours.map((x) => x.n_depth)).toEqual([0, 0, 16, 16]);
     for (const row of ours)
       expect(row.vs_llama_cpp).toBeCloseTo(row.median_ts / peer.find((p) => p.test === row.test)!.median_ts, 9);
     // llama-bench sits out the warm-up round (it warms up inside its own process)
     expect(lines.filter((l) => l.startsWith("warm-up: llama.cpp"))).toEqual([]);
-    expect(lines.filter((l) => l.startsWith("rep 1: llama.cpp (native)"))).toHaveLength(2);
+    expect(lines.filter((l) => l.startsWith("rep 1: llama.cpp (native)"))).toHaveLength(4);
     expect(r.llamaBench).toMatchObject({ n_threads: 1, build_commit: native.build.commit.slice(0, 7) });
     expect(formatHeader(r)).toContain(`- llama.cpp: ${native.label} — built here`);
     expect(formatMarkdown(r)).toContain(`| ${native.label} | 1 | – | – | tg8 |`);

@@ -73,6 +73,11 @@ export interface BenchOptions {
   nPrompt: number[];
   /** Generation sizes (tgN tests); [] for none. */
   nGen: number[];
+  /**
+   * Depths (llama-bench `-d`): every pp/tg test runs once per depth, after that many random tokens were
+   * evaluated into the KV cache (not timed). Default [0].
+   */
+  nDepth?: number[];
   threads: number[];
   /** Measured repetitions (after one warm-up round). */
   repetitions: number;
@@ -122,9 +127,12 @@ export interface BenchRow {
   sparse: SparseMode | null;
   /** Neurons computed / n_ff (routed experts: / n_expert_used · n_ff_exp) over the measured tokens (sparse modes), else null. */
   active_fraction: number | null;
+  /** llama-bench's name of the test: ppN or tgN, with " @ dD" at a depth D > 0. */
   test: string;
   n_prompt: number;
   n_gen: number;
+  /** Tokens in the KV cache before the test (llama-bench `-d`). */
+  n_depth: number;
   samples_ns: number[];
   samples_ts: number[];
   avg_ns: number;
@@ -249,8 +257,11 @@ interface Engine {
   sparse: SparseMode | null;
   file: GgufFile;
   path: string;
-  pp(tokens: number[]): Promise<{ ms: number; active?: number }>;
-  tg(tokens: number[]): Promise<{ ms: number; active?: number; rowsPerToken?: number[] }>;
+  /** Runs depth tests (`-d`); false: those tests are skipped for this engine, with a note. */
+  depth?: boolean;
+  /** `depth`: tokens evaluated first, untimed (llama-bench `-d`); their count is the test's depth. */
+  pp(tokens: number[], depth: number[]): Promise<{ ms: number; active?: number }>;
+  tg(tokens: number[], depth: number[]): Promise<{ ms: number; active?: number; rowsPerToken?: number[] }>;
   dispose(): Promise<void>;
 }
 
@@ -259,8 +270,9 @@ export const LLAMA_BENCH_UBATCH = 512;
 
 /**
  * Our engine with llama-bench's context per test: llama-bench gives each test a context of
- * n_prompt + n_gen tokens (ppN: N, tgN: N) and evaluates prompts in ubatches of 512, so each test
- * here gets its own session with nCtx = N and nBatch = 512.
+ * n_depth + n_prompt + n_gen tokens (ppN: N, tgN: N) and evaluates prompts in ubatches of 512, so each
+ * test here gets its own session with nCtx = depth + N and nBatch = 512; the depth's tokens are evaluated
+ * before the clock starts.
  */
 function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: string): Engine {
   const sessions = new Map<number, Session>();
@@ -299,18 +311,21 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
     sparse,
     file: model.file,
     path,
-    async pp(tokens) {
-      const session = sessionFor(tokens.length);
+    depth: true,
+    async pp(tokens, depth) {
+      const session = sessionFor(depth.length + tokens.length);
       session.reset();
+      if (depth.length > 0) await evaluate(session, depth);
       const s0 = snapshot(session);
       const t0 = performance.now();
       await evaluate(session, tokens);
       const ms = performance.now() - t0;
       return { ms, active: delta(session, s0).active };
     },
-    async tg(tokens) {
-      const session = sessionFor(tokens.length);
+    async tg(tokens, depth) {
+      const session = sessionFor(depth.length + tokens.length);
       session.reset();
+      if (depth.length > 0) await evaluate(session, depth);
       const s0 = snapshot(session);
       const t0 = performance.now();
       for (const t of tokens) await evaluate(session, [t]);
@@ -388,6 +403,7 @@ function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string, engineLabel
     sparse: null,
     file,
     path,
+    depth: false,
     pp: async (t) => ({ ms: await r.pp(t) }),
     tg: async (t) => ({ ms: await r.tg(t) }),
     dispose: () => r.dispose(),
@@ -405,11 +421,11 @@ function nativeEngine(
   threads: number,
   onRow: (row: LlamaBenchRow) => void,
 ): Engine {
-  const once = async (kind: "pp" | "tg", n: number) => {
-    const row = await runLlamaBench(peer, path, { kind, n, threads, repetitions: 1 });
-    if (row.n_threads !== threads || (kind === "pp" ? row.n_prompt : row.n_gen) !== n) {
+  const once = async (kind: "pp" | "tg", n: number, depth: number) => {
+    const row = await runLlamaBench(peer, path, { kind, n, threads, repetitions: 1, depth });
+    if (row.n_threads !== threads || (kind === "pp" ? row.n_prompt : row.n_gen) !== n || row.n_depth !== depth) {
       throw new NativeLlamaCppError(
-        `llama-bench ran ${row.n_threads} threads p${row.n_prompt} n${row.n_gen}, asked ${threads} ${kind}${n}`,
+        `llama-bench ran ${row.n_threads} threads p${row.n_prompt} n${row.n_gen} d${row.n_depth}, asked ${threads} ${kind}${n} d${depth}`,
       );
     }
     onRow(row);
@@ -423,8 +439,9 @@ function nativeEngine(
     sparse: null,
     file,
     path,
-    pp: (t) => once("pp", t.length),
-    tg: (t) => once("tg", t.length),
+    depth: true,
+    pp: (t, d) => once("pp", t.length, d.length),
+    tg: (t, d) => once("tg", t.length, d.length),
     dispose: async () => {},
   };
 }
@@ -513,7 +530,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       const nVocab = (file.metadata.get("tokenizer.ggml.tokens") as unknown[] | undefined)?.length ?? 0;
       const maxPp = Math.max(0, ...o.nPrompt);
       const maxTg = Math.max(0, ...o.nGen);
-      const nCtx = Math.max(maxPp, maxTg, 1);
+      const depths = o.nDepth?.length ? o.nDepth : [0];
+      const nCtx = Math.max(...depths) + Math.max(maxPp, maxTg, 1);
       const ctxTrain =
         getOptionalNumber(file, `${getOptionalString(file, "general.architecture")}.context_length`) ?? nCtx;
       if (nCtx > ctxTrain) {
@@ -523,6 +541,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       }
       const ppTokens = new Map(o.nPrompt.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + n)]));
       const tgTokens = new Map(o.nGen.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + 7919 * n)]));
+      const depthTokens = new Map(depths.map((d) => [d, randomTokens(d, nVocab, (o.seed ?? 1) + 104729 * d)]));
       for (const threads of o.threads) {
         const engines: Engine[] = [];
         log(`${name}: loading engines (${threads} thread(s))`);
@@ -576,10 +595,21 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             }
           }
         }
-        const tests = [
-          ...o.nPrompt.map((n) => ({ kind: "pp" as const, n, tokens: ppTokens.get(n)! })),
-          ...o.nGen.map((n) => ({ kind: "tg" as const, n, tokens: tgTokens.get(n)! })),
-        ];
+        const tests = depths.flatMap((d) => [
+          ...o.nPrompt.map((n) => ({
+            kind: "pp" as const,
+            n,
+            d,
+            tokens: ppTokens.get(n)!,
+            depth: depthTokens.get(d)!,
+          })),
+          ...o.nGen.map((n) => ({ kind: "tg" as const, n, d, tokens: tgTokens.get(n)!, depth: depthTokens.get(d)! })),
+        ]);
+        const testName = (t: (typeof tests)[number]) => `${t.kind}${t.n}${t.d > 0 ? ` @ d${t.d}` : ""}`;
+        for (const e of engines) {
+          if (!e.depth && depths.some((d) => d > 0))
+            notes.push(`${name}: ${e.label} cannot run depth (-d) tests; only its depth-0 rows ran`);
+        }
         const samples = engines.map(() =>
           tests.map(() => ({ ms: [] as number[], active: [] as number[], rows: [] as number[][] })),
         );
@@ -591,16 +621,17 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             for (const ei of order) {
               const e = engines[ei]!;
               if (rep === 0 && e.selfWarming) continue;
+              if (t.d > 0 && !e.depth) continue;
               let r: { ms: number; active?: number; rowsPerToken?: number[] };
               try {
-                r = t.kind === "pp" ? await e.pp(t.tokens) : await e.tg(t.tokens);
+                r = t.kind === "pp" ? await e.pp(t.tokens, t.depth) : await e.tg(t.tokens, t.depth);
               } catch (err) {
                 if (!(err instanceof NativeLlamaCppError)) throw err;
-                notes.push(`${name}: ${e.label} ${t.kind}${t.n} failed: ${(err as Error).message.split("\n")[0]}`);
+                notes.push(`${name}: ${e.label} ${testName(t)} failed: ${(err as Error).message.split("\n")[0]}`);
                 continue;
               }
               log(
-                `${rep === 0 ? "warm-up" : `rep ${rep}`}: ${e.label} ${t.kind}${t.n} ${((t.n * 1000) / r.ms).toFixed(2)} t/s`,
+                `${rep === 0 ? "warm-up" : `rep ${rep}`}: ${e.label} ${testName(t)} ${((t.n * 1000) / r.ms).toFixed(2)} t/s`,
               );
               if (rep === 0) continue;
               const s = samples[ei]![ti]!;
@@ -640,9 +671,10 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               n_threads: threads,
               sparse: e.sparse,
               active_fraction: e.sparse && e.sparse !== "off" && s.active.length ? mean(s.active) : null,
-              test: `${t.kind}${t.n}`,
+              test: testName(t),
               n_prompt: t.kind === "pp" ? t.n : 0,
               n_gen: t.kind === "tg" ? t.n : 0,
+              n_depth: t.d,
               samples_ns: s.ms.map((ms) => Math.round(ms * 1e6)),
               samples_ts: ts,
               avg_ns: Math.round(mean(s.ms) * 1e6),

@@ -290,6 +290,8 @@ export interface LlamaBenchTest {
   threads: number;
   /** Measured repetitions (`-r`); llama-bench runs its own warm-up before them. */
   repetitions: number;
+  /** Tokens in the KV cache before the test (`-d`, passed only when > 0). Default 0. */
+  depth?: number;
 }
 
 /** The llama-bench arguments for one test on one file. */
@@ -305,6 +307,7 @@ export function llamaBenchArgs(model: string, t: LlamaBenchTest): string[] {
     String(t.threads),
     "-r",
     String(t.repetitions),
+    ...(t.depth ? ["-d", String(t.depth)] : []),
     "-o",
     "json",
   ];

@@ -56,6 +56,7 @@ export interface BenchCliOptions {
   twin?: string[];
   nPrompt: number[];
   nGen: number[];
+  nDepth?: number[];
   threads: number[];
   repetitions: number;
   sparse: "auto" | SparseMode[];
@@ -83,6 +84,7 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     models: o.model.map((path, i) => ({ path, twin: o.twin?.[i] || undefined })),
     nPrompt: o.nPrompt,
     nGen: o.nGen,
+    nDepth: o.nDepth,
     threads: o.threads,
     repetitions: o.repetitions,
     sparse: o.sparse,
@@ -119,6 +121,12 @@ export function register(program: Command): void {
     )
     .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), [512])
     .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), [128])
+    .option(
+      "-d, --n-depth <n,…>",
+      "tokens already in the KV cache when each test starts (llama-bench's -d; the prefill is not timed)",
+      intList("--n-depth", 0, false),
+      [0],
+    )
     .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), [2])
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
