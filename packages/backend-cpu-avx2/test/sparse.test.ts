@@ -3,7 +3,7 @@
  * on the scalar path: all-active equals dense, random masks equal the float64 reference of the masked
  * formula, row counters prove that inactive rows are not read, axpy_sparse is deterministic.
  */
-import { type Backend, type DType, Graph, type TensorHandle } from "@powerinfer/core";
+import { type Backend, DTYPE_LAYOUT, type DType, Graph, type TensorHandle } from "@powerinfer/core";
 import { describe, expect, it } from "vitest";
 import {
   backend,
@@ -240,6 +240,48 @@ describe.skipIf(!usable)("sparse ops", () => {
       }
     });
   }
+
+  it("axpy_sparse with a batch (rows a multiple of 64 long: the register-tiled path, several passes of 64 tokens): at 1 thread each column alone gives the same bits; 2 threads and the scalar table match the float64 reference", async () => {
+    const rng = new Rng(321);
+    const T = 70;
+    for (const dtype of WEIGHT_DTYPES) {
+      const e = DTYPE_LAYOUT[dtype].blockSize === 256 ? 512 : 192;
+      const nOut = 45;
+      const w = randomWeights(dtype, e, nOut, rng);
+      const a = rng.f32(nOut * T, -2, 2);
+      const logits = rng.f32(nOut * T, -1, 1);
+      for (let t = 0; t < T; t++) logits[t * nOut + 7] = 1; // a busy row
+      for (let i = 0; i < nOut; i++) logits[9 * nOut + i] = -1; // a token with no active row
+      const cases: SparseCase[] = [
+        { logits, threshold: 0.2, nOut, T },
+        { logits, rows: Int32Array.from([40, 3, 7, 12, 3, 30]), threshold: -0.5, nOut, T },
+      ];
+      for (const c of cases) {
+        const ref = axpySparseRef(w, e, a, c, nOut);
+        for (const opts of [{ threads: 1 }, { threads: 2 }, { threads: 2, forceScalar: true }]) {
+          const b = await backend(opts);
+          const wt = b.createTensor(dtype, [e, nOut], w.bytes);
+          const r = run(b, "axpy_sparse", wt, a, c);
+          expect(r.rowsRead, `${dtype} rowsRead`).toBe(ref.pairs);
+          expectClose(
+            r.y,
+            ref.value,
+            (i) => 1e-5 * ref.scale[i]! + 1e-30,
+            `axpy_sparse ${dtype} T=${T} ${JSON.stringify(opts)}`,
+          );
+          for (let t = 0; opts.threads === 1 && t < T; t++) {
+            const one = run(b, "axpy_sparse", wt, a.subarray(t * nOut, (t + 1) * nOut), {
+              ...c,
+              logits: c.logits.subarray(t * nOut, (t + 1) * nOut),
+              T: 1,
+            });
+            expect(one.y, `${dtype}: column ${t} alone`).toEqual(r.y.subarray(t * e, (t + 1) * e));
+          }
+          b.freeTensor(wt);
+        }
+      }
+    }
+  });
 
   it("axpy_sparse is bit-identical across runs, and 1 vs 2 threads agree within summation-order error", async () => {
     const rng = new Rng(99);

@@ -69,6 +69,17 @@ using AxpyRowsFn = void (*)(int64_t k, int nr, const float* a, const uint8_t* co
 /// unpacked row. Fastest at ng = 4, nc = 1 (matrix × vector: four concurrent streams) and ng = 1, nc = 4
 /// (a batch).
 using PackedTileFn = void (*)(int64_t k, int ng, int nc, const uint8_t* groups, const uint8_t* const* x, float* out);
+/// axpy_sparse with a batch (see ops.cpp `axpy_batch`): y[0..64) = Σ_j s_j · v_j over the n entries in
+/// order, as acc = fma(s_j, v_j, acc) per element from acc = +0, then stored — the per-element operations
+/// of n successive AxpyFn calls on a zeroed y. Entry j is the slice `slices + idx[j]·stride` (bytes) with
+/// the coefficient a[j]; the slice kind (index of KernelTable::axpy_gather) says what a slice holds:
+/// - SK_I8 (Q4_0/Q8_0 rows): two F32 block scales d0, d1, then 64 int8 (q − 8 for Q4_0, q for Q8_0);
+///   s = a·d0 for elements 0..31 and a·d1 for 32..63 (the rounding of axpy_q4_0/axpy_q8_0's a·d);
+/// - SK_F16: 64 F16 values, s = a; SK_F32: 64 F32 values (a dequantized row part), s = a.
+using AxpyGatherFn = void (*)(int64_t n, const int32_t* idx, const float* a, const uint8_t* slices, int64_t stride,
+                              float* y);
+enum SliceKind { SK_I8 = 0, SK_F16 = 1, SK_F32 = 2, SK_COUNT = 3 };
+
 /// Converts k F32 activations to an activation format.
 using ConvertFn = void (*)(const float* x, void* dst, int64_t k);
 
@@ -101,6 +112,10 @@ struct KernelTable {
   DequantFn dequant[DT_TABLE];  // indexed by weight dtype code
   AxpyFn axpy[DT_TABLE];        // indexed by weight dtype code
   AxpyRowsFn axpy_rows[DT_TABLE];
+  /// Indexed by SliceKind; null in the portable table (ops then take the row-by-row axpy path).
+  AxpyGatherFn axpy_gather[SK_COUNT];
+  /// Q4_0/Q8_0 (null elsewhere): the SK_I8 slice (72 bytes, see AxpyGatherFn) of the two blocks at w.
+  void (*slice_i8[DT_TABLE])(const uint8_t* w, uint8_t* slice);
   ConvertFn convert[XF_COUNT];  // indexed by XFormat
   ConvertFn store_f16;          // F32 → F16 storage (round to nearest even)
   ConvertFn store_bf16;         // F32 → BF16 storage (round to nearest even)

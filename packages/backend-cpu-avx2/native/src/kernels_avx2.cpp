@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <array>
+#include <cstring>
 #include <utility>
 
 #include "attn_ggml.h"
@@ -1506,6 +1507,61 @@ void axpy_rows_q8_0(int64_t k, int nr, const float* a, const uint8_t* const* w, 
   }
 }
 
+/// 8 values of a slice as F32 (SliceKind: int8, F16 or F32 elements; exact conversions).
+template <int SK>
+inline __m256 slice_load8(const uint8_t* v, int i) {
+  if constexpr (SK == SK_I8) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + 8 * i))));
+  } else if constexpr (SK == SK_F16) {
+    return load_f16(reinterpret_cast<const uint16_t*>(v) + 8 * i);
+  } else {
+    return _mm256_loadu_ps(reinterpret_cast<const float*>(v) + 8 * i);
+  }
+}
+
+/// KernelTable::slice_i8: two blocks' scales (F32) and their integers (q − 8 for Q4_0) as int8.
+template <int DT>
+void slice_i8(const uint8_t* w, uint8_t* slice) {
+  float d[2];
+  for (int b = 0; b < 2; b++) {
+    __m256i q;
+    if constexpr (DT == DT_Q4_0) {
+      const BlockQ4_0& blk = reinterpret_cast<const BlockQ4_0*>(w)[b];
+      d[b] = h2f(blk.d);
+      q = _mm256_sub_epi8(unpack_nibbles(blk.qs), _mm256_set1_epi8(8));
+    } else {
+      const BlockQ8_0& blk = reinterpret_cast<const BlockQ8_0*>(w)[b];
+      d[b] = h2f(blk.d);
+      q = loadu256(blk.qs);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(slice + 8 + 32 * b), q);
+  }
+  std::memcpy(slice, d, sizeof d);
+}
+
+/// AxpyGatherFn: eight independent 8-lane FMA chains (64 outputs) held in registers over all entries.
+template <int SK>
+void axpy_gather(int64_t n, const int32_t* idx, const float* a, const uint8_t* slices, int64_t stride, float* y) {
+  __m256 acc[8];
+  for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < n; j++) {
+    const uint8_t* p = slices + static_cast<int64_t>(idx[j]) * stride;
+    __m256 s0, s1;
+    if constexpr (SK == SK_I8) {
+      float d[2];
+      std::memcpy(d, p, sizeof d);
+      s0 = _mm256_set1_ps(a[j] * d[0]);
+      s1 = _mm256_set1_ps(a[j] * d[1]);
+      p += 8;
+    } else {
+      s0 = s1 = _mm256_set1_ps(a[j]);
+    }
+    for (int i = 0; i < 4; i++) acc[i] = _mm256_fmadd_ps(s0, slice_load8<SK>(p, i), acc[i]);
+    for (int i = 4; i < 8; i++) acc[i] = _mm256_fmadd_ps(s1, slice_load8<SK>(p, i), acc[i]);
+  }
+  for (int i = 0; i < 8; i++) _mm256_storeu_ps(y + 8 * i, acc[i]);
+}
+
 /// Other quantized rows: each block dequantized (scalar table) for every row, then accumulated.
 template <int DT, int BLOCK, int BYTES>
 void axpy_rows_blocks(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
@@ -1767,6 +1823,11 @@ KernelTable make_table() {
   t.axpy_rows[DT_Q4_K] = axpy_rows_q4_K;
   t.axpy_rows[DT_Q5_K] = axpy_rows_blocks<DT_Q5_K, QK_K, 176>;
   t.axpy_rows[DT_Q6_K] = axpy_rows_blocks<DT_Q6_K, QK_K, 210>;
+  t.slice_i8[DT_Q4_0] = slice_i8<DT_Q4_0>;
+  t.slice_i8[DT_Q8_0] = slice_i8<DT_Q8_0>;
+  t.axpy_gather[SK_I8] = axpy_gather<SK_I8>;
+  t.axpy_gather[SK_F16] = axpy_gather<SK_F16>;
+  t.axpy_gather[SK_F32] = axpy_gather<SK_F32>;
   t.convert[XF_F16] = convert_f16;
   t.convert[XF_Q8_0] = convert_q8<false>;
   t.convert[XF_Q8_1] = convert_q8<true>;

@@ -269,6 +269,11 @@ struct SparseLayout {
   int32_t* part = nullptr;     // 2·ncand: the list's busy entries first (see partition_busy)
   int64_t* n_busy = nullptr;   // number of busy entries
   uint8_t* pack = nullptr;     // BK_PACKED: nth × 2 repacked groups of 8 gathered rows
+  // axpy_sparse with a batch (axpy_batch)
+  int64_t cap = 0;             // entries a thread's share holds at most
+  uint8_t* slices = nullptr;   // nth × cap slices of the share's rows (SliceSpec)
+  int32_t* bidx = nullptr;     // nth × AXPY_TC × cap: per token, the share's entries active at it
+  float* ba = nullptr;         // … and their coefficients a[i, t]
   // file-backed weight (neuron cache) only
   int32_t* slot = nullptr;     // cache slot of each list entry
   int32_t* order = nullptr;    // mul_mat_sparse: entries of the round, rows already loaded first
@@ -290,6 +295,32 @@ int batch_kind(const KernelTable* k, int dtype, int64_t K) {
   if (dtype == DT_Q8_0 && k->gemm_tile[dtype] && k->gemm_is_dot[dtype] && K % 8 == 0) return BK_GEMM;
   if ((dtype == DT_Q4_0 || dtype == DT_Q4_K) && k->packed_tile[dtype]) return BK_PACKED;
   return BK_NONE;
+}
+
+/// Tokens per pass of axpy_batch (its per-token lists and the reuse of a converted slice).
+constexpr int64_t AXPY_TC = 64;
+
+/// How axpy_batch holds a part of a weight row (see AxpyGatherFn): the slice kind, the elements per slice
+/// (width: 64, or the block size when larger) and the bytes per slice; kind −1 where the dtype or the row
+/// length does not allow it (rows of a length not a multiple of the width take the row-by-row path).
+struct SliceSpec {
+  int kind = -1;
+  int64_t width = 0;
+  int64_t stride = 0;
+};
+
+SliceSpec slice_spec(int dtype, int64_t E) {
+  const int64_t blk = dtype_layout(dtype).block;
+  if (blk <= 0) return {};
+  const int64_t width = blk > 64 ? blk : 64;
+  if (width % 64 != 0 || E % width != 0) return {};
+  switch (dtype) {
+    case DT_Q4_0:
+    case DT_Q8_0: return {SK_I8, 64, 72};
+    case DT_F16: return {SK_F16, 64, 128};
+    case DT_F32: return {SK_F32, 64, 256};
+    default: return axpy_dequantizes(dtype) ? SliceSpec{SK_F32, width, 4 * width} : SliceSpec{};
+  }
 }
 
 SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
@@ -316,6 +347,14 @@ SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
     const size_t E = static_cast<size_t>(W.ne[0]);
     if (nth > 1) l.acc = static_cast<float*>(b.take(sizeof(float) * E * static_cast<size_t>(T) * nth));
     if (T > 1 && axpy_dequantizes(W.dtype)) l.tmp = static_cast<float*>(b.take(sizeof(float) * E * nth));
+    const SliceSpec sp = slice_spec(W.dtype, W.ne[0]);
+    if (T > 1 && sp.kind >= 0 && !W.cache) {
+      l.cap = (ncand + nth - 1) / nth;
+      const size_t per = static_cast<size_t>(nth) * static_cast<size_t>(l.cap);
+      l.slices = static_cast<uint8_t*>(b.take(per * static_cast<size_t>(sp.stride)));
+      l.bidx = static_cast<int32_t*>(b.take(sizeof(int32_t) * per * AXPY_TC));
+      l.ba = static_cast<float*>(b.take(sizeof(float) * per * AXPY_TC));
+    }
   }
   if (W.cache) {
     l.slot = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(ncand)));
@@ -582,6 +621,76 @@ int64_t axpy_row_columns(const NodeExec& n, const uint8_t* w, int64_t i, int64_t
   return nact;
 }
 
+/// Fills one slice (SliceSpec) from the part of a weight row at w (block-aligned, sp.width elements).
+void fill_slice(const NodeExec& n, const SliceSpec& sp, const uint8_t* w, uint8_t* s) {
+  const int dtype = n.src[0].dtype;
+  if (sp.kind == SK_I8) {
+    n.k->slice_i8[dtype](w, s);
+  } else if (sp.kind == SK_F16 || dtype == DT_F32) {
+    std::memcpy(s, w, static_cast<size_t>(sp.stride));
+  } else {
+    n.k->dequant[dtype](w, reinterpret_cast<float*>(s), sp.width);
+  }
+}
+
+/// axpy_sparse with a batch, thread ith's share [e0, e1) of the active list, into acc (E × T, every element
+/// written): per pass of up to AXPY_TC tokens, each token's list of the share's entries active at it; then
+/// per part of the row length (SliceSpec), the share's rows converted once into slices and, token by token,
+/// the 64-output register tiles of axpy_gather over that token's entries. Each output element gets
+/// fma(s, v, acc) over the share's active rows in list order from +0, as axpy_row_columns gives it; the
+/// weights are converted once per pass instead of once per token, and the outputs leave the registers
+/// once instead of being loaded and stored for every row. @return the (row, token) pairs computed.
+int64_t axpy_batch(const NodeExec& n, const SparseLayout& l, const SliceSpec& sp, int64_t e0, int64_t e1, float* acc,
+                   int ith) {
+  const TensorView& W = n.src[0];
+  const int64_t E = W.ne[0], T = n.src[1].rows();
+  const int64_t n_out = static_cast<int64_t>(n.p[1]);
+  const float thr = static_cast<float>(n.p[0]);
+  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
+  const float* a = n.src[1].f32();
+  const size_t wrb = row_bytes(W.dtype, E);
+  const size_t cap = static_cast<size_t>(l.cap);
+  uint8_t* sl = l.slices + static_cast<size_t>(ith) * cap * static_cast<size_t>(sp.stride);
+  int32_t* idx = l.bidx + static_cast<size_t>(ith) * AXPY_TC * cap;
+  float* av = l.ba + static_cast<size_t>(ith) * AXPY_TC * cap;
+  const AxpyGatherFn gather = n.k->axpy_gather[sp.kind];
+  const int64_t esz = sp.kind == SK_I8 ? 1 : sp.kind == SK_F16 ? 2 : 4;
+  int64_t cnt[AXPY_TC];
+  int64_t read = 0;
+  for (int64_t t0 = 0; t0 < T; t0 += AXPY_TC) {
+    const int64_t tc = T - t0 < AXPY_TC ? T - t0 : AXPY_TC;
+    for (int64_t c = 0; c < tc; c++) {
+      const int64_t t = t0 + c;
+      int32_t* ic = idx + static_cast<size_t>(c) * cap;
+      float* ac = av + static_cast<size_t>(c) * cap;
+      int64_t m = 0;
+      for (int64_t e = e0; e < e1; e++) {
+        const int64_t i = l.list[2 * e];
+        if (logits && !(logits[i + t * n_out] >= thr)) continue;
+        ic[m] = static_cast<int32_t>(e - e0);
+        ac[m] = a[i + t * n_out];
+        m++;
+      }
+      cnt[c] = m;
+      read += m;
+    }
+    for (int64_t ec = 0; ec < E; ec += sp.width) {
+      const size_t off = row_bytes(W.dtype, ec);
+      for (int64_t e = e0; e < e1; e++) {
+        fill_slice(n, sp, W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb + off,
+                   sl + static_cast<size_t>(e - e0) * static_cast<size_t>(sp.stride));
+      }
+      for (int64_t c = 0; c < tc; c++) {
+        for (int64_t sub = 0; sub < sp.width; sub += 64) {
+          gather(cnt[c], idx + static_cast<size_t>(c) * cap, av + static_cast<size_t>(c) * cap, sl + sub * esz, sp.stride,
+                 acc + (t0 + c) * E + ec + sub);
+        }
+      }
+    }
+  }
+  return read;
+}
+
 void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
   const SparseLayout l = sparse_layout(n, nth, b);
@@ -599,11 +708,17 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   // Each thread sums its contiguous share of the active rows into its own accumulator; the shares
   // are then added in thread order, so the result depends only on the thread count.
   float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
-  std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
   float* tmp = l.tmp ? l.tmp + static_cast<size_t>(ith) * static_cast<size_t>(E) : nullptr;
   int64_t read = 0;
   const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
-  if (T == 1) {
+  const SliceSpec sp = l.slices ? slice_spec(W.dtype, E) : SliceSpec{};
+  const bool batch = sp.kind >= 0 && n.k->axpy_gather[sp.kind] &&
+                     (sp.kind == SK_I8 ? n.k->slice_i8[W.dtype] != nullptr
+                                       : sp.kind == SK_F16 || W.dtype == DT_F32 || n.k->dequant[W.dtype] != nullptr);
+  if (!batch) std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
+  if (batch) {
+    read = axpy_batch(n, l, sp, e0, e1, acc, ith);
+  } else if (T == 1) {
     // Four rows per pass over y: y is loaded and stored once per four rows.
     const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
     for (int64_t e = e0; e < e1; e += 4) {
@@ -619,7 +734,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
     }
     read = e1 - e0;
   }
-  for (int64_t e = T == 1 ? e1 : e0; e < e1; e++) {
+  for (int64_t e = T == 1 || batch ? e1 : e0; e < e1; e++) {
     const int64_t i = l.list[2 * e];
     const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
     if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);

@@ -280,6 +280,43 @@ void test_dtype_kernels(const KernelTable& kt) {
       kt.axpy_rows[dt](k, nr, as.data(), ptrs.data(), y2.data());
       CHECK(y1 == y2, "%s %s axpy_rows(%d) differs from axpy", kt.name, dtype_name(dt), nr);
     }
+    // axpy_gather over slices of 5 rows of 256 (the slice layouts of ops.cpp axpy_batch; the entries in a
+    // scrambled order, one row twice) equals successive axpy calls on a zeroed y, bit for bit
+    {
+      const int sk = (dt == DT_Q4_0 || dt == DT_Q8_0) ? SK_I8 : dt == DT_F16 ? SK_F16 : SK_F32;
+      if (kt.axpy_gather[sk] && (sk != SK_I8 || kt.slice_i8[dt])) {
+        const int64_t kk = 256, width = block > 64 ? block : 64;
+        const int64_t stride = sk == SK_I8 ? 72 : sk == SK_F16 ? 128 : 4 * width;
+        const int64_t esz = sk == SK_I8 ? 1 : sk == SK_F16 ? 2 : 4;
+        std::vector<std::vector<uint8_t>> rows;
+        for (int r = 0; r < 5; r++) rows.push_back(random_row(dt, kk));
+        const int32_t idx[6] = {3, 0, 4, 1, 3, 2};
+        const float as[6] = {uni(-2, 2), uni(-2, 2), 0.0f, uni(-2, 2), uni(-2, 2), -1.5f};
+        std::vector<float> y1(kk, 0.0f), y2(kk, -7.0f);
+        for (int j = 0; j < 6; j++) kt.axpy[dt](kk, as[j], rows[static_cast<size_t>(idx[j])].data(), y1.data());
+        std::vector<uint8_t> slices(static_cast<size_t>(5 * stride));
+        for (int64_t ec = 0; ec < kk; ec += width) {
+          for (int r = 0; r < 5; r++) {
+            const uint8_t* w = rows[static_cast<size_t>(r)].data() + row_bytes(dt, ec);
+            uint8_t* sl = slices.data() + r * stride;
+            if (sk == SK_I8) {
+              kt.slice_i8[dt](w, sl);
+            } else if (sk == SK_F16 || dt == DT_F32) {
+              std::memcpy(sl, w, static_cast<size_t>(stride));
+            } else {
+              kt.dequant[dt](w, reinterpret_cast<float*>(sl), width);
+            }
+          }
+          for (int64_t sub = 0; sub < width; sub += 64) {
+            kt.axpy_gather[sk](6, idx, as, slices.data() + sub * esz, stride, y2.data() + ec + sub);
+          }
+        }
+        CHECK(y1 == y2, "%s %s axpy_gather differs from axpy", kt.name, dtype_name(dt));
+        kt.axpy_gather[sk](0, idx, as, slices.data(), stride, y2.data());
+        CHECK(std::all_of(y2.begin(), y2.begin() + 64, [](float v) { return v == 0.0f && !std::signbit(v); }),
+              "%s %s axpy_gather of no entries stores +0", kt.name, dtype_name(dt));
+      }
+    }
     // axpy: y += a·w
     std::vector<float> y(k), y0(k);
     for (int64_t i = 0; i < k; i++) y[i] = y0[i] = uni(-1, 1);
