@@ -1544,8 +1544,15 @@ template <int SK>
 void axpy_gather(int64_t n, const int32_t* idx, const float* a, const uint8_t* slices, int64_t stride, float* y) {
   __m256 acc[8];
   for (int i = 0; i < 8; i++) acc[i] = _mm256_setzero_ps();
+  // the slices are scattered over a thread's share (hundreds of KiB): fetch a few entries ahead
+  constexpr int64_t kAhead = 6;
+  constexpr int64_t kLines = SK == SK_I8 ? 2 : SK == SK_F16 ? 2 : 4;
   for (int64_t j = 0; j < n; j++) {
     const uint8_t* p = slices + static_cast<int64_t>(idx[j]) * stride;
+    if (j + kAhead < n) {
+      const char* q = reinterpret_cast<const char*>(slices + static_cast<int64_t>(idx[j + kAhead]) * stride);
+      for (int64_t l = 0; l < kLines; l++) _mm_prefetch(q + 64 * l, _MM_HINT_T0);
+    }
     __m256 s0, s1;
     if constexpr (SK == SK_I8) {
       float d[2];

@@ -272,7 +272,7 @@ struct SparseLayout {
   // axpy_sparse with a batch (axpy_batch)
   int64_t cap = 0;             // entries a thread's share holds at most
   uint8_t* slices = nullptr;   // nth × cap slices of the share's rows (SliceSpec)
-  int32_t* bidx = nullptr;     // nth × AXPY_TC × cap: per token, the share's entries active at it
+  int32_t* bidx = nullptr;     // nth × min(T, AXPY_TC) × cap: per token, the share's entries active at it
   float* ba = nullptr;         // … and their coefficients a[i, t]
   // file-backed weight (neuron cache) only
   int32_t* slot = nullptr;     // cache slot of each list entry
@@ -297,8 +297,10 @@ int batch_kind(const KernelTable* k, int dtype, int64_t K) {
   return BK_NONE;
 }
 
-/// Tokens per pass of axpy_batch (its per-token lists and the reuse of a converted slice).
-constexpr int64_t AXPY_TC = 64;
+/// Tokens per pass of axpy_batch: its per-token lists hold this many tokens, and the weights are read and
+/// converted once per pass (at 64 tokens the F16 7B slice's conversions cost more than the products saved;
+/// one pass for llama-bench's ubatch of 512).
+constexpr int64_t AXPY_TC = 512;
 
 /// How axpy_batch holds a part of a weight row (see AxpyGatherFn): the slice kind, the elements per slice
 /// (width: 64, or the block size when larger) and the bytes per slice; kind −1 where the dtype or the row
@@ -352,8 +354,9 @@ SparseLayout sparse_layout(const NodeExec& n, int nth, Bump& b) {
       l.cap = (ncand + nth - 1) / nth;
       const size_t per = static_cast<size_t>(nth) * static_cast<size_t>(l.cap);
       l.slices = static_cast<uint8_t*>(b.take(per * static_cast<size_t>(sp.stride)));
-      l.bidx = static_cast<int32_t*>(b.take(sizeof(int32_t) * per * AXPY_TC));
-      l.ba = static_cast<float*>(b.take(sizeof(float) * per * AXPY_TC));
+      const size_t tc = static_cast<size_t>(T < AXPY_TC ? T : AXPY_TC);
+      l.bidx = static_cast<int32_t*>(b.take(sizeof(int32_t) * per * tc));
+      l.ba = static_cast<float*>(b.take(sizeof(float) * per * tc));
     }
   }
   if (W.cache) {
@@ -638,7 +641,7 @@ void fill_slice(const NodeExec& n, const SliceSpec& sp, const uint8_t* w, uint8_
 /// per part of the row length (SliceSpec), the share's rows converted once into slices and, token by token,
 /// the 64-output register tiles of axpy_gather over that token's entries. Each output element gets
 /// fma(s, v, acc) over the share's active rows in list order from +0, as axpy_row_columns gives it; the
-/// weights are converted once per pass instead of once per token, and the outputs leave the registers
+/// weights are converted once per pass instead of once per (row, token), and the outputs leave the registers
 /// once instead of being loaded and stored for every row. @return the (row, token) pairs computed.
 int64_t axpy_batch(const NodeExec& n, const SparseLayout& l, const SliceSpec& sp, int64_t e0, int64_t e1, float* acc,
                    int ith) {
@@ -651,8 +654,9 @@ int64_t axpy_batch(const NodeExec& n, const SparseLayout& l, const SliceSpec& sp
   const size_t wrb = row_bytes(W.dtype, E);
   const size_t cap = static_cast<size_t>(l.cap);
   uint8_t* sl = l.slices + static_cast<size_t>(ith) * cap * static_cast<size_t>(sp.stride);
-  int32_t* idx = l.bidx + static_cast<size_t>(ith) * AXPY_TC * cap;
-  float* av = l.ba + static_cast<size_t>(ith) * AXPY_TC * cap;
+  const size_t tcap = static_cast<size_t>(T < AXPY_TC ? T : AXPY_TC);
+  int32_t* idx = l.bidx + static_cast<size_t>(ith) * tcap * cap;
+  float* av = l.ba + static_cast<size_t>(ith) * tcap * cap;
   const AxpyGatherFn gather = n.k->axpy_gather[sp.kind];
   const int64_t esz = sp.kind == SK_I8 ? 1 : sp.kind == SK_F16 ? 2 : 4;
   int64_t cnt[AXPY_TC];
