@@ -250,6 +250,51 @@ describe.skipIf(!usable)(`dense ops (${probeReason})`, () => {
         });
       }
 
+      for (const cache of ["f32", "f16"] as const) {
+        it(`attention over an ${cache} KV cache: a batch of 19 tokens (tiles of 8 rows, key blocks of 32) gives each token the bits it gets alone`, async () => {
+          const b = await backend(cfg.opts);
+          const rng = new Rng(cache === "f32" ? 41 : 43);
+          const hd = 64;
+          const H = 4;
+          const Hkv = 2;
+          const nPast = 50;
+          const T = 19;
+          const C = nPast + T;
+          const scale = 1 / Math.sqrt(hd);
+          const kc = b.createTensor(cache, [hd * Hkv, C]);
+          const vc = b.createTensor(cache, [hd * Hkv, C]);
+          const g0 = new Graph();
+          g0.cpy(g0.input("f32", [hd * Hkv, C], rng.f32(hd * Hkv * C, -2, 2)), g0.handle(kc), 0);
+          g0.cpy(g0.input("f32", [hd * Hkv, C], rng.f32(hd * Hkv * C)), g0.handle(vc), 0);
+          b.compute(g0);
+          const q = rng.f32(hd * H * T, -2, 2);
+          const opts = { headDim: hd, nHead: H, nHeadKv: Hkv, scale };
+          const g = new Graph();
+          const y = g.output(
+            g.attention(g.input("f32", [hd * H, T], q), g.handle(kc), g.handle(vc), { ...opts, nPast }),
+          );
+          b.compute(g);
+          for (let t = 0; t < T; t++) {
+            const g1 = new Graph();
+            const y1 = g1.output(
+              g1.attention(
+                g1.input("f32", [hd * H, 1], q.subarray(t * hd * H, (t + 1) * hd * H)),
+                g1.handle(kc),
+                g1.handle(vc),
+                {
+                  ...opts,
+                  nPast: nPast + t,
+                },
+              ),
+            );
+            b.compute(g1);
+            expect(y1, `token ${t}`).toEqual(y.subarray(t * hd * H, (t + 1) * hd * H));
+          }
+          b.freeTensor(kc);
+          b.freeTensor(vc);
+        });
+      }
+
       it("add and mul (same shape and broadcast), scale, silu, relu, gelu", async () => {
         const b = await backend(cfg.opts);
         const rng = new Rng(23);

@@ -132,6 +132,11 @@ struct KernelTable {
   /// `acc` is scratch of hd floats (F32 V) or hd uint16 (F16 V).
   void (*attn_row[2][2])(int64_t hd, const float* q, const uint8_t* k, size_t kstride, const uint8_t* v, size_t vstride,
                          int64_t n, float scale, float* out, void* acc);
+  /// attn_row for nr ≤ kAttnTileRows (attn_ggml.h) query rows over the same K/V rows, row r over keys
+  /// [0, n[r]), the keys in blocks taken by every row in turn (K/V reused from cache): each row's result is
+  /// bit-identical to attn_row's. `acc`: nr · hd floats of scratch.
+  void (*attn_rows[2][2])(int64_t hd, int nr, const float* const* q, const uint8_t* k, size_t kstride,
+                          const uint8_t* v, size_t vstride, const int64_t* n, float scale, float* const* out, void* acc);
   /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.
   double (*sum_f32)(const float* x, int64_t n);
 };

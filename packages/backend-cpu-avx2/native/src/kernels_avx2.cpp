@@ -1845,6 +1845,10 @@ KernelTable make_table() {
   t.attn_row[0][1] = attn_row_ggml<GgmlAvx2, 0, 1>;
   t.attn_row[1][0] = attn_row_ggml<GgmlAvx2, 1, 0>;
   t.attn_row[1][1] = attn_row_ggml<GgmlAvx2, 1, 1>;
+  t.attn_rows[0][0] = attn_rows_ggml<GgmlAvx2, 0, 0>;
+  t.attn_rows[0][1] = attn_rows_ggml<GgmlAvx2, 0, 1>;
+  t.attn_rows[1][0] = attn_rows_ggml<GgmlAvx2, 1, 0>;
+  t.attn_rows[1][1] = attn_rows_ggml<GgmlAvx2, 1, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

@@ -691,6 +691,10 @@ KernelTable make_table() {
   t.attn_row[0][1] = attn_row_ggml<GgmlScalar, 0, 1>;
   t.attn_row[1][0] = attn_row_ggml<GgmlScalar, 1, 0>;
   t.attn_row[1][1] = attn_row_ggml<GgmlScalar, 1, 1>;
+  t.attn_rows[0][0] = attn_rows_ggml<GgmlScalar, 0, 0>;
+  t.attn_rows[0][1] = attn_rows_ggml<GgmlScalar, 0, 1>;
+  t.attn_rows[1][0] = attn_rows_ggml<GgmlScalar, 1, 0>;
+  t.attn_rows[1][1] = attn_rows_ggml<GgmlScalar, 1, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

@@ -1329,13 +1329,13 @@ void op_softmax(const NodeExec& n, int ith, int nth) {
 }
 
 struct AttnLayout {
-  float* q16 = nullptr;  // nth × head_dim: q rounded to F16 (F16 keys)
-  void* acc = nullptr;   // nth × head_dim floats: the V accumulator
+  float* q16 = nullptr;  // nth × kAttnTileRows × head_dim: q rounded to F16 (F16 keys)
+  void* acc = nullptr;   // nth × kAttnTileRows × head_dim floats: the V accumulators
 };
 
 AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
   AttnLayout l;
-  const size_t hd = static_cast<size_t>(n.p[3]);
+  const size_t hd = static_cast<size_t>(n.p[3]) * kAttnTileRows;
   l.q16 = static_cast<float*>(b.take(sizeof(float) * hd * nth));
   l.acc = b.take(sizeof(float) * hd * nth);
   return l;
@@ -1359,13 +1359,44 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   const int ki = Kc.dtype == DT_F16 ? 1 : 0, vi = Vc.dtype == DT_F16 ? 1 : 0;
   const size_t kes = ki ? 2 : 4, ves = vi ? 2 : 4;
   const int64_t kvrow = hd * Hkv;
-  float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd);
-  void* acc = static_cast<float*>(l.acc) + static_cast<size_t>(ith) * static_cast<size_t>(hd);
-  const int64_t units = T * H;
-  const int64_t chunk = chunk_size(units, nth, 1);
+  float* q16 = l.q16 + static_cast<size_t>(ith) * static_cast<size_t>(hd) * kAttnTileRows;
+  void* acc = static_cast<float*>(l.acc) + static_cast<size_t>(ith) * static_cast<size_t>(hd) * kAttnTileRows;
   // attention_swa: keys at positions p with (n_past + t) − p < window only
   const int64_t window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
   int64_t u0, u1;
+  if (window == 0 && T > 1) {
+    // a batch: units of (up to kAttnTileRows consecutive tokens, one head), the tile's rows taking each block
+    // of keys in turn (attn_rows: each row's arithmetic unchanged, the K/V block read once per tile)
+    const int64_t tiles = (T + kAttnTileRows - 1) / kAttnTileRows;
+    const int64_t units = tiles * H;
+    const int64_t chunk = chunk_size(units, nth, 1);
+    while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
+      const int64_t t0 = (u / H) * kAttnTileRows, h = u % H, kvh = h / group;
+      const int nr = static_cast<int>(T - t0 < kAttnTileRows ? T - t0 : kAttnTileRows);
+      const float* qs[kAttnTileRows];
+      float* outs[kAttnTileRows];
+      int64_t nk[kAttnTileRows];
+      for (int r = 0; r < nr; r++) {
+        const int64_t t = t0 + r;
+        const float* q = Q.f32() + t * hd * H + h * hd;
+        if (ki) {
+          float* qr = q16 + static_cast<size_t>(r) * static_cast<size_t>(hd);
+          n.k->convert[XF_F16](q, qr, hd);
+          qs[r] = qr;
+        } else {
+          qs[r] = q;
+        }
+        outs[r] = n.dst.f32() + t * hd * H + h * hd;
+        nk[r] = n_past + t + 1;
+      }
+      n.k->attn_rows[ki][vi](hd, nr, qs, Kc.data + static_cast<size_t>(kvh * hd) * kes, static_cast<size_t>(kvrow) * kes,
+                             Vc.data + static_cast<size_t>(kvh * hd) * ves, static_cast<size_t>(kvrow) * ves, nk, scale,
+                             outs, acc);
+    }
+    return;
+  }
+  const int64_t units = T * H;
+  const int64_t chunk = chunk_size(units, nth, 1);
   while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
     const int64_t t = u / H, h = u % H, kvh = h / group;
     const int64_t end = n_past + t + 1;
