@@ -624,6 +624,32 @@ int64_t axpy_row_columns(const NodeExec& n, const uint8_t* w, int64_t i, int64_t
   return nact;
 }
 
+/// The operands of an axpy_sparse node: Wt [E, M], activations a [n_out, T], optional logits and threshold.
+struct AxpyArgs {
+  const TensorView& W;
+  int64_t E, T, n_out;
+  float thr;
+  const float* logits;
+  const float* a;
+  size_t wrb;  // bytes per weight row
+  explicit AxpyArgs(const NodeExec& n)
+      : W(n.src[0]),
+        E(W.ne[0]),
+        T(n.src[1].rows()),
+        n_out(static_cast<int64_t>(n.p[1])),
+        thr(static_cast<float>(n.p[0])),
+        logits(n.has[2] ? n.src[2].f32() : nullptr),
+        a(n.src[1].f32()),
+        wrb(row_bytes(W.dtype, E)) {}
+};
+
+/// Whether the table has what axpy_batch needs for this slice kind (fill_slice's converter and axpy_gather).
+bool batch_usable(const KernelTable* k, int dtype, const SliceSpec& sp) {
+  if (sp.kind < 0 || !k->axpy_gather[sp.kind]) return false;
+  if (sp.kind == SK_I8) return k->slice_i8[dtype] != nullptr;
+  return sp.kind == SK_F16 || dtype == DT_F32 || k->dequant[dtype] != nullptr;
+}
+
 /// Fills one slice (SliceSpec) from the part of a weight row at w (block-aligned, sp.width elements).
 void fill_slice(const NodeExec& n, const SliceSpec& sp, const uint8_t* w, uint8_t* s) {
   const int dtype = n.src[0].dtype;
@@ -643,15 +669,14 @@ void fill_slice(const NodeExec& n, const SliceSpec& sp, const uint8_t* w, uint8_
 /// fma(s, v, acc) over the share's active rows in list order from +0, as axpy_row_columns gives it; the
 /// weights are converted once per pass instead of once per (row, token), and the outputs leave the registers
 /// once instead of being loaded and stored for every row. @return the (row, token) pairs computed.
-int64_t axpy_batch(const NodeExec& n, const SparseLayout& l, const SliceSpec& sp, int64_t e0, int64_t e1, float* acc,
-                   int ith) {
-  const TensorView& W = n.src[0];
-  const int64_t E = W.ne[0], T = n.src[1].rows();
-  const int64_t n_out = static_cast<int64_t>(n.p[1]);
-  const float thr = static_cast<float>(n.p[0]);
-  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
-  const float* a = n.src[1].f32();
-  const size_t wrb = row_bytes(W.dtype, E);
+int64_t axpy_batch(const NodeExec& n, const AxpyArgs& x, const SparseLayout& l, const SliceSpec& sp, int64_t e0,
+                   int64_t e1, float* acc, int ith) {
+  const TensorView& W = x.W;
+  const int64_t E = x.E, T = x.T, n_out = x.n_out;
+  const float thr = x.thr;
+  const float* logits = x.logits;
+  const float* a = x.a;
+  const size_t wrb = x.wrb;
   const size_t cap = static_cast<size_t>(l.cap);
   uint8_t* sl = l.slices + static_cast<size_t>(ith) * cap * static_cast<size_t>(sp.stride);
   const size_t tcap = static_cast<size_t>(T < AXPY_TC ? T : AXPY_TC);
@@ -698,17 +723,15 @@ int64_t axpy_batch(const NodeExec& n, const SparseLayout& l, const SliceSpec& sp
 void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
   const SparseLayout l = sparse_layout(n, nth, b);
-  const TensorView& W = n.src[0];
-  const int64_t E = W.ne[0], T = n.src[1].rows();
-  const int64_t n_out = static_cast<int64_t>(n.p[1]);
-  const float thr = static_cast<float>(n.p[0]);
-  const float* logits = n.has[2] ? n.src[2].f32() : nullptr;
-  const float* a = n.src[1].f32();
+  const AxpyArgs x(n);
+  const TensorView& W = x.W;
+  const int64_t E = x.E, T = x.T;
+  const float* a = x.a;
+  const size_t wrb = x.wrb;
   float* y = n.dst.f32();
   if (ith == 0) build_active_list(n, l);
   sync(n);
   const int64_t len = *l.count;
-  const size_t wrb = row_bytes(W.dtype, E);
   // Each thread sums its contiguous share of the active rows into its own accumulator; the shares
   // are then added in thread order, so the result depends only on the thread count.
   float* acc = nth == 1 ? y : l.acc + static_cast<size_t>(ith) * static_cast<size_t>(E * T);
@@ -716,13 +739,10 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   int64_t read = 0;
   const int64_t e0 = lo(len, ith, nth), e1 = hi(len, ith, nth);
   const SliceSpec sp = l.slices ? slice_spec(W.dtype, E) : SliceSpec{};
-  const bool batch = sp.kind >= 0 && n.k->axpy_gather[sp.kind] &&
-                     (sp.kind == SK_I8 ? n.k->slice_i8[W.dtype] != nullptr
-                                       : sp.kind == SK_F16 || W.dtype == DT_F32 || n.k->dequant[W.dtype] != nullptr);
-  if (!batch) std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
-  if (batch) {
-    read = axpy_batch(n, l, sp, e0, e1, acc, ith);
+  if (batch_usable(n.k, W.dtype, sp)) {
+    read = axpy_batch(n, x, l, sp, e0, e1, acc, ith);
   } else if (T == 1) {
+    std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E));
     // Four rows per pass over y: y is loaded and stored once per four rows.
     const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
     for (int64_t e = e0; e < e1; e += 4) {
@@ -737,12 +757,14 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
       rows(E, nr, av, wr, acc);
     }
     read = e1 - e0;
-  }
-  for (int64_t e = T == 1 || batch ? e1 : e0; e < e1; e++) {
-    const int64_t i = l.list[2 * e];
-    const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
-    if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
-    read += axpy_row_columns(n, w, i, T, E, n_out, a, logits, thr, tmp, acc);
+  } else {
+    std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E * T));
+    for (int64_t e = e0; e < e1; e++) {
+      const int64_t i = l.list[2 * e];
+      const uint8_t* w = W.data + static_cast<int64_t>(l.list[2 * e + 1]) * wrb;
+      if (e + 1 < e1) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * e + 3]) * wrb, wrb);
+      read += axpy_row_columns(n, w, i, T, E, x.n_out, a, x.logits, x.thr, tmp, acc);
+    }
   }
   n.rows_read[ith] += read;
   if (nth == 1) return;
