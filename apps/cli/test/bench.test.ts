@@ -12,7 +12,7 @@ import { InvalidArgumentError } from "commander";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bytesPerToken, fixedBytesPerToken } from "../src/bench/bytes.js";
 import { formatHeader, formatJson, formatMarkdown } from "../src/bench/format.js";
-import { type BenchResult, randomTokens, runBench } from "../src/bench/harness.js";
+import { type BenchResult, kvCacheBytes, randomTokens, runBench } from "../src/bench/harness.js";
 import { intList, sparseList } from "../src/commands/bench.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -87,6 +87,9 @@ describe("options", () => {
     expect(intList("-p")("0")).toEqual([]);
     expect(intList("-d", 0, false)("0,4096")).toEqual([0, 4096]);
     expect(() => intList("-d", 0, false)("-1")).toThrow(InvalidArgumentError);
+    // repeated options add up (llama-bench's rule); a previous value that is not a default is kept
+    expect(intList("-d", 0, false)("32", [0])).toEqual([0, 32]);
+    expect(intList("-p")("0", [16])).toEqual([16]);
     expect(() => intList("-p")("12,x")).toThrow(InvalidArgumentError);
     expect(sparseList("auto")).toBe("auto");
     expect(sparseList("off,oracle")).toEqual(["off", "oracle"]);
@@ -138,6 +141,25 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
       llamaCppPeer: "prebuilt",
     });
   }, 120_000);
+
+  it("a depth whose KV cache cannot fit skips the model with a note before any token list is made", async () => {
+    const r = await runBench({
+      models: [{ path: stories }],
+      nPrompt: [8],
+      nGen: [],
+      nDepth: [2 ** 40],
+      threads: [1],
+      repetitions: 1,
+      sparse: ["off"],
+      bandwidth: stories260K.bandwidth,
+      llamaCpp: false,
+    });
+    expect(r.rows).toEqual([]);
+    expect(r.notes.join("\n")).toMatch(
+      /skipped: its tests need a KV cache for n_ctx \d+ .* GiB is free; use smaller -d\/-p\/-n/,
+    );
+    expect(kvCacheBytes(openGguf(stories), 100)).toBe(2 * 5 * 4 * 8 * 100 * 2);
+  });
 
   it("-d: every test once per depth, named as llama-bench names them; the prebuilt peer runs depth 0 only and says so", () => {
     const ours = deep.rows.filter((x) => x.engine === "powerinfer-ts");

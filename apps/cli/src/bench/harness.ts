@@ -17,7 +17,7 @@
  */
 import { execFileSync } from "node:child_process";
 import { existsSync, statSync } from "node:fs";
-import { availableParallelism, loadavg, totalmem } from "node:os";
+import { availableParallelism, freemem, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
@@ -233,6 +233,28 @@ export function describeModel(file: GgufFile, path: string, twin = false): { mod
     return { model: `${synth} ${preset}${slice} ${ftype}${act}${fmt}`, type: `${arch} ${preset} ${ftype}` };
   }
   return { model: `${arch} ${basename(path).replace(/\.gguf$/, "")}${fmt}`, type: `${arch} ${ftype}` };
+}
+
+/**
+ * Bytes of an F16 KV cache of n_ctx positions for the file's attention shape (GGUF `<arch>.block_count`,
+ * `.embedding_length`, `.attention.head_count`, `.attention.head_count_kv`, `.attention.key_length`); 0 when
+ * the file does not say.
+ */
+export function kvCacheBytes(file: GgufFile, nCtx: number): number {
+  const arch = getOptionalString(file, "general.architecture") ?? "";
+  const num = (k: string) => {
+    try {
+      return getOptionalNumber(file, `${arch}.${k}`);
+    } catch {
+      return undefined; // e.g. a per-layer array: no estimate
+    }
+  };
+  const nLayer = num("block_count") ?? 0;
+  const nHead = num("attention.head_count") ?? 0;
+  const nEmbd = num("embedding_length") ?? 0;
+  const nHeadKv = num("attention.head_count_kv") ?? nHead;
+  const headDim = num("attention.key_length") ?? (nHead > 0 ? nEmbd / nHead : 0);
+  return 2 * nLayer * nHeadKv * headDim * nCtx * 2;
 }
 
 /** Seeded random token ids in [3, nVocab) (llama-bench uses random tokens). */
@@ -538,6 +560,14 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         const note = `${name}: tests use ${nCtx} tokens of context, more than its trained ${ctxTrain}`;
         notes.push(note);
         log(note); // also now: a long test gives no other sign of life until its first row
+      }
+      // the tests' KV cache (F16, as both engines use) must fit before any token list is made
+      const kvBytes = kvCacheBytes(file, nCtx);
+      if (kvBytes > freemem()) {
+        notes.push(
+          `${name}: skipped: its tests need a KV cache for n_ctx ${nCtx} (depth + prompt or generated tokens) of ${(kvBytes / 2 ** 30).toFixed(2)} GiB, ${(freemem() / 2 ** 30).toFixed(2)} GiB is free; use smaller -d/-p/-n`,
+        );
+        continue;
       }
       const ppTokens = new Map(o.nPrompt.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + n)]));
       const tgTokens = new Map(o.nGen.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + 7919 * n)]));

@@ -18,18 +18,31 @@ import { checkInputFile, float, int, REPACK_HELP } from "./common.js";
  * @throws InvalidArgumentError on anything else than decimal integers ≥ min
  */
 export function intList(name: string, min = 1, none = true) {
-  return (v: string): number[] => {
-    if (none && (v.trim() === "" || v.trim() === "0")) return [];
-    return v.split(",").map((x) => {
-      const t = x.trim();
-      const n = Number(t);
-      if (!/^\d+$/.test(t) || !Number.isSafeInteger(n) || n < min)
-        throw new InvalidArgumentError(
-          `${name} must be integers ≥ ${min}${none ? " (or 0 for none)" : ""}, got "${v}"`,
-        );
-      return n;
-    });
+  // a repeated option adds to the list, as llama-bench's do (commander passes the previous value; the
+  // option's default array is replaced, not extended)
+  return (v: string, previous?: number[]): number[] => {
+    const prior = previous && !DEFAULTS.has(previous) ? previous : [];
+    if (none && (v.trim() === "" || v.trim() === "0")) return prior;
+    return [
+      ...prior,
+      ...v.split(",").map((x) => {
+        const t = x.trim();
+        const n = Number(t);
+        if (!/^\d+$/.test(t) || !Number.isSafeInteger(n) || n < min)
+          throw new InvalidArgumentError(
+            `${name} must be integers ≥ ${min}${none ? " (or 0 for none)" : ""}, got "${v}"`,
+          );
+        return n;
+      }),
+    ];
   };
+}
+
+/** The list options' defaults (a repeated option starts from [] instead of these). */
+const DEFAULTS = new Set<number[]>();
+function listDefault(v: number[]): number[] {
+  DEFAULTS.add(v);
+  return v;
 }
 
 export function sparseList(v: string): "auto" | SparseMode[] {
@@ -119,15 +132,15 @@ export function register(program: Command): void {
       "GGUF with the same weights as the -m PWRI file at the same position, for llama.cpp and our dense mode",
       collect,
     )
-    .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), [512])
-    .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), [128])
+    .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), listDefault([512]))
+    .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), listDefault([128]))
     .option(
       "-d, --n-depth <n,…>",
       "tokens already in the KV cache when each test starts (llama-bench's -d; the prefill is not timed)",
       intList("--n-depth", 0, false),
-      [0],
+      listDefault([0]),
     )
-    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), [2])
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), listDefault([2]))
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
       "--sparse <modes>",
