@@ -185,4 +185,56 @@ describe("gen-model with routed experts", () => {
     expect(b.code).toBe(1);
     expect(b.err).toMatch(/is a smallthinker model/);
   });
+
+  it("--predictors: per-expert predictors for ReLU experts (report and tensors), refused for SiLU experts and dense presets", async () => {
+    const out = join(dir, "st-pred.gguf");
+    const r = await cli(
+      "--preset",
+      "smallthinker-4b-a0.6b",
+      "--layers",
+      "1",
+      "--dtype",
+      "Q8_0",
+      "--vocab-size",
+      "512",
+      "--predictors",
+      "--predictor-rank",
+      "32",
+      "-o",
+      out,
+    );
+    expect(r.code, r.err).toBe(0);
+    expect(r.out).toMatch(
+      /predictors: per expert, rank 32 Q8_0, threshold -0\.\d+ \(calibrated on the design for recall 0\.95\)/,
+    );
+    const f = openGguf(out);
+    expect(f.tensorMap.get("blk.0.fc1_exps.weight")!.shape).toEqual([1536, 32, 32]);
+    expect(f.tensorMap.get("blk.0.fc2_exps.weight")!.shape).toEqual([32, 768, 32]);
+    const cfg = parseModelConfig(f);
+    expect(cfg.has_predictors).toBe(true);
+    expect(cfg.predictor_ranks).toEqual([32]);
+    expect(cfg.sparse_threshold).toBeLessThan(0);
+    const silu = await cli("--preset", "mixtral-8x7b", "--layers", "1", "--predictors", "-o", join(dir, "z1.gguf"));
+    expect(silu.code).toBe(1);
+    expect(silu.err).toMatch(/experts are SiLU/);
+    const dense = await cli("--preset", "tiny", "--predictors", "-o", join(dir, "z2.gguf"));
+    expect(dense.code).toBe(1);
+    expect(dense.err).toMatch(/--predictors is for the expert presets; tiny writes its predictors with --format pwri/);
+    const q8 = await cli(
+      "--preset",
+      "smallthinker-4b-a0.6b",
+      "--layers",
+      "1",
+      "--predictors",
+      "--dtype",
+      "Q8_0",
+      "--predictor-rank",
+      "48",
+      "-o",
+      join(dir, "z3.gguf"),
+    );
+    expect(q8.code).toBe(1);
+    expect(q8.err).toMatch(/predictor type Q8_0 needs the predictor rank to be a multiple of 32 \(got 48\)/);
+    for (const z of ["z1", "z2", "z3"]) expect(existsSync(join(dir, `${z}.gguf`))).toBe(false);
+  }, 120_000);
 });

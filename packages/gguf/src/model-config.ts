@@ -6,7 +6,8 @@
  * Keys are llama.cpp's (`{arch}.context_length`, `{arch}.attention.head_count`, …); optional keys take
  * llama.cpp's defaults (head_count_kv = head_count, rope.freq_base = 10000, rope.dimension_count =
  * head_dim, n_vocab = length of `tokenizer.ggml.tokens`). PowerInfer additions: predictor tensors
- * `blk.N.fc1.weight` {n_embd, r} / `blk.N.fc2.weight` {r, n_ff}, transposed down projection
+ * `blk.N.fc1.weight` {n_embd, r} / `blk.N.fc2.weight` {r, n_ff} (routed experts, this project's layout:
+ * `blk.N.fc1_exps.weight` {n_embd, r, n_expert} / `blk.N.fc2_exps.weight` {r, n_ff_exp, n_expert}), transposed down projection
  * `blk.N.ffn_down_t.weight` {n_embd, n_ff}, and `powerinfer.sparse_threshold` (f32, default 0).
  */
 
@@ -104,7 +105,10 @@ export const ModelConfigSchema = z.object({
   layer_attention: z.array(z.object({ rope: z.boolean(), window: z.number().int().nonnegative() })).optional(),
   /** Attention and FFN both read the layer input (falcon). */
   parallel_attn: z.boolean(),
-  /** Every layer has predictor tensors `blk.N.fc1.weight` and `blk.N.fc2.weight`. */
+  /**
+   * Every layer has predictor tensors `blk.N.fc1.weight` and `blk.N.fc2.weight` (routed experts: per-expert
+   * stacks `blk.N.fc1_exps.weight` {n_embd, r, n_expert} and `blk.N.fc2_exps.weight` {r, n_ff_exp, n_expert}).
+   */
   has_predictors: z.boolean(),
   /** Predictor rank per layer (fc1 output size); empty without predictors. */
   predictor_ranks: z.array(posInt),
@@ -369,18 +373,30 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
   const predictor_ranks: number[] = [];
   let withPredictor = 0;
   let withDownT = 0;
+  // routed experts: per-expert predictors fc1_exps {n_embd, r, n_expert}, fc2_exps {r, n_ff_exp, n_expert}
+  const sfx = moe ? "_exps" : "";
   for (let l = 0; l < n_layer; l++) {
-    const fc1 = tensors.get(`blk.${l}.fc1.weight`);
-    const fc2 = tensors.get(`blk.${l}.fc2.weight`);
+    const fc1 = tensors.get(`blk.${l}.fc1${sfx}.weight`);
+    const fc2 = tensors.get(`blk.${l}.fc2${sfx}.weight`);
     if (tensors.has(`blk.${l}.ffn_down_t.weight`)) withDownT++;
     if (!fc1 && !fc2) continue;
-    if (!fc1 || !fc2) bad(file, `blk.${l}.${fc1 ? "fc2" : "fc1"}.weight`, `layer ${l} has only half of its predictor`);
+    if (!fc1 || !fc2)
+      bad(file, `blk.${l}.${fc1 ? "fc2" : "fc1"}${sfx}.weight`, `layer ${l} has only half of its predictor`);
     const r = fc1.shape[1];
-    if (fc1.shape[0] !== n_embd || fc2.shape[0] !== r || fc2.shape[1] !== n_ff) {
+    const [nf, e3] = moe ? [moe.n_ff_exp, moe.n_expert] : [n_ff, 1];
+    if (
+      fc1.shape[0] !== n_embd ||
+      fc2.shape[0] !== r ||
+      fc2.shape[1] !== nf ||
+      (fc1.shape[2] ?? 1) !== e3 ||
+      (fc2.shape[2] ?? 1) !== e3 ||
+      fc1.shape.length > 3 ||
+      fc2.shape.length > 3
+    ) {
       bad(
         file,
-        `blk.${l}.fc2.weight`,
-        `predictor shapes fc1 [${fc1.shape}], fc2 [${fc2.shape}] do not fit n_embd ${n_embd}, n_ff ${n_ff}`,
+        `blk.${l}.fc2${sfx}.weight`,
+        `predictor shapes fc1 [${fc1.shape}], fc2 [${fc2.shape}] do not fit n_embd ${n_embd}, ${moe ? `n_ff_exp ${nf}, n_expert ${e3}` : `n_ff ${n_ff}`}`,
       );
     }
     predictor_ranks.push(r);

@@ -74,7 +74,8 @@ const DOWN = /^blk\.(\d+)\.ffn_down\.weight$/;
 /** Expert routers (`blk.N.ffn_gate_inp.weight`): never quantized. */
 const ROUTER = /^blk\.\d+\.ffn_gate_inp\.weight$/;
 const DOWN_T = /^blk\.(\d+)\.ffn_down_t\.weight$/;
-const PRED = /^blk\.(\d+)\.fc[12]\.weight$/;
+/** Predictors: `blk.N.fc1/fc2.weight`, and per-expert stacks `blk.N.fc1_exps/fc2_exps.weight`. */
+const PRED = /^blk\.(\d+)\.fc[12](_exps)?\.weight$/;
 
 function encode(type: GGMLType, data: Float32Array): Uint8Array {
   return quantize(type, data);

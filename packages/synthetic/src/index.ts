@@ -27,10 +27,12 @@ export {
 export { MIN_SYNTHETIC_VOCAB, syntheticVocab, vocabMetadataFromGguf } from "./vocab.js";
 export {
   activeParametersPerToken,
+  calibrateExpertThreshold,
   generateSyntheticMoeModel,
   MOE_SHAPE_PRESETS,
   type MoeActivityDesign,
   type MoeDesignPlan,
+  type MoePredictorOptions,
   moeRoutingProbabilities,
   planMoeDesign,
   type MoeShapePreset,

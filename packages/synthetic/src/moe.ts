@@ -28,6 +28,10 @@
  *   large-language-models-llms-natively-trained-for-local-deployment); hot share 0.5 — an assumption (at
  *   a mean of 0.4 at least a third of the neurons must fire to cover 80 %, so the dense generator's 0.25
  *   cannot hold). SiLU experts get no biases (they do not fire sparsely);
+ * - the input-dependent term of a ReLU expert's gate is α·(a low-rank part, rank r − 1 per expert) +
+ *   β·(a dense random row), α² + β² = 1 (default β² = 0.1, rank 64): per-expert predictors can see the
+ *   low-rank part and nothing else ({@link lowRankDesign}); {@link SyntheticMoeOptions.predictors} writes
+ *   them (`blk.N.fc1_exps` / `fc2_exps`) with a threshold for a target recall;
  * - attention and expert outputs are scaled to add at most about 1 % of the residual variance each,
  *   so the statistics hold through the layers of a slice.
  */
@@ -187,6 +191,12 @@ export interface SyntheticMoeOptions {
    * fire at the designed frequencies; ReLU(up), whose input term is unbiased, passes half of those.
    */
   upActivation?: "relu";
+  /**
+   * Write per-expert predictors ({@link MoePredictorOptions}); needs `design` and ReLU experts
+   * (smallthinker, or llama-moe with upActivation "relu"). The weights are the same with or without them
+   * (the predictor tensors come last and use their own random streams).
+   */
+  predictors?: MoePredictorOptions;
 }
 
 /** Designed statistics of a model with routed experts (see the module comment). Every field optional. */
@@ -199,12 +209,40 @@ export interface MoeActivityDesign {
   hot?: number;
   /** The massive channel's value M. Default 100. */
   massive?: number;
+  /**
+   * ReLU experts: rank r of the low-rank part of every gate (and of the predictors written with
+   * {@link SyntheticMoeOptions.predictors}): r − 1 basis rows per (layer, expert) plus a bias row. Default 64 (n_embd − 32 when smaller)
+   * (an assumption: no published predictor for these models; at n_embd 1536–2560 and 768 neurons per expert
+   * an F16 predictor is about 4 % of an F16 expert's bytes).
+   */
+  predictorRank?: number;
+  /** ReLU experts: share β² of each gate's input-dependent variance outside the low-rank part. Default 0.1. */
+  predictorNoise?: number;
+}
+
+/**
+ * Per-expert predictors written beside the experts (this project's layout; llama.cpp refuses a GGUF with
+ * them): `blk.N.fc1_exps.weight` {n_embd, r, n_expert} and `blk.N.fc2_exps.weight` {r, n_ff_exp, n_expert},
+ * each expert's fc2·ReLU(fc1·x) as PowerInfer's dense predictors (x = the residual before ffn_norm), and
+ * `powerinfer.sparse_threshold`.
+ */
+export interface MoePredictorOptions {
+  /** Weight type. Default F32 for F32 experts, Q8_0 for quantized ones, F16 otherwise. */
+  dtype?: SyntheticDType;
+  /** Threshold calibrated (on the design's distribution) to this recall of firing neurons. Default 0.95. */
+  targetRecall?: number;
+  /** Threshold given explicitly (overrides targetRecall). */
+  threshold?: number;
 }
 
 /** Channels 0..31: the massive channel (0) and its quantization block, which nothing else uses. */
 const RESERVED = 32;
 /** Residual variance each attention or FFN output adds, relative to the layer input's (at most). */
 const OUT_VAR = 0.01;
+/** Low-rank components each ReLU expert neuron's gate uses (as the dense generator's). */
+const COMPONENTS = 8;
+/** fc1 offset keeping the predictor's ReLUs in their linear range (in standard deviations). */
+const RELU_OFFSET = 4;
 
 /** The resolved design of one model (same for the writer and for tests that check the statistics). */
 export interface MoeDesignPlan {
@@ -214,6 +252,11 @@ export interface MoeDesignPlan {
   massive: number;
   /** Whether the experts are ReLU-gated (designed firing). */
   relu: boolean;
+  /** Low-rank design of ReLU gates: rank r (r − 1 basis rows and a bias row), m components per neuron, α² + β² = 1. */
+  rank: number;
+  components: number;
+  alpha: number;
+  beta: number;
   /** Router logit bias per (layer, expert): [layer · n_expert + e] = −zipf·ln(rank). */
   routerBias(l: number): Float64Array;
   /** Designed firing frequency per (layer, expert, neuron): [e · n_ff_exp + i]; all 0.5 (no bias) for SiLU experts. */
@@ -235,6 +278,12 @@ export function planMoeDesign(
   const active = d.active ?? 0.4;
   const hot = d.hot ?? 0.5;
   const massive = d.massive ?? 100;
+  const rank = d.predictorRank ?? Math.min(64, s.n_embd - RESERVED);
+  const noise = d.predictorNoise ?? 0.1;
+  if (!Number.isInteger(rank) || rank < 2 || rank > s.n_embd - RESERVED) {
+    throw new RangeError(`predictor rank ${rank} must be an integer in [2, n_embd − ${RESERVED}]`);
+  }
+  if (!(noise >= 0 && noise <= 1)) throw new RangeError(`predictor noise ${noise} must be in [0, 1]`);
   if (!(zipf >= 0)) throw new RangeError(`zipf exponent ${zipf} must be ≥ 0`);
   if (!(massive > 0)) throw new RangeError(`massive value ${massive} must be positive`);
   if (s.n_embd < 2 * RESERVED)
@@ -260,6 +309,10 @@ export function planMoeDesign(
     hot,
     massive,
     relu,
+    rank,
+    components: Math.min(COMPONENTS, rank - 1),
+    alpha: Math.sqrt(1 - noise),
+    beta: Math.sqrt(noise),
     routerBias(l) {
       const rank = perm(X, streamKey(seed, l, 0x7a1f));
       return Float64Array.from(rank, (r) => -zipf * Math.log(r + 1));
@@ -301,6 +354,8 @@ export interface SyntheticMoeReport {
   n_vocab: number;
   layers: number;
   bytes: number;
+  /** With {@link SyntheticMoeOptions.predictors}: what was written (noise: β²). */
+  predictors?: { rank: number; dtype: SyntheticDType; threshold: number; noise: number };
 }
 
 /**
@@ -361,6 +416,8 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   meta.push(...vocab);
 
   const tensors: GgufTensorSpec[] = [];
+  /** Per-expert predictors, written after every other tensor (so the weights do not depend on them). */
+  const predictorTensors: GgufTensorSpec[] = [];
   let ti = 0;
   /**
    * A tensor of values base + scale·N(0,1), seeded by (seed, tensor index); with `row`, each row (of
@@ -399,6 +456,17 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   // ---- the design (see the module comment); plan undefined: plain Gaussian weights ----
   const plan = o.design ? planMoeDesign(o.arch, s, seed, o.design, o.upActivation === "relu") : undefined;
   const nRest = E - RESERVED;
+  if (o.predictors && !plan?.relu) {
+    throw new RangeError("predictors: needs a design and ReLU experts (smallthinker, or llama-moe with dReLU)");
+  }
+  const lr = plan?.relu ? lowRankDesign(plan, E, seed) : undefined;
+  const pdtype: SyntheticDType =
+    o.predictors?.dtype ?? (dtype === "F32" ? "F32" : dtype === "F16" || dtype === "BF16" ? "F16" : "Q8_0");
+  if (o.predictors && plan && plan.rank % GGML_BLOCK[pdtype] !== 0) {
+    throw new RangeError(
+      `predictor type ${pdtype} needs the predictor rank to be a multiple of ${GGML_BLOCK[pdtype]} (got ${plan.rank})`,
+    );
+  }
   const M = plan?.massive ?? 0;
   /** Residual std of channels ≥ 32 at layer l's input, the RMS of that residual, normalized std and massive value. */
   const stats = (l: number) => {
@@ -446,6 +514,7 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
     // designed: v has std ≈ s per element, so 0.1·rms/√dH adds OUT_VAR·σ² (less when attention averages)
     const oScale = (Math.sqrt(OUT_VAR) * st.rms) / Math.sqrt(dH);
     add(`${p}attn_output.weight`, [dH, E], 1 / Math.sqrt(dH), dtype, 0, plan ? outRows(dH, () => oScale) : undefined);
+    const normKey = streamKey(seed, ti);
     add(`${p}ffn_norm.weight`, [E], 0.1, "F32", 1, norm);
     if (moe) {
       const { n_expert: X, n_ff_exp: F } = s;
@@ -459,7 +528,29 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
         add(`${p}ffn_gate_inp.weight`, [E, X], 0, "F32", 0, (r, v, o) => channels(v, o, E, rScale, bias[r]! / x0));
         const b = plan.firing(l).map((q) => (plan.relu ? normalQuantile(q) : 0));
         const noise = 1 / (st.s * Math.sqrt(nRest));
-        add(`${p}ffn_gate_exps.weight`, [E, F, X], 0, dtype, 0, (r, v, o) => channels(v, o, E, noise, b[r]! / st.hc));
+        // ReLU experts: β·(dense random row) + α·(low-rank part the predictor sees) + bias (see lowRankDesign)
+        const gateRow = lr
+          ? (r: number, v: Float32Array, o: number) => {
+              channels(v, o, E, plan.beta * noise, b[r]! / st.hc);
+              lr.addGate(l, Math.floor(r / F), r % F, v, o, 1 / st.s);
+            }
+          : (r: number, v: Float32Array, o: number) => channels(v, o, E, noise, b[r]! / st.hc);
+        add(`${p}ffn_gate_exps.weight`, [E, F, X], 0, dtype, 0, gateRow);
+        if (o.predictors && lr) {
+          // ffn_norm's weights (the norm callback: 1 + 0.1·N(0, 1), channel 0 = 1): the predictor reads x, the gate x·w/rms
+          const w = Float64Array.from({ length: E }, (_, j) =>
+            j === 0 ? 1 : Math.fround(1 + 0.1 * gauss(normKey, j)),
+          );
+          const r = plan.rank;
+          predictorTensors.push(
+            rowsSpec(`${p}fc1_exps.weight`, [E, r, X], pdtype, (row, out) =>
+              lr.fc1Row(l, Math.floor(row / r), row % r, out, w, st.sigma, M),
+            ),
+            rowsSpec(`${p}fc2_exps.weight`, [r, F, X], pdtype, (row, out) =>
+              lr.fc2Row(l, Math.floor(row / F), row % F, out, b[row]!),
+            ),
+          );
+        }
         add(`${p}ffn_up_exps.weight`, [E, F, X], 0, dtype, 0, (_r, v, o) => channels(v, o, E, noise));
         // each expert's output adds at most OUT_VAR·σ²: E[a_i²] = E[ReLU(b_i + z)²] (SiLU: bounded by b = 0's 0.5)
         const downScale = Float64Array.from({ length: X }, (_, e) => {
@@ -498,6 +589,18 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   }
   add("output_norm.weight", [E], 0.1, "F32", 1, norm);
   if (o.untiedOutput ?? true) add("output.weight", [E, V], 1 / Math.sqrt(E), dtype, 0, proj);
+  let threshold: number | undefined;
+  if (o.predictors && plan) {
+    const target = o.predictors.targetRecall ?? 0.95;
+    if (!(target > 0 && target <= 1)) throw new RangeError(`target recall ${target} must be in (0, 1]`);
+    threshold = o.predictors.threshold ?? calibrateExpertThreshold(plan, s.n_ff_exp, target, seed);
+    tensors.push(...predictorTensors);
+    meta.push(
+      { key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: threshold },
+      { key: "powerinfer.synthetic.predictor_rank", type: GgufTypes.u32, value: plan.rank },
+      { key: "powerinfer.synthetic.predictor_noise", type: GgufTypes.f32, value: plan.beta * plan.beta },
+    );
+  }
   writeGguf(path, { metadata: meta, tensors });
   let bytes = 0;
   for (const t of tensors)
@@ -505,7 +608,164 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
       typeOfGgml(t.type),
       t.shape.reduce((a, b) => a * b, 1),
     );
-  return { path, ggufArch: arch, n_vocab: V, layers, bytes };
+  return {
+    path,
+    ggufArch: arch,
+    n_vocab: V,
+    layers,
+    bytes,
+    ...(threshold !== undefined && plan
+      ? { predictors: { rank: plan.rank, dtype: pdtype, threshold, noise: plan.beta * plan.beta } }
+      : {}),
+  };
+}
+
+/** A tensor whose rows (of shape[0] values, zeroed first) `row(index, out)` writes. */
+function rowsSpec(
+  name: string,
+  shape: number[],
+  type: SyntheticDType,
+  row: (r: number, out: Float32Array) => void,
+): GgufTensorSpec {
+  const n = shape.reduce((a, b) => a * b, 1);
+  if (shape[0]! % GGML_BLOCK[type] !== 0) {
+    throw new RangeError(`${name}: row length ${shape[0]} is not a multiple of the ${type} block size`);
+  }
+  return {
+    name,
+    type: GGML_TYPE_OF[type],
+    shape,
+    data: () => {
+      const len = shape[0]!;
+      const v = new Float32Array(n);
+      for (let r = 0, o = 0; o < n; r++, o += len) row(r, v.subarray(o, o + len));
+      const out = new Uint8Array(encodedBytes(type, n));
+      encode(type, v, out);
+      return out;
+    },
+  };
+}
+
+/**
+ * The low-rank part of ReLU expert gates and the predictors that see it, as the dense generator builds
+ * them (generator.ts), per (layer, expert): r − 1 unit-norm basis rows V_k, each on its own block of the
+ * channels 32.., and for neuron i, m = min(8, r − 1) of them with Gaussian coefficients c_ij scaled to
+ * Σ c² = α². Gate row i gets Σ_j c_ij·V_kj/s (s: the normed input's std), so its input-dependent part is
+ * α·(low-rank, unit variance) + β·(dense random row). The predictor fc2·ReLU(fc1·x) reads the residual x
+ * before ffn_norm (weights w): fc1 row k = V_k ⊙ w/σ plus an offset K·x_0/M keeping the ReLU linear, the
+ * last row x_0/M = 1; fc2 row i = c_i on its components and b_i − K·Σ_j c_ij on the last. So its logit is
+ * b_i + α·(the low-rank term) exactly up to the norm's per-token scale: it misses only the β part.
+ */
+function lowRankDesign(plan: MoeDesignPlan, E: number, seed: number) {
+  const rt = plan.rank - 1;
+  const m = plan.components;
+  const nRest = E - RESERVED;
+  const start = Int32Array.from({ length: rt + 1 }, (_, k) => RESERVED + Math.floor((k * nRest) / rt));
+  let cached = -1;
+  const bases = new Map<number, Float32Array>();
+  /** Basis of (l, e): block k = channels start[k]..start[k+1], zero mean and unit norm. */
+  const basis = (l: number, e: number): Float32Array => {
+    if (cached !== l) {
+      bases.clear();
+      cached = l;
+    }
+    let v = bases.get(e);
+    if (v) return v;
+    v = new Float32Array(E);
+    const key = streamKey(seed, l, e, 0x6b1a);
+    for (let k = 0; k < rt; k++) {
+      const a = start[k]!;
+      const z = start[k + 1]!;
+      let mu = 0;
+      for (let c = a; c < z; c++) mu += v[c] = gauss(key, c);
+      mu = z - a > 1 ? mu / (z - a) : 0;
+      let n2 = 0;
+      for (let c = a; c < z; c++) {
+        v[c]! -= mu;
+        n2 += v[c]! * v[c]!;
+      }
+      const sc = n2 > 0 ? 1 / Math.sqrt(n2) : 0;
+      for (let c = a; c < z; c++) v[c]! *= sc;
+    }
+    bases.set(e, v);
+    return v;
+  };
+  const comp = new Int32Array(m);
+  const coef = new Float64Array(m);
+  /** Components and coefficients of neuron i of expert e in layer l (into comp/coef). */
+  const components = (l: number, e: number, i: number) => {
+    const ck = streamKey(seed, l, e, 0x2c3d);
+    let norm = 0;
+    for (let j = 0; j < m; j++) {
+      let k = 0;
+      for (let tries = 0, dup = true; dup; tries++) {
+        k = hashU32(ck, i * 64 + j + 16 * tries) % rt;
+        dup = false;
+        for (let q = 0; q < j; q++) if (comp[q] === k) dup = true;
+      }
+      comp[j] = k;
+      coef[j] = gauss(ck ^ 0x5bd1e995, i * m + j);
+      norm += coef[j]! * coef[j]!;
+    }
+    const sc = plan.alpha / Math.sqrt(norm);
+    for (let j = 0; j < m; j++) coef[j]! *= sc;
+  };
+  return {
+    /** Adds neuron i's low-rank part, scaled by `scale` (1/s), to the gate row at v[o..o+E). */
+    addGate(l: number, e: number, i: number, v: Float32Array, o: number, scale: number): void {
+      const B = basis(l, e);
+      components(l, e, i);
+      for (let j = 0; j < m; j++) {
+        const k = comp[j]!;
+        const w = coef[j]! * scale;
+        for (let c = start[k]!, z = start[k + 1]!; c < z; c++) v[o + c]! += w * B[c]!;
+      }
+    },
+    /** fc1 row k of expert e: V_k ⊙ w/σ with the ReLU offset on channel 0; row r − 1 reads x_0/M. */
+    fc1Row(l: number, e: number, k: number, out: Float32Array, w: Float64Array, sigma: number, M: number): void {
+      if (k === rt) {
+        out[0] = 1 / M;
+        return;
+      }
+      const B = basis(l, e);
+      for (let c = start[k]!, z = start[k + 1]!; c < z; c++) out[c] = (B[c]! * w[c]!) / sigma;
+      out[0] = RELU_OFFSET / M;
+    },
+    /** fc2 row i of expert e: its coefficients, and b_i minus the ReLU offsets on the last entry. */
+    fc2Row(l: number, e: number, i: number, out: Float32Array, b: number): void {
+      components(l, e, i);
+      let sum = 0;
+      for (let j = 0; j < m; j++) {
+        out[comp[j]!] = coef[j]!;
+        sum += coef[j]!;
+      }
+      out[rt] = b - RELU_OFFSET * sum;
+    },
+  };
+}
+
+/**
+ * The threshold at which the designed predictor logit b_i + α·z₁ reaches `target` recall of firing
+ * (b_i + α·z₁ + β·z₂ > 0; z₁, z₂ independent N(0, 1)), over one expert's designed frequencies (every
+ * expert has the same ones, permuted) and 64 seeded draws per neuron — the design's distribution, not
+ * measured on the written weights (`profile` on the model measures those).
+ */
+export function calibrateExpertThreshold(plan: MoeDesignPlan, nFfExp: number, target: number, seed: number): number {
+  const p = plan.firing(0).subarray(0, nFfExp);
+  const key = streamKey(seed, 0x7c11);
+  const S = 64;
+  const pos: number[] = [];
+  for (let i = 0; i < nFfExp; i++) {
+    const b = normalQuantile(p[i]!);
+    for (let t = 0; t < S; t++) {
+      const z1 = gauss(key, 2 * (i * S + t));
+      const z2 = gauss(key, 2 * (i * S + t) + 1);
+      if (b + plan.alpha * z1 + plan.beta * z2 > 0) pos.push(b + plan.alpha * z1);
+    }
+  }
+  if (pos.length === 0) return 0;
+  pos.sort((a, b) => a - b);
+  return Math.fround(pos[Math.floor((1 - target) * pos.length)]!);
 }
 
 const GGML_BLOCK: Record<SyntheticDType, number> = { F32: 1, F16: 1, BF16: 1, Q8_0: 32, Q4_0: 32, Q4_K: 256 };

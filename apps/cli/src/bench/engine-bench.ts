@@ -161,30 +161,44 @@ async function main(): Promise<void> {
       for (const dtype of o.dtypes.split(",") as SyntheticDType[]) {
         const layers = 4; // also with --quick: llama-bench crashed here on a 1-layer smallthinker slice
         const path = join(dir, `${name}-${layers}L-${dtype}.gguf`);
-        log(`generating ${path}`);
+        // ReLU experts: the same weights again with per-expert predictors (llama.cpp and dense run `path`)
+        const relu = p.arch === "smallthinker";
+        const withPred = join(dir, `${name}-${layers}L-${dtype}-predictors.gguf`);
+        log(`generating ${path}${relu ? ` and ${withPred}` : ""}`);
         const t0 = performance.now();
-        const rep = generateSyntheticMoeModel(path, {
-          arch: p.arch,
-          shape: p.shape,
-          layers,
-          dtype,
-          vocabSize: 1024,
-          seed: 1,
-          ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
-          design: {},
-        });
+        const gen = (out: string, predictors: boolean) =>
+          generateSyntheticMoeModel(out, {
+            arch: p.arch,
+            shape: p.shape,
+            layers,
+            dtype,
+            vocabSize: 1024,
+            seed: 1,
+            ...(relu ? { untiedOutput: false, slidingWindow: 4096 } : {}),
+            design: {},
+            ...(predictors ? { predictors: {} } : {}),
+          });
+        const rep = gen(path, false);
+        const pred = relu ? gen(withPred, true).predictors : undefined;
         const secs = (performance.now() - t0) / 1000;
         log(`generated ${(rep.bytes / 2 ** 30).toFixed(2)} GiB in ${secs.toFixed(1)} s`);
         moeNotes.push(
           `- generated: ${name} (${rep.ggufArch}) ${layers}/${p.shape.n_layer} layers ${dtype}, vocabulary 1024, design: expert popularity Zipf-like (exponent 1, an assumption), ${p.arch === "smallthinker" ? "40 % of a chosen expert's neurons fire per token (SmallThinker's report: over 60 % idle), 50 % of them give 80 % of firings" : "SiLU experts"}; ${(rep.bytes / 2 ** 30).toFixed(2)} GiB written in ${secs.toFixed(1)} s`,
         );
+        if (pred)
+          moeNotes.push(
+            `- predictors: per expert (blk.N.fc1_exps/fc2_exps), rank ${pred.rank} ${pred.dtype}, threshold ${pred.threshold.toPrecision(4)} calibrated on the design for recall 0.95 (β² = ${pred.noise} of each gate's variance unseen); llama.cpp and our dense rows run the same weights without them`,
+          );
         await run({
-          models: [{ path }],
+          models: [relu ? { path: withPred, twin: path } : { path }],
           nPrompt: [],
           nGen: [o.quick ? 16 : 128],
-          sparse: p.arch === "smallthinker" ? ["off", "oracle"] : ["off"],
+          sparse: relu ? ["off", "oracle", "predictor"] : ["off"],
         });
-        if (!o.keep) rmSync(path, { force: true });
+        if (!o.keep) {
+          rmSync(path, { force: true });
+          rmSync(withPred, { force: true });
+        }
       }
     } finally {
       if (!o.keep) rmSync(dir, { recursive: true, force: true });

@@ -61,8 +61,9 @@ export type PeerInfo =
 export interface BenchModel {
   path: string;
   /**
-   * A GGUF with the same weights (e.g. the `--format gguf` twin of a generated PWRI file): llama.cpp
-   * and our dense mode run it, since llama.cpp cannot load PWRI files.
+   * A GGUF with the same weights (e.g. the `--format gguf` twin of a generated PWRI file, or a generated
+   * expert model without `--predictors`): llama.cpp and our dense mode run it, since llama.cpp cannot load
+   * PWRI files or tensors it does not know.
    */
   twin?: string;
 }
@@ -576,7 +577,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         const engines: Engine[] = [];
         log(`${name}: loading engines (${threads} thread(s))`);
         if (peer || native) {
-          const path = file.format === "PWRI" ? m.twin : m.path;
+          // the twin when given (a PWRI file, or a GGUF with tensors llama.cpp does not know: fc1_exps/fc2_exps)
+          const path = m.twin ?? (file.format === "PWRI" ? undefined : m.path);
           if (!path) {
             notes.push(`${name}: llama.cpp cannot load PWRI files and no GGUF twin was given (--twin)`);
           } else if (native) {
@@ -600,7 +602,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         let backend: Backend | undefined;
         if (ours && probe.usable) {
           backend = await cpuBackend.load({ threads, repack: o.repack ?? true });
-          const hasPred = file.tensors.some((t) => t.name.endsWith(".fc1.weight"));
+          const hasPred = file.tensors.some((t) => /\.fc1(_exps)?\.weight$/.test(t.name));
           const modes: SparseMode[] = o.sparse === "auto" ? (hasPred ? ["off", "predictor"] : ["off"]) : o.sparse;
           for (const mode of modes) {
             // dense runs the GGUF twin when there is one (the file llama.cpp runs)

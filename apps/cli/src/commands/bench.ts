@@ -129,7 +129,7 @@ export function register(program: Command): void {
     .requiredOption("-m, --model <file>", "model file (repeat for several)", collect)
     .option(
       "--twin <file>",
-      "GGUF with the same weights as the -m PWRI file at the same position, for llama.cpp and our dense mode",
+      "GGUF with the same weights as the -m file at the same position (a PWRI file, or an expert model with predictors), for llama.cpp and our dense mode",
       collect,
     )
     .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), listDefault([512]))

@@ -98,6 +98,11 @@ export function register(program: Command): void {
           return;
         }
         let preds: ReturnType<typeof readPredictors> | undefined;
+        if (cfg.moe && (o.predictors || o.sparseThreshold !== undefined)) {
+          throw new InvalidArgumentError(
+            `${o.predictors ? "--predictors" : "--sparse-threshold"}: ${input} has routed experts, whose predictors are per expert (blk.N.fc1_exps/fc2_exps); convert cannot replace them — run with --sparse-threshold instead`,
+          );
+        }
         if (o.predictors) {
           preds = readPredictors(openGguf(o.predictors), { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
         } else if (o.sparseThreshold !== undefined) {

@@ -49,7 +49,10 @@ export interface GenModelCliOptions {
   zipf: number;
   /** llama-moe presets: dReLU experts (TurboSparse-Mixtral). */
   drelu?: boolean;
-  predictorRank: number;
+  /** Expert presets with ReLU experts: write per-expert predictors (blk.N.fc1_exps/fc2_exps). */
+  predictors?: boolean;
+  /** Default 128 (dense presets) or 64 (expert presets). */
+  predictorRank?: number;
   predictorDtype?: string;
   predictorNoise: number;
   targetRecall: number;
@@ -282,6 +285,11 @@ function genMoe(o: GenModelCliOptions): void {
     throw new InvalidArgumentError(`--format ${o.format}: models with routed experts are written as GGUF only`);
   }
   if (existsSync(o.output) && !o.force) throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);
+  if (o.predictors && !(p.arch === "smallthinker" || o.drelu)) {
+    throw new InvalidArgumentError(
+      `--predictors: ${o.preset}'s experts are SiLU (they do not fire sparsely); predictors are written for ReLU experts (smallthinker presets, or mixtral-8x7b with --drelu)`,
+    );
+  }
   if (o.drelu && p.arch !== "llama-moe") {
     throw new InvalidArgumentError(
       `--drelu: ${o.preset} is a ${p.arch} model; dReLU experts are written for llama-moe presets (mixtral-8x7b)`,
@@ -297,8 +305,26 @@ function genMoe(o: GenModelCliOptions): void {
     vocabFrom: o.vocabFrom,
     seed: o.seed,
     ...(p.arch === "smallthinker" ? { untiedOutput: false, slidingWindow: 4096 } : {}),
-    design: { zipf: o.zipf, active: o.active ?? 0.4, hot: o.hotShare ?? 0.5 },
+    design: {
+      zipf: o.zipf,
+      active: o.active ?? 0.4,
+      hot: o.hotShare ?? 0.5,
+      predictorRank: o.predictorRank ?? 64,
+      predictorNoise: o.predictorNoise,
+    },
     ...(o.drelu ? { upActivation: "relu" as const } : {}),
+    ...(o.predictors
+      ? {
+          predictors: {
+            dtype:
+              o.predictorDtype === undefined
+                ? undefined
+                : oneOf<SyntheticDType>("predictor-dtype", o.predictorDtype, SYNTHETIC_DTYPES, (x) => x.toUpperCase()),
+            targetRecall: o.targetRecall,
+            threshold: o.threshold,
+          },
+        }
+      : {}),
   });
   const active = activeParametersPerToken(p.arch, { ...p.shape, n_layer: layers }, r.n_vocab);
   const design = {
@@ -323,6 +349,9 @@ function genMoe(o: GenModelCliOptions): void {
   process.stdout.write(
     `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
       `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n` +
+      (r.predictors
+        ? `predictors: per expert, rank ${r.predictors.rank} ${r.predictors.dtype}, threshold ${r.predictors.threshold.toPrecision(4)} (${o.threshold !== undefined ? "given" : `calibrated on the design for recall ${o.targetRecall ?? 0.95}`}), noise ${r.predictors.noise}; llama.cpp cannot read this file\n`
+        : "") +
       `design: expert popularity Zipf-like, exponent ${o.zipf}; ${design.expertActive === null ? "SiLU experts (no designed firing)" : `${(design.expertActive * 100).toFixed(0)} % of a chosen expert's ${o.drelu ? "gates fire" : "neurons fire"} per token (power law, hot share ${design.hotShare})${o.drelu ? "; dReLU experts, ReLU(gate)·ReLU(up): about half of those pass ReLU(up) (llama.cpp cannot run this file)" : ""}`}\n`,
   );
 }
@@ -373,9 +402,12 @@ export function register(program: Command): void {
     )
     .option(
       "--predictor-rank <n>",
-      "predictor rank (fc1 {n_embd, r}, fc2 {r, n_ff})",
+      "predictor rank (fc1 {n_embd, r}, fc2 {r, n_ff}; default 128, expert presets 64 — it also sets the rank of the gates' low-rank part)",
       int("predictor-rank", { min: 2 }),
-      128,
+    )
+    .option(
+      "--predictors",
+      "expert presets with ReLU experts: write per-expert predictors (blk.N.fc1_exps {n_embd, r, n_expert}, fc2_exps {r, n_ff_exp, n_expert}) and a threshold calibrated to --target-recall; llama.cpp cannot read such a file (generate it again without --predictors: the weights are the same)",
     )
     .option("--predictor-dtype <type>", "predictor weight type (default: F16, or Q8_0 for quantized weights)")
     .option(
@@ -414,7 +446,7 @@ export function register(program: Command): void {
           // the predictor and verification options belong to the dense presets' PWRI files
           for (const [given, name] of [
             [o.verify !== undefined, "--verify"],
-            [o.threshold !== undefined, "--threshold"],
+            [o.threshold !== undefined && !o.predictors, "--threshold (without --predictors)"],
           ] as const) {
             if (given)
               throw new InvalidArgumentError(
@@ -424,6 +456,10 @@ export function register(program: Command): void {
           genMoe(o);
           return;
         }
+        if (o.predictors)
+          throw new InvalidArgumentError(
+            `--predictors is for the expert presets; ${o.preset} writes its predictors with --format pwri`,
+          );
         const opts = generatorOptions(o);
         if (existsSync(o.output) && !o.force)
           throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);

@@ -111,7 +111,17 @@ export interface ExpertWeights {
   downExps?: TensorHandle;
   /** {n_embd, n_ff_exp, n_expert}: each expert's down projection neuron-major (sparse path). */
   downExpsT?: TensorHandle;
+  /** Per-expert predictors (`blk.N.fc1_exps.weight` {n_embd, r, n_expert}, `fc2_exps` {r, n_ff_exp, n_expert}). */
+  fc1Exps?: TensorHandle;
+  fc2Exps?: TensorHandle;
 }
+
+/** How {@link moeFfn} chooses the neurons of the chosen experts. */
+export type MoeSparsity =
+  | { mode: "off" }
+  | { mode: "oracle" }
+  /** x: the predictors' input (the residual before ffn_norm); a neuron runs when its logit ≥ threshold. */
+  | { mode: "predictor"; x: TensorId; threshold: number };
 
 /**
  * Routed experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024; llama.cpp's `build_moe_ffn`):
@@ -126,9 +136,13 @@ export interface ExpertWeights {
  * and up reads only the neurons whose gate is > 0 (exact for ReLU: every skipped neuron's output is 0);
  * down does too when stored neuron-major (`downExpsT`), else (`downExps`, a quantized stack: see
  * expertDownNeuronMajor) it runs densely over the activations, whose skipped entries are 0.
+ * Sparse ("predictor"): each chosen expert's predictor fc2_e·ReLU(fc1_e·x) (PowerInfer's form, per expert)
+ * gives a logit per neuron [n_ff_exp, n_expert_used, T]; gate and up read only the neurons whose logit is
+ * ≥ the threshold (the others' activations are 0), then down as in oracle mode.
  * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
- *   pre-activations [n_ff_exp, n_expert_used, T] and the graph node indices of the sparse expert ops
- *   (empty when dense; up first, then down when it is sparse).
+ *   pre-activations [n_ff_exp, n_expert_used, T] (predictor mode: only predicted rows are computed, the
+ *   others are 0) and the graph node indices of the sparse expert ops (empty when dense; up first — in
+ *   predictor mode gate, then up — then down when it is sparse).
  */
 export function moeFfn(
   g: Graph,
@@ -136,7 +150,7 @@ export function moeFfn(
   W: ExpertWeights,
   h: TensorId,
   routerInput: TensorId,
-  sparse: boolean,
+  sparsity: MoeSparsity,
 ): { out: TensorId; probs: TensorId; gate: TensorId; sparseNodes: number[] } {
   const moe = cfg.moe!;
   const logits = g.mulMat(g.handle(W.gateInp), routerInput);
@@ -144,12 +158,30 @@ export function moeFfn(
   const ids = g.topK(probs, moe.n_expert_used);
   const act = (t: TensorId) =>
     cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
-  const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
   let down: TensorId;
   const sparseNodes: number[] = [];
   // dReLU experts (TurboSparse-Mixtral): ReLU on the up branch too
   const upAct = (t: TensorId) => (cfg.ffn.up_activation === "relu" ? g.relu(t) : t);
-  if (!sparse) {
+  if (sparsity.mode === "predictor") {
+    const hid = g.relu(g.mulMatId(g.handle(W.fc1Exps!), sparsity.x, ids));
+    const pred = g.mulMatId(g.handle(W.fc2Exps!), hid, ids);
+    const sel = { logits: pred, threshold: sparsity.threshold };
+    const gate = g.mulMatIdSparse(g.handle(W.gateExps), h, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+    const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
+    sparseNodes.push(g.nodes.length - 1);
+    const a = g.mul(g.relu(gate), upAct(up));
+    if (W.downExpsT) {
+      down = g.axpyIdSparse(g.handle(W.downExpsT), a, ids, sel);
+      sparseNodes.push(g.nodes.length - 1);
+    } else {
+      down = g.mulMatId(g.handle(W.downExps!), a, ids);
+    }
+    const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
+    return { out, probs, gate, sparseNodes };
+  }
+  const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
+  if (sparsity.mode === "off") {
     const up = upAct(g.mulMatId(g.handle(W.upExps), h, ids));
     const a = g.mul(act(gate), up);
     down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});

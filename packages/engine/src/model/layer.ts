@@ -6,7 +6,7 @@
  */
 import type { ModelConfig } from "@powerinfer/gguf";
 import type { Graph, TensorHandle, TensorId } from "@powerinfer/core";
-import { F32_MIN_POSITIVE, moeFfn, sparseFfn } from "./blocks.js";
+import { F32_MIN_POSITIVE, type MoeSparsity, moeFfn, sparseFfn } from "./blocks.js";
 import type { BatchForwardOptions, BatchSequence, LayerCapture, LlamaLayerWeights, SparseNodes } from "./llama.js";
 import type { SparseFfnWeights } from "./blocks.js";
 
@@ -263,7 +263,12 @@ function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: 
   if (L.experts) {
     // the router reads the FFN input (llama, qwen3moe) or the layer input (SmallThinker)
     const routerIn = cfg.moe!.router_input === "layer_input" ? layerIn : h;
-    const r = moeFfn(g, cfg, L.experts, h, routerIn, mode !== "off");
+    // per-expert predictors read the residual before ffn_norm, as PowerInfer's dense ones
+    const sparsity: MoeSparsity =
+      mode === "predictor"
+        ? { mode, x: ffnInp, threshold: opts.threshold ?? cfg.sparse_threshold }
+        : { mode: mode === "oracle" ? "oracle" : "off" };
+    const r = moeFfn(g, cfg, L.experts, h, routerIn, sparsity);
     down = r.out;
     if (opts.capture) {
       captures.push({

@@ -142,6 +142,8 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
           gateExps: m.map(`${p}ffn_gate_exps.weight`, [e, fx, nx]),
           upExps: m.map(`${p}ffn_up_exps.weight`, [e, fx, nx]),
           downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]),
+          fc1Exps: cfg.has_predictors ? m.map(`${p}fc1_exps.weight`, [e, cfg.predictor_ranks[l]!, nx]) : undefined,
+          fc2Exps: cfg.has_predictors ? m.map(`${p}fc2_exps.weight`, [cfg.predictor_ranks[l]!, fx, nx]) : undefined,
         },
       });
       onLayer?.(l);
@@ -235,10 +237,10 @@ export interface SparseNodes {
  */
 export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
   if (mode === "off") return;
-  if (cfg.moe && mode === "predictor") {
+  if (cfg.moe && mode === "predictor" && !w.layers.every((L) => L.experts?.fc1Exps && L.experts.fc2Exps)) {
     throw new EngineError(
       "BAD_INPUT",
-      'sparse mode "predictor" is not available for routed experts yet; use --sparse oracle',
+      'sparse mode "predictor" needs per-expert predictors (blk.N.fc1_exps/fc2_exps; `powerinfer gen-model --predictors` writes them for generated models); use --sparse oracle',
     );
   }
   if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT || L.experts?.downExps)) {
@@ -250,7 +252,7 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
       `sparse mode "${mode}" needs a ReLU FFN; this model's FFN uses ${cfg.ffn.activation}, whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
     );
   }
-  if (mode === "predictor" && !w.layers.every((L) => L.fc1 && L.fc2)) {
+  if (mode === "predictor" && !cfg.moe && !w.layers.every((L) => L.fc1 && L.fc2)) {
     throw new EngineError(
       "BAD_INPUT",
       'sparse mode "predictor" needs predictors (blk.N.fc1/fc2); train them with `powerinfer train-predictor` or use --sparse oracle',
