@@ -37,8 +37,11 @@ describe("bytes of weights per decoded token", () => {
     const dense = bytesPerToken(f, 2, "off");
     const ffn = f.tensors.filter((t) => /ffn_(gate|up|down_t)/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
     const row = 256 * 2; // one F16 row of n_embd
-    expect(bytesPerToken(f, 2, "predictor", [0, 0])).toBe(dense - ffn);
-    expect(bytesPerToken(f, 2, "predictor", [100, 50])).toBe(dense - ffn + 150 * 3 * row);
+    // the predictors are read in predictor mode only
+    const preds = f.tensors.filter((t) => /\.fc[12]\./.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    expect(preds).toBeGreaterThan(0);
+    expect(bytesPerToken(f, 2, "predictor", [0, 0])).toBe(dense - ffn + preds);
+    expect(bytesPerToken(f, 2, "predictor", [100, 50])).toBe(dense - ffn + preds + 150 * 3 * row);
     const gate = 2 * 1024 * row;
     expect(bytesPerToken(f, 2, "oracle", [100, 50])).toBe(dense - ffn + gate + 150 * 2 * row);
   });
@@ -78,6 +81,23 @@ describe("bytes of weights per decoded token", () => {
     const gate16 = exps16.filter((t) => /gate_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
     const exp16 = exps16.reduce((s, t) => s + t.byteLength, 0);
     expect(bytesPerToken(g, 2, "oracle", [20, 30])).toBe(all16 - exp16 + gate16 / 4 + 50 * (64 * 2 + 64 * 2));
+    // per-expert predictors: the chosen experts' share, in predictor mode only; gate, up and down by rows
+    const pp = join(dir, "st16p.gguf");
+    generateSyntheticMoeModel(pp, {
+      arch: "smallthinker",
+      shape: { ...shape, n_layer: 2, n_ctx: 64 },
+      dtype: "F16",
+      untiedOutput: false,
+      design: {},
+      predictors: {},
+    });
+    const h = openGguf(pp);
+    const allP = h.tensors.reduce((s, t) => s + t.byteLength, 0);
+    const predP = h.tensors.filter((t) => /fc[12]_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    const expP = h.tensors.filter((t) => /ffn_.*_exps/.test(t.name)).reduce((s, t) => s + t.byteLength, 0);
+    expect(predP).toBeGreaterThan(0);
+    expect(bytesPerToken(h, 2, "off")).toBe(allP - predP - expP + expP / 4);
+    expect(bytesPerToken(h, 2, "predictor", [20, 30])).toBe(allP - predP - expP + predP / 4 + 50 * 3 * 64 * 2);
   });
 });
 

@@ -13,11 +13,17 @@
  * - with every neuron predicted (threshold −3e38) predictor mode gives the dense logits bit for bit (the
  *   sparse gate/up/down read all rows in the dense order), F32 and Q8_0;
  * - at the calibrated threshold greedy ids equal the dense run's for 12 steps (F32, Q8_0);
+ * - `train-predictor` on the file without predictors (1,500 positions of TinyStories text, rank 32) trains
+ *   one predictor per expert from its own gate: held-out recall ≥ 0.9 per layer, experts with fewer than 32
+ *   routed pairs get a zero fc2 (every neuron computed), and the GGUF it writes runs in predictor mode (its
+ *   default) with the dense greedy ids;
  * - a model without predictors is refused in predictor mode with a message naming the tensors.
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { join } from "node:path";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
 import { openGguf, readTensorBytes, readTensorF32 } from "@powerinfer/gguf";
@@ -26,6 +32,8 @@ import { generateSyntheticMoeModel, type SyntheticMoeShape } from "@powerinfer/s
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const probe = await cpuBackend.probe();
+const models = process.env.POWERINFER_TEST_MODELS!;
+const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
 const dir = mkdtempSync(join(tmpdir(), "moe-pred-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
@@ -212,6 +220,73 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
       }
     }, 120_000);
   }
+
+  it("train-predictor trains per-expert predictors: held-out recall ≥ 0.9, experts with too few pairs compute every neuron, and the written GGUF runs in predictor mode with the dense greedy ids", async () => {
+    const text = join(dir, "t.txt");
+    writeFileSync(
+      text,
+      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 40_000),
+    );
+    const out = join(dir, "trained.gguf");
+    const r = spawnSync(
+      process.execPath,
+      [
+        bin,
+        "train-predictor",
+        "-m",
+        files.plain!,
+        "-f",
+        text,
+        "-o",
+        out,
+        "--tokens",
+        "1500",
+        "--rank",
+        "32",
+        "-t",
+        "2",
+        "--json",
+      ],
+      { encoding: "utf8", timeout: 600_000 },
+    );
+    expect(r.status, r.stderr).toBe(0);
+    const rep = JSON.parse(r.stdout);
+    expect(rep.format).toBe("GGUF");
+    expect(rep.layers).toHaveLength(4);
+    for (const L of rep.layers) {
+      console.log(
+        `trained layer ${L.layer}: held-out recall ${L.recall.toFixed(3)}, predicted ${L.predictedFraction.toFixed(3)} vs true ${L.trueFraction.toFixed(3)}, ${L.zeroExperts} experts dense`,
+      );
+      expect(L.recall).toBeGreaterThanOrEqual(0.9);
+      expect(L.predictedFraction).toBeLessThan(0.7);
+    }
+    // an expert with fewer than 32 training pairs gets a zero fc2 (logit 0 ≥ threshold −1: every neuron)
+    const f = openGguf(out);
+    expect(f.tensorMap.get("blk.0.fc1_exps.weight")!.shape).toEqual([256, 32, 16]);
+    const few = (rep.training as { layer: number; expert: number; samples: number; val: unknown }[]).filter(
+      (t) => t.samples < 32,
+    );
+    expect(few.length).toBeGreaterThan(0); // the 16 experts of a Zipf-like router: the rarest get few pairs
+    for (const t of rep.training) expect(t.val === null).toBe(t.samples < 32);
+    for (const t of few) {
+      const fc2 = readTensorF32(f, `blk.${t.layer}.fc2_exps.weight`).subarray(
+        t.expert * 256 * 32,
+        (t.expert + 1) * 256 * 32,
+      );
+      expect(fc2.every((v) => v === 0)).toBe(true);
+    }
+    expect(rep.threshold).toBe(-1);
+    const prompt = TOKENS.slice(0, 16);
+    const dense = await Model.load(out, { backend, sparse: "off" });
+    const pred = await Model.load(out, { backend });
+    try {
+      expect(pred.sparse).toBe("predictor");
+      expect(greedy(pred, prompt, 12).ids).toEqual(greedy(dense, prompt, 12).ids);
+    } finally {
+      dense.dispose();
+      pred.dispose();
+    }
+  }, 600_000);
 
   it("a model without per-expert predictors is refused in predictor mode", async () => {
     await expect(Model.load(files.plain!, { backend, sparse: "predictor" })).rejects.toThrow(/fc1_exps\/fc2_exps/);

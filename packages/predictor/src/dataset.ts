@@ -64,22 +64,7 @@ export async function collectActivations(
   opts: CollectOptions = {},
 ): Promise<ActivationDataset> {
   const cfg = model.config;
-  const bos = model.tokenizer.bosId;
-  if (bos === undefined) throw new Error("the vocabulary has no BOS token to start each window with");
-  if (tokens.length === 0) throw new Error("no tokens to collect activations from");
-  const nCtx = opts.nCtx ?? Math.min(cfg.n_ctx_train, 1024);
-  if (!Number.isInteger(nCtx) || nCtx < 2) throw new RangeError(`window size ${nCtx} must be an integer ≥ 2`);
-  // Windows: [BOS] + up to nCtx−1 tokens; positions counted with their BOS.
-  const windows: number[][] = [];
-  let total = 0;
-  const limit = opts.maxTokens ?? Number.POSITIVE_INFINITY;
-  for (let i = 0; i < tokens.length && total < limit; i += nCtx - 1) {
-    const w = [bos, ...tokens.slice(i, i + nCtx - 1)];
-    if (total + w.length > limit) w.length = limit - total;
-    if (w.length < 2) break;
-    windows.push(w);
-    total += w.length;
-  }
+  const { windows, total, nCtx } = evaluationWindows(model, tokens, opts);
   const { n_embd: e, n_ff: f, n_layer } = cfg;
   const stride = maskStride(f);
   const layers: LayerActivations[] = Array.from({ length: n_layer }, () => ({
@@ -115,6 +100,34 @@ export async function collectActivations(
     session.dispose();
   }
   return { nEmbd: e, nFf: f, nTokens: total, layers };
+}
+
+/**
+ * The evaluation windows of {@link collectActivations}: [BOS] + up to nCtx−1 tokens each, positions counted
+ * with their BOS, at most `opts.maxTokens` in all.
+ * @throws Error when the vocabulary has no BOS token or `tokens` is empty; RangeError for a bad window size
+ */
+export function evaluationWindows(
+  model: Model,
+  tokens: readonly number[],
+  opts: CollectOptions,
+): { windows: number[][]; total: number; nCtx: number } {
+  const bos = model.tokenizer.bosId;
+  if (bos === undefined) throw new Error("the vocabulary has no BOS token to start each window with");
+  if (tokens.length === 0) throw new Error("no tokens to collect activations from");
+  const nCtx = opts.nCtx ?? Math.min(model.config.n_ctx_train, 1024);
+  if (!Number.isInteger(nCtx) || nCtx < 2) throw new RangeError(`window size ${nCtx} must be an integer ≥ 2`);
+  const windows: number[][] = [];
+  let total = 0;
+  const limit = opts.maxTokens ?? Number.POSITIVE_INFINITY;
+  for (let i = 0; i < tokens.length && total < limit; i += nCtx - 1) {
+    const w = [bos, ...tokens.slice(i, i + nCtx - 1)];
+    if (total + w.length > limit) w.length = limit - total;
+    if (w.length < 2) break;
+    windows.push(w);
+    total += w.length;
+  }
+  return { windows, total, nCtx };
 }
 
 /** Token positions [from, to) of a dataset as views (no copy). */

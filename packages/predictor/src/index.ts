@@ -23,6 +23,15 @@ export {
   sliceDataset,
   splitText,
 } from "./dataset.js";
+export {
+  collectExpertActivations,
+  evaluateExpertPredictors,
+  type ExpertActivationDataset,
+  type ExpertLayerReport,
+  type ExpertPredictorResult,
+  type TrainExpertPredictorsArgs,
+  trainExpertPredictors,
+} from "./experts.js";
 export { type EvaluateArgs, evaluatePredictors, type LayerReport, summarizeReport } from "./evaluate.js";
 export { backendMatMul, jsMatMul, type MatMul, transpose } from "./matmul.js";
 export {

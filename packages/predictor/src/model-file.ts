@@ -46,6 +46,12 @@ export interface RewriteOptions {
   /** Predictors to write (replacing any in the input), their storage type and the model-wide threshold. */
   predictors?: { layers: LayerPredictor[]; type: "f16" | "f32"; threshold: number };
   /**
+   * Per-expert predictors of a model with routed experts ([layer][expert], one rank per layer), written as
+   * `blk.N.fc1_exps.weight` {n_embd, r, n_expert} and `blk.N.fc2_exps.weight` {r, n_ff_exp, n_expert}
+   * (replacing any in the input), with the model-wide threshold.
+   */
+  expertPredictors?: { layers: LayerPredictor[][]; type: "f16" | "f32"; threshold: number };
+  /**
    * Convert every weight matrix (2-D `.weight` tensors except the predictors) to this type. A matrix
    * whose rows are not a multiple of the type's block becomes F16 instead (noted); one already in
    * another quantized type is kept (noted).
@@ -153,11 +159,50 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
       { name: `blk.${l}.fc2.weight`, type, shape: [p.rank, p.nFf], data: () => encode(type, p.fc2) },
     ];
   };
+  const xp = opts.expertPredictors;
+  if (xp && preds) throw new RangeError("predictors and expertPredictors: a model has one or the other");
+  const expertSpecs = (l: number): GgufTensorSpec[] => {
+    const ps = xp!.layers[l]!;
+    const type = xp!.type === "f16" ? GGMLType.F16 : GGMLType.F32;
+    const { rank: r, nEmbd: e, nFf: f } = ps[0]!;
+    const cat = (part: "fc1" | "fc2") => {
+      const n = part === "fc1" ? r * e : f * r;
+      const out = new Float32Array(n * ps.length);
+      ps.forEach((p, x) => out.set(p[part], x * n));
+      return out;
+    };
+    return [
+      { name: `blk.${l}.fc1_exps.weight`, type, shape: [e, r, ps.length], data: () => encode(type, cat("fc1")) },
+      { name: `blk.${l}.fc2_exps.weight`, type, shape: [r, f, ps.length], data: () => encode(type, cat("fc2")) },
+    ];
+  };
   const lastOfLayer = new Map<number, number>();
   file.tensors.forEach((t, i) => {
     const m = /^blk\.(\d+)\./.exec(t.name);
     if (m) lastOfLayer.set(Number(m[1]), i);
   });
+  if (xp) {
+    if (xp.layers.length !== lastOfLayer.size) {
+      throw new RangeError(
+        `${xp.layers.length} layers of expert predictors for a model with ${lastOfLayer.size} layers`,
+      );
+    }
+    xp.layers.forEach((ps, l) => {
+      const up = file.tensorMap.get(`blk.${l}.ffn_up_exps.weight`);
+      if (!up) throw new RangeError(`layer ${l} has no routed experts (blk.${l}.ffn_up_exps.weight)`);
+      const [e, f, x] = up.shape as [number, number, number];
+      const r = ps[0]?.rank;
+      const bad = ps.findIndex(
+        (p) =>
+          p.rank !== r || p.nEmbd !== e || p.nFf !== f || p.fc1.length !== p.rank * e || p.fc2.length !== f * p.rank,
+      );
+      if (ps.length !== x || bad >= 0) {
+        throw new RangeError(
+          `layer ${l}: expert predictors (${ps.length}, expert ${bad}) do not fit ${x} experts of n_embd ${e}, n_ff_exp ${f} with one rank`,
+        );
+      }
+    });
+  }
   if (preds) {
     const nLayers = lastOfLayer.size;
     if (preds.layers.length !== nLayers) {
@@ -177,7 +222,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
   file.tensors.forEach((t, i) => {
     const down = DOWN.exec(t.name);
     const downT = DOWN_T.exec(t.name);
-    if ((preds || opts.dropPredictors) && PRED.test(t.name)) return; // replaced below, or dropped
+    if ((preds || xp || opts.dropPredictors) && PRED.test(t.name)) return; // replaced below, or dropped
     if ((down && pwri) || (downT && !pwri)) {
       // stored {a, b} (rows of length a) → {b, a}
       const [a, b] = t.shape as [number, number];
@@ -219,6 +264,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
     }
     const layer = [...lastOfLayer.entries()].find(([, last]) => last === i)?.[0];
     if (preds && layer !== undefined) specs.push(...predictorSpecs(layer));
+    if (xp && layer !== undefined) specs.push(...expertSpecs(layer));
   });
 
   // Metadata: the input's (a split model's without its split keys: the output is one file), then
@@ -234,7 +280,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
     if (q === GGMLType.Q8_0 || q === GGMLType.Q4_0)
       set({ key: "general.quantization_version", type: GgufTypes.u32, value: 2 });
   }
-  if (preds) set({ key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: preds.threshold });
+  if (preds || xp) set({ key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: (preds ?? xp)!.threshold });
   for (const e of opts.metadata ?? []) set(e);
   writeGguf(outPath, { format, metadata: entries, tensors: specs });
   const types = new Map<string, number>();

@@ -138,6 +138,11 @@ export interface TrainPredictorsArgs {
   resume?: PipelineCheckpoint;
   /** Identity of this run, stored in checkpoints. */
   key?: string;
+  /**
+   * The gate weights of layer l for the warm start ([nFf × nEmbd] row-major, and ffn_norm), instead of the
+   * file's `blk.l.ffn_gate` (routed experts: one expert's rows of `ffn_gate_exps`).
+   */
+  gate?: (layer: number) => { gate: Float32Array; norm?: Float32Array } | undefined;
   /** Called after every epoch, finished layer and on interruption with the state to save. */
   onCheckpoint?: (c: PipelineCheckpoint) => void | Promise<void>;
   onEvent?: (e: PipelineEvent) => void;
@@ -253,8 +258,8 @@ export async function trainPredictors(a: TrainPredictorsArgs): Promise<TrainPred
   for (let l = done.length; l < nLayer; l++) {
     const ranks = ranksOf(l);
     a.onEvent?.({ type: "layer-start", layer: l, nLayer, ranks });
-    if (o.init === "gate" && !file) throw new RangeError('init "gate" needs the model file');
-    const gw = o.init === "gate" ? gateWeights(file!, l) : undefined;
+    if (o.init === "gate" && !file && !a.gate) throw new RangeError('init "gate" needs the model file');
+    const gw = o.init === "gate" ? (a.gate ? a.gate(l) : gateWeights(file!, l)) : undefined;
     let sub: ReturnType<typeof gateSubspace> | null | undefined;
     // The gate's subspace, or null when the gate gives no direction at all (then the start is random).
     const subspace = () => {
@@ -415,8 +420,12 @@ export function bakeThresholds(
   const scales = ts.map((t, l) => {
     if (t !== 0 && Math.sign(t) === Math.sign(threshold)) return threshold / t;
     inexact.push(l);
-    // t ≥ 0 with T = −1: use −tiny (selects a superset: recall kept)
-    return threshold / -tiny;
+    // t ≥ 0 with T = −1: use −tiny (selects a superset: recall kept). Capped where F16 would overflow
+    // (±65504; an infinite fc2 gives NaN logits that select nothing): the cut then sits a little further
+    // below 0, still a superset.
+    const sc = threshold / -tiny;
+    const big = f16 ? layers[l]!.predictor.fc2.reduce((m, v) => Math.max(m, Math.abs(v)), 0) : 0;
+    return big > 0 ? Math.min(sc, 6e4 / big) : sc;
   });
   const predictors = layers.map(({ predictor: p }, l) => {
     const fc2 = p.fc2.map((v) => v * scales[l]!);

@@ -380,6 +380,24 @@ describe("one model-wide threshold", () => {
     });
   });
 
+  it("F16: an inexact layer's scale stays within F16 (an overflow gave NaN logits that selected nothing)", () => {
+    const rng = new Rng(12);
+    const x = Float32Array.from({ length: 50 * E }, () => rng.normal());
+    const preds = [0, 1].map((s) => randomPredictor(8, E, F, s + 5));
+    // a tiny negative threshold: T/−tiny (tiny = 1e-3 × the smallest |t|) would scale fc2 by 1e6
+    const ts = [-0.001, 0.2];
+    const baked = bakeThresholds(
+      preds.map((p, l) => ({ predictor: p, threshold: ts[l]! })),
+      true,
+    );
+    expect(baked.inexact).toEqual([1]);
+    const fc2 = baked.predictors[1]!.fc2;
+    expect(fc2.every((v) => Number.isFinite(v) && Math.abs(v) <= 65504)).toBe(true);
+    const z = predictLogits(preds[1]!, x, 50, mm);
+    const zb = predictLogits(baked.predictors[1]!, x, 50, mm);
+    for (let i = 0; i < z.length; i++) if (z[i]! >= ts[1]!) expect(zb[i]! >= baked.threshold).toBe(true);
+  });
+
   it("positive thresholds everywhere give +1", () => {
     const p: LayerPredictor = randomPredictor(4, E, F, 1);
     expect(bakeThresholds([{ predictor: p, threshold: 0.3 }], true).threshold).toBe(1);

@@ -10,15 +10,19 @@
  * - Sparse `oracle`: the gate is computed densely (it decides the mask), up and down sparsely.
  * - Routed experts (`ffn_{gate,up,down}_exps`, {@link expertsPerToken}): a decoded token reads its
  *   n_expert_used chosen experts, so each stacked tensor counts n_expert_used / n_expert of its bytes
- *   (dense, and the gate in `oracle`); sparse experts' up is counted by the row counters (one row per
- *   neuron computed in a chosen expert), and so is an F16/F32 down projection, whose row is read
- *   neuron-major; a quantized down projection runs densely (expertDownNeuronMajor) and counts as dense.
+ *   (dense, and the gate in `oracle`); sparse experts' up (and gate, in `predictor`) is counted by the row
+ *   counters (one row per neuron computed in a chosen expert), and so is an F16/F32 down projection, whose
+ *   row is read neuron-major; a quantized down projection runs densely (expertDownNeuronMajor) and counts
+ *   as dense. Per-expert predictors (`fc1_exps`/`fc2_exps`) count n_expert_used / n_expert of their bytes.
+ * - Predictors (fc1/fc2, fc1_exps/fc2_exps) are read in `predictor` mode only.
  */
 import { expertDownNeuronMajor, type SparseMode } from "@powerinfer/engine";
 import { GGMLType, type GgufFile, tensorByteLength } from "@powerinfer/gguf";
 
 const FFN = /^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down|ffn_down_t)\.weight$/;
-const EXPS = /^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps)\.weight$/;
+const EXPS = /^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps|fc1_exps|fc2_exps)\.weight$/;
+/** Dense layers' predictors (read only in predictor mode). */
+const PRED = /^blk\.\d+\.fc[12]\.weight$/;
 
 /** The share of a stacked expert tensor one decoded token reads: n_expert_used / n_expert (1 without experts). */
 export function expertsPerToken(file: GgufFile): number {
@@ -40,11 +44,17 @@ export function fixedBytesPerToken(file: GgufFile, mode: SparseMode): number {
     }
     const x = EXPS.exec(t.name);
     if (x) {
-      const dense =
-        mode === "off" || x[2] === "ffn_gate_exps" || (x[2] === "ffn_down_exps" && !expertDownNeuronMajor(t.type));
+      // predictors (per expert): read whole for the chosen experts, in predictor mode only
+      const pred = x[2] === "fc1_exps" || x[2] === "fc2_exps";
+      const dense = pred
+        ? mode === "predictor"
+        : mode === "off" ||
+          (x[2] === "ffn_gate_exps" && mode === "oracle") ||
+          (x[2] === "ffn_down_exps" && !expertDownNeuronMajor(t.type));
       if (dense) bytes += t.byteLength * expertsPerToken(file);
       continue;
     }
+    if (PRED.test(t.name) && mode !== "predictor") continue;
     const m = FFN.exec(t.name);
     if (m && mode === "predictor") continue;
     if (m && mode === "oracle" && m[2] !== "ffn_gate") continue;
@@ -59,12 +69,14 @@ export function sparseRowBytes(file: GgufFile, nLayer: number, mode: SparseMode)
   for (let l = 0; l < nLayer; l++) {
     let b = 0;
     const up = file.tensorMap.get(`blk.${l}.ffn_up_exps.weight`);
+    const gate = file.tensorMap.get(`blk.${l}.ffn_gate_exps.weight`);
     const down = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
     if (up && down) {
-      // a chosen expert's neuron: its up row, and its down row neuron-major (n_embd of F16 or F32) unless
-      // the down projection runs densely
+      // a chosen expert's neuron: its up row (and gate row in predictor mode), and its down row
+      // neuron-major (n_embd of F16 or F32) unless the down projection runs densely
       const downRow = expertDownNeuronMajor(down.type) ? tensorByteLength(down.type, [down.shape[1]!]) : 0;
-      out.push(tensorByteLength(up.type, [up.shape[0]!]) + downRow);
+      const gateRow = mode === "predictor" && gate ? tensorByteLength(gate.type, [gate.shape[0]!]) : 0;
+      out.push(tensorByteLength(up.type, [up.shape[0]!]) + gateRow + downRow);
       continue;
     }
     for (const name of ["ffn_gate", "ffn_up", "ffn_down_t", "ffn_down"]) {

@@ -120,7 +120,7 @@ export function register(program: Command): void {
                   (L.hotExperts80 !== undefined ? ` | ${pct(L.hotExperts80)}` : ""),
               ),
               `weights read per decoded token: dense ${(dense / 2 ** 20).toFixed(2)} MiB, sparse ${(sparse / 2 ** 20).toFixed(2)} MiB ` +
-                `(${model.config.has_predictors ? "predictors included" : cfg.moe ? "with a perfect predictor; train-predictor does not train per-expert predictors yet (gen-model --predictors writes designed ones for generated models): --sparse oracle computes the gates densely" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
+                `(${model.config.has_predictors ? "predictors included" : cfg.moe ? "with a perfect predictor; train per-expert ones with `powerinfer train-predictor`" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
               `expected decode speed-up from sparsity where decoding is memory-bound: ${report.expectedSpeedup.toFixed(2)}×`,
             ];
             process.stdout.write(`${lines.join("\n")}\n`);

@@ -14,7 +14,11 @@ import {
   bakeThresholds,
   checkpointKey,
   collectActivations,
+  collectExpertActivations,
+  evaluateExpertPredictors,
   evaluatePredictors,
+  type ExpertActivationDataset,
+  type ExpertLayerReport,
   type LayerReport,
   loadCheckpoint,
   type PipelineEvent,
@@ -24,8 +28,10 @@ import {
   saveCheckpoint,
   splitText,
   summarizeReport,
+  trainExpertPredictors,
   trainPredictors,
 } from "@powerinfer/predictor";
+import type { Model } from "@powerinfer/engine";
 import type { Backend } from "@powerinfer/core";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
@@ -60,7 +66,8 @@ interface TrainPredictorCliOptions {
   batch: number;
   seed: number;
   init: string;
-  format: string;
+  /** Default pwri, gguf for routed experts. */
+  format?: string;
   predictorType: string;
   checkpoint?: string;
   restart?: boolean;
@@ -155,9 +162,8 @@ export function register(program: Command): void {
     )
     .option(
       "--format <fmt>",
-      "output container: pwri (PowerInfer GGUF, ffn_down transposed) or gguf",
+      "output container: pwri (PowerInfer GGUF, ffn_down transposed; the default) or gguf (the default, and the only one, for routed experts)",
       choice("format", ["pwri", "gguf"]),
-      "pwri",
     )
     .option("--predictor-type <t>", "storage of fc1/fc2: f16 or f32", choice("predictor-type", ["f16", "f32"]), "f16")
     .option("--checkpoint <file>", "checkpoint file (default: <output>.ckpt); resumed when it matches this run")
@@ -187,19 +193,25 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   // options first: a typo must not cost a model load
   // every option's own rule was checked by its parser (see common.ts); the rank against the model below
   const rank = o.rank;
-  const format = o.format;
   // the model's header (cheap) decides the ReLU and rank checks before the text is read or the model loaded
   checkInputFile(o.model);
   const cfg = parseModelConfig(openGguf(o.model));
-  if (cfg.moe) {
-    throw new Error(`${o.model}: predictors for routed experts are not supported yet (run it with --sparse oracle)`);
+  // routed experts: GGUF only (a PWRI file cannot hold experts), one rank for every expert of a layer
+  const format = o.format ?? (cfg.moe ? "gguf" : "pwri");
+  if (cfg.moe && format === "pwri") {
+    throw new InvalidArgumentError(
+      `--format pwri: ${o.model} has routed experts, which PowerInfer files cannot hold; its per-expert predictors are written as GGUF`,
+    );
+  }
+  if (cfg.moe && Array.isArray(rank)) {
+    throw new InvalidArgumentError("--rank: one rank for routed experts (every expert of every layer)");
   }
   if (cfg.ffn.activation !== "relu") {
     throw new Error(
       `${o.model}: the FFN uses ${cfg.ffn.activation}, not ReLU — its neurons are rarely exactly zero, so there is nothing to predict`,
     );
   }
-  const maxRank = 2 * Math.min(cfg.n_embd, cfg.n_ff);
+  const maxRank = 2 * Math.min(cfg.n_embd, cfg.moe ? cfg.moe.n_ff_exp : cfg.n_ff);
   if (rank !== "auto") {
     const ranks = typeof rank === "number" ? [rank] : rank;
     if (Array.isArray(rank) && rank.length !== cfg.n_layer) {
@@ -268,6 +280,19 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
         targetRecall: o.targetRecall,
       },
     };
+    if (cfg.moe) {
+      await trainExperts(o, {
+        model,
+        backend,
+        device,
+        trainIds,
+        heldOut: split.heldOut,
+        options,
+        signal: ac.signal,
+        log,
+      });
+      return;
+    }
     const key = checkpointKey({
       model: modelFingerprint(model.file),
       corpus: createHash("sha256").update(split.train).digest("hex"),
@@ -479,6 +504,130 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
     model.dispose();
     device?.dispose();
     backend.dispose();
+  }
+}
+
+/** Expert predictors default to this rank when --rank is "auto" (the generator's design rank). */
+const EXPERT_RANK = 64;
+
+/**
+ * train-predictor on a model with routed ReLU experts: collects (FFN input, firing mask) pairs per
+ * (layer, expert), trains one predictor per expert (packages/predictor experts.ts; not resumable: no
+ * checkpoint), writes the model as GGUF with blk.N.fc1_exps/fc2_exps and reports held-out recall per layer.
+ */
+async function trainExperts(
+  o: TrainPredictorCliOptions,
+  c: {
+    model: Model;
+    backend: Backend;
+    device?: Backend;
+    trainIds: number[];
+    heldOut: string;
+    options: PredictorTrainingOptions;
+    signal: AbortSignal;
+    log: (s: string) => void;
+  },
+): Promise<void> {
+  const { model, log } = c;
+  const moe = model.config.moe!;
+  const rank = typeof o.rank === "number" ? o.rank : EXPERT_RANK;
+  if (o.rank === "auto")
+    log(`routed experts: rank ${rank} for every expert ("auto" chooses per layer only for dense FFNs)`);
+  const t0 = performance.now();
+  let data: ExpertActivationDataset;
+  try {
+    data = await collectExpertActivations(model, c.trainIds, {
+      nCtx: o.ctxSize,
+      maxTokens: o.tokens,
+      signal: c.signal,
+    });
+  } catch (e) {
+    if (!c.signal.aborted) throw e;
+    process.stderr.write("interrupted while collecting activations (nothing to save yet)\n");
+    process.exitCode = 130;
+    return;
+  }
+  const pairs = data.nTokens * moe.n_expert_used;
+  log(
+    `collected ${data.nTokens} token positions (${pairs} routed pairs per layer, ${moe.n_expert} experts) in ${((performance.now() - t0) / 1000).toFixed(1)} s`,
+  );
+  const mm = backendMatMul(c.device ?? c.backend);
+  const t1 = performance.now();
+  const res = await trainExpertPredictors({
+    file: model.file,
+    data,
+    mm,
+    options: { ...c.options, rank },
+    signal: c.signal,
+    onExpert: (l, e, n) => {
+      if (o.verbose) log(`layer ${l} expert ${e}: ${n} pairs`);
+    },
+  });
+  if (!res.complete) {
+    process.stderr.write("interrupted: expert predictors are not checkpointed; nothing was written\n");
+    process.exitCode = 130;
+    return;
+  }
+  const f16 = o.predictorType === "f16";
+  const flat = res.experts.flat();
+  const baked = bakeThresholds(flat, f16);
+  const zero = flat.filter((r) => r.val === undefined).length;
+  log(
+    `trained ${flat.length - zero} expert predictors in ${((performance.now() - t1) / 1000).toFixed(1)} s${zero ? `; ${zero} experts had fewer than 32 routed pairs and compute every neuron (zero predictor)` : ""}`,
+  );
+  const byLayer = res.experts.map((layer, l) => layer.map((_, e) => baked.predictors[l * moe.n_expert + e]!));
+  const written = rewriteModelFile(model.file, o.output, {
+    format: "GGUF",
+    expertPredictors: { layers: byLayer, type: o.predictorType as "f16" | "f32", threshold: baked.threshold },
+    metadata: [
+      { key: "powerinfer.predictor.trainer", type: GgufTypes.string, value: "powerinfer-ts train-predictor" },
+      { key: "powerinfer.predictor.target_recall", type: GgufTypes.f32, value: o.targetRecall },
+      { key: "powerinfer.predictor.training_tokens", type: GgufTypes.u32, value: data.nTokens },
+    ],
+  });
+  for (const n of written.notes) log(`note: ${n}`);
+  log(
+    `wrote ${o.output} (GGUF, ${written.tensors} tensors, per-expert predictors rank ${rank}, sparse threshold ${baked.threshold}; llama.cpp cannot read it)`,
+  );
+  let report: ExpertLayerReport[] = [];
+  if (c.heldOut.length > 0) {
+    const heldIds = model.tokenizer.tokenize(c.heldOut, { addSpecial: false });
+    const held = await collectExpertActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: o.evalTokens });
+    report = evaluateExpertPredictors(byLayer, baked.threshold, held, mm, f16);
+    if (!o.json) {
+      const rows = report.map(
+        (r) =>
+          `${String(r.layer).padStart(5)} | ${r.pairs} | ${r.recall.toFixed(4)} | ${r.precision.toFixed(3)} | ${pct(r.predictedFraction)} | ${pct(r.trueFraction)} | ${r.zeroExperts}`,
+      );
+      process.stdout.write(
+        `held-out report (${held.nTokens} token positions, text disjoint from training; pairs = routed (token, expert) pairs):\n` +
+          `layer | pairs | recall | precision | predicted | true active | experts computed densely\n${rows.join("\n")}\n`,
+      );
+    }
+  }
+  if (o.json) {
+    process.stdout.write(
+      `${JSON.stringify(
+        {
+          output: o.output,
+          format: "GGUF",
+          threshold: baked.threshold,
+          rank,
+          trainingTokens: data.nTokens,
+          layers: report,
+          training: flat.map((r, i) => ({
+            layer: r.layer,
+            expert: r.expert,
+            samples: r.samples,
+            threshold: r.threshold,
+            scale: baked.scales[i],
+            val: r.val ?? null,
+          })),
+        },
+        null,
+        2,
+      )}\n`,
+    );
   }
 }
 
