@@ -91,8 +91,12 @@ export async function collectExpertActivations(
       const n = xs.length;
       const inp = new Float32Array(n * E);
       const msk = new Uint8Array(n * stride);
-      xs.forEach((x, j) => inp.set(x, j * E));
-      masks[l]![e]!.forEach((m, j) => msk.set(m, j * stride));
+      xs.forEach((x, j) => {
+        inp.set(x, j * E);
+      });
+      masks[l]![e]!.forEach((m, j) => {
+        msk.set(m, j * stride);
+      });
       return { nEmbd: E, nFf: F, nTokens: n, layers: [{ inputs: inp, masks: msk }] };
     }),
   );

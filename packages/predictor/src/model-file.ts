@@ -168,7 +168,9 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
     const cat = (part: "fc1" | "fc2") => {
       const n = part === "fc1" ? r * e : f * r;
       const out = new Float32Array(n * ps.length);
-      ps.forEach((p, x) => out.set(p[part], x * n));
+      ps.forEach((p, x) => {
+        out.set(p[part], x * n);
+      });
       return out;
     };
     return [
