@@ -46,6 +46,14 @@ inline void prefetch_row(const uint8_t* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
+/// Bytes of an upcoming scattered row that the sparse expert ops prefetch: its head only — the kernels
+/// prefetch ahead within the rows they read, and asking for whole rows several rows ahead fills the
+/// core's miss queue (prefetch instructions then stall).
+constexpr size_t kSparseRowHead = 512;
+inline void prefetch_head(const uint8_t* p, size_t bytes) {
+  prefetch_row(p, bytes < kSparseRowHead ? bytes : kSparseRowHead);
+}
+
 /// Takes the next chunk [begin, end) of n items from the node's work queue; false when none is left.
 inline bool next_chunk(const NodeExec& nd, int64_t n, int64_t chunk, int64_t* begin, int64_t* end) {
   const int64_t b = nd.chunk->fetch_add(chunk, std::memory_order_relaxed);
@@ -577,7 +585,7 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
       // hardware prefetcher to ramp up on.
       for (int64_t e = e0; e < e1; e += 4) {
         const int nr = e + 4 <= e1 ? 4 : static_cast<int>(e1 - e);
-        for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+        for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
         const uint8_t* w[4];
         float out[4];
         for (int r = 0; r < nr; r++) w[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
@@ -753,7 +761,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
         av[r] = a[l.list[2 * (e + r)]];
         wr[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
       }
-      for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_row(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+      for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
       rows(E, nr, av, wr, acc);
     }
     read = e1 - e0;
@@ -1080,7 +1088,7 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
         }
         for (int i = 0; i < na; i += 4) {
           const int nr = na - i < 4 ? na - i : 4;
-          for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_row(we + static_cast<size_t>(act[j]) * wrb, wrb);
+          for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
           const uint8_t* w[4];
           float out[4];
           for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
@@ -1168,7 +1176,7 @@ void op_axpy_id_sparse(const NodeExec& n, int ith, int nth) {
         else nahead--;
         while (nahead < 4 && ahead < M) {
           if (!lc || lc[ahead] >= thr) {
-            prefetch_row(we + ahead * wrb, piece_bytes);
+            prefetch_head(we + ahead * wrb, piece_bytes);
             nahead++;
           }
           ahead++;
