@@ -104,6 +104,20 @@ describe("bytes of weights per decoded token", () => {
 describe("options", () => {
   it("parses llama-bench-style lists", () => {
     expect(intList("-p")("512,1024")).toEqual([512, 1024]);
+    // llama-bench's ranges: first-last, first-last+step, first-last*mult
+    expect(intList("-d", 0, false)("0-64+32")).toEqual([0, 32, 64]);
+    expect(intList("-p")("64-512*2,1000")).toEqual([64, 128, 256, 512, 1000]);
+    expect(intList("-t", 1, false, 512)("1-3")).toEqual([1, 2, 3]);
+    for (const [arg, re] of [
+      ["8-4", /runs backwards/],
+      ["0-64*2", /does not advance/],
+      ["1-5+0", /does not advance/],
+      ["600", /600 is out of range/],
+      ["2-3x", /takes integers from 1 to 512/],
+    ] as const) {
+      expect(() => intList("-t", 1, false, 512)(arg), arg).toThrow(re);
+    }
+    expect(() => intList("-p")("1-100000")).toThrow(/more than 1000 values/);
     expect(intList("-p")("0")).toEqual([]);
     expect(intList("-d", 0, false)("0,4096")).toEqual([0, 4096]);
     expect(() => intList("-d", 0, false)("-1")).toThrow(InvalidArgumentError);

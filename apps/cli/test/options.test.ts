@@ -107,9 +107,10 @@ describe("every option is checked before any file is opened", () => {
     [["bench", "-m", m, "-p", "0", "-n", "0"], /nothing to measure: -p 0 and -n 0 leave no test/],
     [["bench", "-m", m, "--no-llama-cpp", "--no-ours"], /nothing to measure: --no-llama-cpp and --no-ours/],
     // 0 threads is not "none" (as 0 prompt tokens is): it would print an empty table
-    [["bench", "-m", m, "-t", "0"], /--threads must be integers ≥ 1, got "0"/],
-    [["bench", "-m", m, "-p", "abc"], /--n-prompt must be integers ≥ 1 \(or 0 for none\), got "abc"/],
-    [["bench", "-m", m, "-t", "0x2"], /--threads must be integers ≥ 1, got "0x2"/],
+    [["bench", "-m", m, "-t", "0"], /--threads takes integers from 1 to 512, .*; got "0" \(0 is out of range\)/],
+    [["bench", "-m", m, "-p", "abc"], /--n-prompt takes integers from 1 to 2\^53 \(or 0 for none\), .*; got "abc"/],
+    [["bench", "-m", m, "-t", "0x2"], /--threads takes integers from 1 to 512, .*; got "0x2"/],
+    [["bench", "-m", m, "-t", "100000"], /--threads .*; got "100000" \(100000 is out of range\)/],
     [["plan", "-m", m, "--disable-gpu-index"], /--disable-gpu-index leaves nothing to plan/],
     [["convert", m, o, "--to", "onnx"], /--to must be pwri or gguf, got "onnx"/],
   ];

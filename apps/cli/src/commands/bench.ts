@@ -17,24 +17,47 @@ import { checkInputFile, float, int, REPACK_HELP } from "./common.js";
  * "512,1024" → [512, 1024] (llama-bench's list syntax); with `none`, "" or "0" → [] (no such tests).
  * @throws InvalidArgumentError on anything else than decimal integers ≥ min
  */
-export function intList(name: string, min = 1, none = true) {
+/** Values a list option may expand to (a range like 1-1000000 would otherwise build a huge list). */
+const MAX_LIST = 1000;
+
+/**
+ * A llama-bench-style list option: comma-separated values, each a number or a range (llama-bench's
+ * syntax: `first-last` in steps of 1, `first-last+step`, or `first-last*mult` — first, first·mult, … up
+ * to last), every value in [min, max]; with `none`, "0" or "" means no tests.
+ * @throws InvalidArgumentError naming the option, the rule and the value
+ */
+export function intList(name: string, min = 1, none = true, max = Number.MAX_SAFE_INTEGER) {
+  const rule = `${name} takes integers from ${min} to ${max === Number.MAX_SAFE_INTEGER ? "2^53" : max}${none ? " (or 0 for none)" : ""}, comma-separated, or ranges first-last[+step|*mult]`;
   // a repeated option adds to the list, as llama-bench's do (commander passes the previous value; the
   // option's default array is replaced, not extended)
   return (v: string, previous?: number[]): number[] => {
     const prior = previous && !DEFAULTS.has(previous) ? previous : [];
     if (none && (v.trim() === "" || v.trim() === "0")) return prior;
-    return [
-      ...prior,
-      ...v.split(",").map((x) => {
-        const t = x.trim();
-        const n = Number(t);
-        if (!/^\d+$/.test(t) || !Number.isSafeInteger(n) || n < min)
-          throw new InvalidArgumentError(
-            `${name} must be integers ≥ ${min}${none ? " (or 0 for none)" : ""}, got "${v}"`,
-          );
+    const out = [...prior];
+    for (const x of v.split(",")) {
+      const m = /^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$/.exec(x.trim());
+      const nums = m ? [m[1], m[2], m[4]].map((d) => (d === undefined ? undefined : Number(d))) : [];
+      const [first, last, by] = nums;
+      const bad = (why: string) => new InvalidArgumentError(`${rule}; got "${v}"${why ? ` (${why})` : ""}`);
+      if (!m || nums.some((n) => n !== undefined && !Number.isSafeInteger(n))) throw bad("");
+      const check = (n: number) => {
+        if (n < min || n > max) throw bad(`${n} is out of range`);
         return n;
-      }),
-    ];
+      };
+      if (last === undefined) {
+        out.push(check(first!));
+        continue;
+      }
+      if (last < first!) throw bad(`range ${first}-${last} runs backwards`);
+      const op = m[3] ?? "+";
+      const step = by ?? 1;
+      if (op === "+" ? step < 1 : step < 2 || first === 0) throw bad(`${op}${step} does not advance from ${first}`);
+      for (let n = first!; n <= last; n = op === "+" ? n + step : n * step) {
+        if (out.length >= MAX_LIST) throw bad(`more than ${MAX_LIST} values`);
+        out.push(check(n));
+      }
+    }
+    return out;
   };
 }
 
@@ -132,7 +155,12 @@ export function register(program: Command): void {
       "GGUF with the same weights as the -m file at the same position (a PWRI file, or an expert model with predictors), for llama.cpp and our dense mode",
       collect,
     )
-    .option("-p, --n-prompt <n,…>", "prompt sizes (ppN tests; 0 for none)", intList("--n-prompt"), listDefault([512]))
+    .option(
+      "-p, --n-prompt <n,…>",
+      "prompt sizes (ppN tests; 0 for none; lists and llama-bench ranges, e.g. 64-512*2 or 0-4096+1024)",
+      intList("--n-prompt"),
+      listDefault([512]),
+    )
     .option("-n, --n-gen <n,…>", "generated tokens (tgN tests; 0 for none)", intList("--n-gen"), listDefault([128]))
     .option(
       "-d, --n-depth <n,…>",
@@ -140,7 +168,7 @@ export function register(program: Command): void {
       intList("--n-depth", 0, false),
       listDefault([0]),
     )
-    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false), listDefault([2]))
+    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false, 512), listDefault([2]))
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
       "--sparse <modes>",
