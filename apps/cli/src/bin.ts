@@ -2,11 +2,19 @@
 import { describeError, verboseRequested } from "./errors.js";
 import { createProgram } from "./program.js";
 
-// Output piped into a reader that stopped (`| head`): end quietly, as a C program on SIGPIPE would.
+// Output piped into a reader that stopped (`| head`): end quietly, as a C program on SIGPIPE would. Any
+// other write error (a full disk, /dev/full) ends the command with one line and exit status 1.
 for (const stream of [process.stdout, process.stderr]) {
   stream.on("error", (e: NodeJS.ErrnoException) => {
     if (e.code === "EPIPE") process.exit(0);
-    throw e;
+    if (stream === process.stdout) {
+      try {
+        process.stderr.write(`powerinfer: cannot write the output: ${e.message}\n`);
+      } catch {
+        // stderr unwritable too: the exit status says it
+      }
+    }
+    process.exit(1);
   });
 }
 

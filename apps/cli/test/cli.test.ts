@@ -1,6 +1,6 @@
 /** The built CLI as a user runs it: real processes, real files. */
 import { spawn, spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -142,6 +142,27 @@ describe("bad input gives one line naming the problem and a non-zero exit", () =
       expect(r.stderr).not.toMatch(/\n\s+at /); // no stack dump
     });
   }
+});
+
+describe("output that cannot be written", () => {
+  it.skipIf(!existsSync("/dev/full"))(
+    "a full device (/dev/full) ends the command with one line and exit 1, no stack trace",
+    () => {
+      const fd = openSync("/dev/full", "w");
+      try {
+        const r = spawnSync(process.execPath, [bin, "inspect", stories, "--json"], {
+          stdio: ["ignore", fd, "pipe"],
+          encoding: "utf8",
+          timeout: 60_000,
+        });
+        expect(r.status).toBe(1);
+        expect(r.stderr.trim()).toMatch(/^powerinfer: cannot write the output: ENOSPC/);
+        expect(r.stderr.trim().split("\n")).toHaveLength(1);
+      } finally {
+        closeSync(fd);
+      }
+    },
+  );
 });
 
 describe("perplexity numbers as llama.cpp prints them (%.4f)", () => {
