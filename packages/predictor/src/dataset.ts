@@ -4,7 +4,7 @@
  * (`W_gate·h > 0`, i.e. ReLU(gate) ≠ 0; for an ungated FFN `W_up·h > 0`), captured by running the model
  * densely over text.
  */
-import type { Model } from "@powerinfer/engine";
+import type { LayerCapture, Model } from "@powerinfer/engine";
 
 /** One layer's samples. */
 export interface LayerActivations {
@@ -63,42 +63,32 @@ export async function collectActivations(
   tokens: readonly number[],
   opts: CollectOptions = {},
 ): Promise<ActivationDataset> {
-  const cfg = model.config;
-  const { windows, total, nCtx } = evaluationWindows(model, tokens, opts);
-  const { n_embd: e, n_ff: f, n_layer } = cfg;
+  const { n_embd: e, n_ff: f, n_layer } = model.config;
   const stride = maskStride(f);
-  const layers: LayerActivations[] = Array.from({ length: n_layer }, () => ({
-    inputs: new Float32Array(total * e),
-    masks: new Uint8Array(total * stride),
-  }));
-  const session = model.createSession({ nCtx });
-  let done = 0;
-  try {
-    for (const w of windows) {
-      if (opts.signal?.aborted) throw opts.signal.reason ?? new Error("aborted");
-      session.reset();
-      session.evaluate(w, {
-        onCapture: (caps, n) => {
-          caps.forEach((c, l) => {
-            const L = layers[l]!;
-            L.inputs.set(c.ffnInput.subarray(0, n * e), done * e);
-            const g = c.gate;
-            for (let t = 0; t < n; t++) {
-              const mo = (done + t) * stride;
-              const go = t * f;
-              for (let i = 0; i < f; i++) if (g[go + i]! > 0) L.masks[mo + (i >> 3)]! |= 1 << (i & 7);
-            }
-          });
-          done += n;
-        },
+  let layers: LayerActivations[] = [];
+  const total = await captureWindows(
+    model,
+    tokens,
+    opts,
+    (total) => {
+      layers = Array.from({ length: n_layer }, () => ({
+        inputs: new Float32Array(total * e),
+        masks: new Uint8Array(total * stride),
+      }));
+    },
+    (caps, n, done) => {
+      caps.forEach((c, l) => {
+        const L = layers[l]!;
+        L.inputs.set(c.ffnInput.subarray(0, n * e), done * e);
+        const g = c.gate;
+        for (let t = 0; t < n; t++) {
+          const mo = (done + t) * stride;
+          const go = t * f;
+          for (let i = 0; i < f; i++) if (g[go + i]! > 0) L.masks[mo + (i >> 3)]! |= 1 << (i & 7);
+        }
       });
-      opts.onProgress?.(done, total);
-      // let signal handlers and progress output run between windows
-      await new Promise((r) => setImmediate(r));
-    }
-  } finally {
-    session.dispose();
-  }
+    },
+  );
   return { nEmbd: e, nFf: f, nTokens: total, layers };
 }
 
@@ -128,6 +118,43 @@ export function evaluationWindows(
     total += w.length;
   }
   return { windows, total, nCtx };
+}
+
+/**
+ * Runs the model densely over the evaluation windows of `tokens` ({@link evaluationWindows}), calling
+ * `start(total)` once with the positions that will be captured, then `capture(layers, n, done)` for each
+ * evaluated chunk of n positions (`done` captured before it); progress and abort as {@link CollectOptions}.
+ * @returns the positions captured
+ */
+export async function captureWindows(
+  model: Model,
+  tokens: readonly number[],
+  opts: CollectOptions,
+  start: (total: number) => void,
+  capture: (layers: LayerCapture[], n: number, done: number) => void,
+): Promise<number> {
+  const { windows, total, nCtx } = evaluationWindows(model, tokens, opts);
+  start(total);
+  const session = model.createSession({ nCtx });
+  let done = 0;
+  try {
+    for (const w of windows) {
+      if (opts.signal?.aborted) throw opts.signal.reason ?? new Error("aborted");
+      session.reset();
+      session.evaluate(w, {
+        onCapture: (caps, n) => {
+          capture(caps, n, done);
+          done += n;
+        },
+      });
+      opts.onProgress?.(done, total);
+      // let signal handlers and progress output run between windows
+      await new Promise((r) => setImmediate(r));
+    }
+  } finally {
+    session.dispose();
+  }
+  return done;
 }
 
 /** Token positions [from, to) of a dataset as views (no copy). */

@@ -11,7 +11,7 @@
  */
 import type { Model } from "@powerinfer/engine";
 import { type GgufFile, readTensorF32 } from "@powerinfer/gguf";
-import { type ActivationDataset, type CollectOptions, evaluationWindows, maskStride } from "./dataset.js";
+import { type ActivationDataset, type CollectOptions, captureWindows, maskStride } from "./dataset.js";
 import type { MatMul } from "./matmul.js";
 import { type Confusion, confusionAt, type Quality, quality } from "./metrics.js";
 import { type PipelineEvent, type PredictorTrainingOptions, trainPredictors } from "./pipeline.js";
@@ -43,7 +43,6 @@ export async function collectExpertActivations(
   const cfg = model.config;
   const moe = cfg.moe;
   if (!moe) throw new Error("the model has no routed experts");
-  const { windows, total, nCtx } = evaluationWindows(model, tokens, opts);
   const { n_embd: E, n_layer } = cfg;
   const { n_expert: X, n_expert_used: U, n_ff_exp: F } = moe;
   const stride = maskStride(F);
@@ -51,41 +50,32 @@ export async function collectExpertActivations(
   const inputs: Float32Array[][][] = Array.from({ length: n_layer }, () => Array.from({ length: X }, () => []));
   const masks: Uint8Array[][][] = Array.from({ length: n_layer }, () => Array.from({ length: X }, () => []));
   const order = Array.from({ length: X }, (_, e) => e);
-  const session = model.createSession({ nCtx });
-  let done = 0;
-  try {
-    for (const w of windows) {
-      if (opts.signal?.aborted) throw opts.signal.reason ?? new Error("aborted");
-      session.reset();
-      session.evaluate(w, {
-        onCapture: (caps, n) => {
-          caps.forEach((c, l) => {
-            const probs = c.routerProbs!;
-            const gate = c.expertGate!;
-            for (let t = 0; t < n; t++) {
-              // the chosen experts in top_k's order (largest probability first, ties to the lower id): slot u
-              const p = probs.subarray(t * X, (t + 1) * X);
-              order.sort((a, b) => p[b]! - p[a]! || a - b);
-              const x = c.ffnInput.slice(t * E, (t + 1) * E);
-              for (let u = 0; u < U; u++) {
-                const e = order[u]!;
-                const m = new Uint8Array(stride);
-                const g = gate.subarray((t * U + u) * F, (t * U + u + 1) * F);
-                for (let i = 0; i < F; i++) if (g[i]! > 0) m[i >> 3]! |= 1 << (i & 7);
-                inputs[l]![e]!.push(x);
-                masks[l]![e]!.push(m);
-              }
-            }
-          });
-          done += n;
-        },
+  const done = await captureWindows(
+    model,
+    tokens,
+    opts,
+    () => {},
+    (caps, n) => {
+      caps.forEach((c, l) => {
+        const probs = c.routerProbs!;
+        const gate = c.expertGate!;
+        for (let t = 0; t < n; t++) {
+          // the chosen experts in top_k's order (largest probability first, ties to the lower id): slot u
+          const p = probs.subarray(t * X, (t + 1) * X);
+          order.sort((a, b) => p[b]! - p[a]! || a - b);
+          const x = c.ffnInput.slice(t * E, (t + 1) * E);
+          for (let u = 0; u < U; u++) {
+            const e = order[u]!;
+            const m = new Uint8Array(stride);
+            const g = gate.subarray((t * U + u) * F, (t * U + u + 1) * F);
+            for (let i = 0; i < F; i++) if (g[i]! > 0) m[i >> 3]! |= 1 << (i & 7);
+            inputs[l]![e]!.push(x);
+            masks[l]![e]!.push(m);
+          }
+        }
       });
-      opts.onProgress?.(done, total);
-      await new Promise((r) => setImmediate(r));
-    }
-  } finally {
-    session.dispose();
-  }
+    },
+  );
   const experts = inputs.map((perExpert, l) =>
     perExpert.map((xs, e): ActivationDataset => {
       const n = xs.length;

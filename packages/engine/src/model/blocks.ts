@@ -162,31 +162,24 @@ export function moeFfn(
   const sparseNodes: number[] = [];
   // dReLU experts (TurboSparse-Mixtral): ReLU on the up branch too
   const upAct = (t: TensorId) => (cfg.ffn.up_activation === "relu" ? g.relu(t) : t);
-  if (sparsity.mode === "predictor") {
-    const hid = g.relu(g.mulMatId(g.handle(W.fc1Exps!), sparsity.x, ids));
-    const pred = g.mulMatId(g.handle(W.fc2Exps!), hid, ids);
-    const sel = { logits: pred, threshold: sparsity.threshold };
-    const gate = g.mulMatIdSparse(g.handle(W.gateExps), h, ids, sel);
-    sparseNodes.push(g.nodes.length - 1);
-    const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
-    sparseNodes.push(g.nodes.length - 1);
-    const a = g.mul(g.relu(gate), upAct(up));
-    if (W.downExpsT) {
-      down = g.axpyIdSparse(g.handle(W.downExpsT), a, ids, sel);
-      sparseNodes.push(g.nodes.length - 1);
-    } else {
-      down = g.mulMatId(g.handle(W.downExps!), a, ids);
-    }
-    const out = g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
-    return { out, probs, gate, sparseNodes };
-  }
-  const gate = g.mulMatId(g.handle(W.gateExps), h, ids);
+  let gate: TensorId;
   if (sparsity.mode === "off") {
+    gate = g.mulMatId(g.handle(W.gateExps), h, ids);
     const up = upAct(g.mulMatId(g.handle(W.upExps), h, ids));
     const a = g.mul(act(gate), up);
     down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});
   } else {
-    const sel = { logits: gate, threshold: F32_MIN_POSITIVE };
+    // which neurons run: the predictors' logits ≥ the threshold, or (oracle) the dense gate > 0
+    let sel: { logits: TensorId; threshold: number };
+    if (sparsity.mode === "predictor") {
+      const hid = g.relu(g.mulMatId(g.handle(W.fc1Exps!), sparsity.x, ids));
+      sel = { logits: g.mulMatId(g.handle(W.fc2Exps!), hid, ids), threshold: sparsity.threshold };
+      gate = g.mulMatIdSparse(g.handle(W.gateExps), h, ids, sel);
+      sparseNodes.push(g.nodes.length - 1);
+    } else {
+      gate = g.mulMatId(g.handle(W.gateExps), h, ids);
+      sel = { logits: gate, threshold: F32_MIN_POSITIVE };
+    }
     const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
     sparseNodes.push(g.nodes.length - 1);
     const a = g.mul(g.relu(gate), upAct(up));
