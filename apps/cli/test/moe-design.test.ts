@@ -24,24 +24,14 @@ import {
   planMoeDesign,
   type SyntheticMoeShape,
 } from "@powerinfer/synthetic";
+import { DESIGN_MOE_SHAPE } from "./moe-shape.js";
 import { afterAll, describe, expect, it } from "vitest";
 
 const probe = await cpuBackend.probe();
 const dir = mkdtempSync(join(tmpdir(), "moe-design-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const shape: SyntheticMoeShape = {
-  n_embd: 256,
-  n_ff: 256,
-  n_ff_exp: 256,
-  n_expert: 16,
-  n_expert_used: 4,
-  n_head: 4,
-  n_head_kv: 2,
-  head_dim: 64,
-  n_layer: 4,
-  n_ctx: 512,
-};
+const shape: SyntheticMoeShape = DESIGN_MOE_SHAPE;
 const T = 256;
 
 /** Selection counts [layer][expert] and per-layer firing of the chosen experts' neurons. */

@@ -29,6 +29,7 @@ import type { Backend } from "@powerinfer/core";
 import { openGguf, readTensorBytes, readTensorF32 } from "@powerinfer/gguf";
 import { argmax, type LayerCapture, Model } from "@powerinfer/engine";
 import { generateSyntheticMoeModel, type SyntheticMoeShape } from "@powerinfer/synthetic";
+import { DESIGN_MOE_SHAPE } from "./moe-shape.js";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const probe = await cpuBackend.probe();
@@ -37,18 +38,7 @@ const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js"
 const dir = mkdtempSync(join(tmpdir(), "moe-pred-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const SHAPE: SyntheticMoeShape = {
-  n_embd: 256,
-  n_ff: 256,
-  n_ff_exp: 256,
-  n_expert: 16,
-  n_expert_used: 4,
-  n_head: 4,
-  n_head_kv: 2,
-  head_dim: 64,
-  n_layer: 4,
-  n_ctx: 512,
-};
+const SHAPE: SyntheticMoeShape = DESIGN_MOE_SHAPE;
 const T = 192;
 /** Seeded tokens (an LCG), not the special ones. */
 const TOKENS = (() => {

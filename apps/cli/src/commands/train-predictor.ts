@@ -430,11 +430,7 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
     const written = rewriteModelFile(model.file, o.output, {
       format: format === "pwri" ? "PWRI" : "GGUF",
       predictors: { layers: baked.predictors, type: o.predictorType as "f16" | "f32", threshold: baked.threshold },
-      metadata: [
-        { key: "powerinfer.predictor.trainer", type: GgufTypes.string, value: "powerinfer-ts train-predictor" },
-        { key: "powerinfer.predictor.target_recall", type: GgufTypes.f32, value: o.targetRecall },
-        { key: "powerinfer.predictor.training_tokens", type: GgufTypes.u32, value: data.nTokens },
-      ],
+      metadata: provenance(o, data.nTokens),
     });
     for (const n of written.notes) log(`note: ${n}`);
     log(
@@ -505,6 +501,15 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
     device?.dispose();
     backend.dispose();
   }
+}
+
+/** Metadata recording how the predictors were trained. */
+function provenance(o: TrainPredictorCliOptions, tokens: number) {
+  return [
+    { key: "powerinfer.predictor.trainer", type: GgufTypes.string, value: "powerinfer-ts train-predictor" },
+    { key: "powerinfer.predictor.target_recall", type: GgufTypes.f32, value: o.targetRecall },
+    { key: "powerinfer.predictor.training_tokens", type: GgufTypes.u32, value: tokens },
+  ];
 }
 
 /** Expert predictors default to this rank when --rank is "auto" (the generator's design rank). */
@@ -579,11 +584,7 @@ async function trainExperts(
   const written = rewriteModelFile(model.file, o.output, {
     format: "GGUF",
     expertPredictors: { layers: byLayer, type: o.predictorType as "f16" | "f32", threshold: baked.threshold },
-    metadata: [
-      { key: "powerinfer.predictor.trainer", type: GgufTypes.string, value: "powerinfer-ts train-predictor" },
-      { key: "powerinfer.predictor.target_recall", type: GgufTypes.f32, value: o.targetRecall },
-      { key: "powerinfer.predictor.training_tokens", type: GgufTypes.u32, value: data.nTokens },
-    ],
+    metadata: provenance(o, data.nTokens),
   });
   for (const n of written.notes) log(`note: ${n}`);
   log(
