@@ -266,6 +266,32 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
       expect(fc2.every((v) => v === 0)).toBe(true);
     }
     expect(rep.threshold).toBe(-1);
+    // retraining a file that has predictors (at its end, as the generator writes them) replaces them
+    const again = join(dir, "retrained.gguf");
+    const r2 = spawnSync(
+      process.execPath,
+      [
+        bin,
+        "train-predictor",
+        "-m",
+        files.F32!,
+        "-f",
+        text,
+        "-o",
+        again,
+        "--tokens",
+        "600",
+        "--rank",
+        "32",
+        "--holdout",
+        "0",
+      ],
+      { encoding: "utf8", timeout: 600_000 },
+    );
+    expect(r2.status, r2.stderr).toBe(0);
+    const g = openGguf(again);
+    for (let l = 0; l < 4; l++)
+      expect(g.tensorMap.get(`blk.${l}.fc2_exps.weight`)?.shape, `layer ${l}`).toEqual([32, 256, 16]);
     const prompt = TOKENS.slice(0, 16);
     const dense = await Model.load(out, { backend, sparse: "off" });
     const pred = await Model.load(out, { backend });

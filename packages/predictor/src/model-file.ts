@@ -178,10 +178,13 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
       { name: `blk.${l}.fc2_exps.weight`, type, shape: [r, f, ps.length], data: () => encode(type, cat("fc2")) },
     ];
   };
+  // the new predictors follow each layer's last tensor that is kept (not an old predictor being replaced:
+  // a file may end a layer with them, or hold them all after the output tensors)
+  const dropped = (t: GgufTensorInfo) => !!(preds || xp || opts.dropPredictors) && PRED.test(t.name);
   const lastOfLayer = new Map<number, number>();
   file.tensors.forEach((t, i) => {
     const m = /^blk\.(\d+)\./.exec(t.name);
-    if (m) lastOfLayer.set(Number(m[1]), i);
+    if (m && !dropped(t)) lastOfLayer.set(Number(m[1]), i);
   });
   if (xp) {
     if (xp.layers.length !== lastOfLayer.size) {
@@ -224,7 +227,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
   file.tensors.forEach((t, i) => {
     const down = DOWN.exec(t.name);
     const downT = DOWN_T.exec(t.name);
-    if ((preds || xp || opts.dropPredictors) && PRED.test(t.name)) return; // replaced below, or dropped
+    if (dropped(t)) return; // replaced below, or dropped
     if ((down && pwri) || (downT && !pwri)) {
       // stored {a, b} (rows of length a) → {b, a}
       const [a, b] = t.shape as [number, number];

@@ -15,6 +15,25 @@ describe("rewriteModel", () => {
   writeToyModel(src, layers, E, F);
   const preds = [0, 1].map((l) => randomPredictor(8, E, F, l + 10));
 
+  it("replacing predictors that end each layer (as PWRI files and generated models store them) writes the new ones", () => {
+    // the first rewrite puts fc1/fc2 last in every layer; rewriting that file with other predictors used to drop
+    // the old ones without adding the new (they followed a tensor that was skipped)
+    const first = join(dir, "with-preds.pwri.gguf");
+    rewriteModel(src, first, { format: "PWRI", predictors: { layers: preds, type: "f32", threshold: -1 } });
+    const names = openGguf(first).tensors.map((t) => t.name);
+    expect(names.filter((n) => n.startsWith("blk.0.")).at(-1)).toBe("blk.0.fc2.weight");
+    const other = [0, 1].map((l) => randomPredictor(8, E, F, l + 20));
+    const out = join(dir, "re-preds.pwri.gguf");
+    rewriteModel(first, out, { predictors: { layers: other, type: "f32", threshold: -2 } });
+    const b = openGguf(out);
+    expect(b.metadata.get("powerinfer.sparse_threshold")).toBe(-2);
+    for (let l = 0; l < 2; l++) {
+      expect(Array.from(readTensorF32(b, `blk.${l}.fc1.weight`))).toEqual(Array.from(other[l]!.fc1));
+      expect(Array.from(readTensorF32(b, `blk.${l}.fc2.weight`))).toEqual(Array.from(other[l]!.fc2));
+    }
+    expect(b.tensors.length).toBe(names.length);
+  });
+
   it("PWRI: ffn_down becomes its transpose ffn_down_t, predictors and threshold are added, the rest is kept", () => {
     const out = join(dir, "toy.pwri.gguf");
     const r = rewriteModel(src, out, { format: "PWRI", predictors: { layers: preds, type: "f16", threshold: -1 } });
