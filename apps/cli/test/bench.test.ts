@@ -12,7 +12,8 @@ import { InvalidArgumentError } from "commander";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bytesPerToken, fixedBytesPerToken } from "../src/bench/bytes.js";
 import { formatHeader, formatJson, formatMarkdown } from "../src/bench/format.js";
-import { type BenchResult, kvCacheBytes, randomTokens, runBench } from "../src/bench/harness.js";
+import { type BenchResult, kvCacheBytes, llamaBenchRepetitions, randomTokens, runBench } from "../src/bench/harness.js";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 import { intList, sparseList } from "../src/commands/bench.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -98,6 +99,15 @@ describe("bytes of weights per decoded token", () => {
     expect(predP).toBeGreaterThan(0);
     expect(bytesPerToken(h, 2, "off")).toBe(allP - predP - expP + expP / 4);
     expect(bytesPerToken(h, 2, "predictor", [20, 30])).toBe(allP - predP - expP + predP / 4 + 50 * 3 * 64 * 2);
+  });
+});
+
+describe("the native peer's repetitions", () => {
+  it("a model with routed experts gets a warm repetition first (its one-token warm-up maps only a few experts)", () => {
+    expect(llamaBenchRepetitions(openGguf(stories))).toBe(1);
+    const path = join(dir, "reps-moe.gguf");
+    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: TINY_MOE_SHAPE, untiedOutput: false });
+    expect(llamaBenchRepetitions(openGguf(path))).toBe(2);
   });
 });
 
