@@ -304,6 +304,30 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
     }
   }, 600_000);
 
+  it("inspect: a file with per-expert predictors can run sparse; predictors are not counted as parameters read", async () => {
+    const { inspectFile } = await import("../src/commands/inspect.js");
+    const withP = inspectFile(files.F32!);
+    const without = inspectFile(files.plain!);
+    expect(withP.sparse.verdict).toBe("sparse");
+    expect(withP.sparse.reason).toMatch(/per-expert predictors in all 4 layers \(rank 64\)/);
+    expect(without.sparse.verdict).toBe("needs-predictor");
+    expect(without.sparse.reason).toMatch(/train-predictor/);
+    expect(withP.experts!.activeParametersPerToken).toBe(without.experts!.activeParametersPerToken);
+  });
+
+  it("train-predictor refuses a text file that is binary (a model given as the text)", () => {
+    const r = spawnSync(
+      process.execPath,
+      [bin, "train-predictor", "-m", files.plain!, "-f", files.plain!, "-o", join(dir, "bin.gguf")],
+      {
+        encoding: "utf8",
+        timeout: 60_000,
+      },
+    );
+    expect(r.status).toBe(1);
+    expect(r.stderr.trim()).toBe(`powerinfer: ${files.plain} is not a text file (it contains NUL bytes)`);
+  });
+
   it("a model without per-expert predictors is refused in predictor mode", async () => {
     await expect(Model.load(files.plain!, { backend, sparse: "predictor" })).rejects.toThrow(/fc1_exps\/fc2_exps/);
   });

@@ -68,6 +68,10 @@ describe("every option is checked before any file is opened", () => {
       ["serve", "-m", m, "--sparse", "oracle", "--sparse-threshold", "0.5"],
       /--sparse-threshold applies to --sparse predictor only, not --sparse oracle/,
     ],
+    [
+      ["run", "-m", m, "-p", "x", "--sparse-threshold", "1e40"],
+      /--sparse-threshold must be a number in \[-3\.4e\+38, 3\.4e\+38\], got 1e\+40/,
+    ],
     [["run", "-m", m, "-p", "x", "-f", f], /give the prompt with -p or -f, not both/],
     [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer ≥ 1, got 0/],
     [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \(0, 1\], got 2/],

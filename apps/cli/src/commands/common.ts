@@ -125,7 +125,8 @@ export function modelOptions(cmd: Command): Command {
     .option(
       "--sparse-threshold <x>",
       "predictor threshold (default: the model's powerinfer.sparse_threshold)",
-      float("sparse-threshold"),
+      // logits are float32: a threshold beyond its range would become ±infinity
+      float("sparse-threshold", { min: -3.4e38, max: 3.4e38 }),
     )
     .option(
       "--ram-budget <GiB>",
@@ -347,7 +348,10 @@ export function readTextFile(path: string): string {
   const st = statInput(path, "text file");
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file`);
   if (st.size > 2 ** 30) throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
-  return readFileSync(path, "utf8");
+  const bytes = readFileSync(path);
+  // a binary file (a model given as the text, say) would tokenize into millions of tokens
+  if (bytes.includes(0)) throw new InvalidArgumentError(`${path} is not a text file (it contains NUL bytes)`);
+  return bytes.toString("utf8");
 }
 
 /** Refuses an output path that is one of the inputs (the input would be lost). */

@@ -100,7 +100,7 @@ export function register(program: Command): void {
         let preds: ReturnType<typeof readPredictors> | undefined;
         if (cfg.moe && (o.predictors || o.sparseThreshold !== undefined)) {
           throw new InvalidArgumentError(
-            `${o.predictors ? "--predictors" : "--sparse-threshold"}: ${input} has routed experts, whose predictors are per expert (blk.N.fc1_exps/fc2_exps); convert cannot replace them — run with --sparse-threshold instead`,
+            `${o.predictors ? "--predictors" : "--sparse-threshold"}: ${input} has routed experts, whose predictors are per expert (blk.N.fc1_exps/fc2_exps); convert cannot replace or re-threshold them — train them with \`powerinfer train-predictor\`, or pick a threshold at run time with run --sparse-threshold`,
           );
         }
         if (o.predictors) {
@@ -124,7 +124,7 @@ export function register(program: Command): void {
         const drop = to === "gguf" && !preds && cfg.has_predictors && !o.keepPredictors;
         if (drop) {
           process.stderr.write(
-            "note: predictors (blk.N.fc1/fc2) left out: llama.cpp cannot load a GGUF with them (--keep-predictors keeps them for powerinfer-ts)\n",
+            "note: predictors (blk.N.fc1/fc2, or the experts' fc1_exps/fc2_exps) left out: llama.cpp cannot load a GGUF with them (--keep-predictors keeps them for powerinfer-ts)\n",
           );
         }
         let r: ReturnType<typeof rewriteModelFile> | undefined;

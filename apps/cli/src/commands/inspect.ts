@@ -92,7 +92,7 @@ export interface InspectReport {
   /**
    * Models with routed experts: expert count, experts per token, neurons per expert, and the parameters
    * one token reads — every tensor but token_embd (a row lookup, counted when it is also the output), with
-   * only n_expert_used / n_expert of each stacked expert tensor (`ffn_*_exps`).
+   * only n_expert_used / n_expert of each stacked expert tensor (`ffn_*_exps`); predictors are not counted.
    */
   experts?: {
     n_expert: number;
@@ -230,6 +230,8 @@ function expertSummary(file: GgufFile, config: ModelConfig): NonNullable<Inspect
   let active = 0;
   for (const t of file.tensors) {
     if (t.name === "token_embd.weight" && !tied) continue;
+    // predictors are not the model's parameters (a dense run reads none; predictor mode the chosen experts')
+    if (/\.fc[12](_exps)?\.weight$/.test(t.name)) continue;
     active += /\.ffn_(gate|up|down)_exps\./.test(t.name)
       ? (t.nElements * moe.n_expert_used) / moe.n_expert
       : t.nElements;

@@ -141,7 +141,7 @@ export function register(program: Command): void {
     )
     .option(
       "--eval-tokens <n>",
-      "report on at most this many token positions of the held-out part",
+      "report on at most this many token positions of the held-out part (default: --tokens when given, else all)",
       int("eval-tokens", { min: 1 }),
     )
     .option("--epochs <n>", "maximum epochs per layer (early stopping may end sooner)", int("epochs", { min: 0 }), 8)
@@ -264,7 +264,9 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
   try {
     const cfg = model.config;
     const tok = model.tokenizer;
-    const trainIds = tok.tokenize(split.train, { addSpecial: false });
+    // with --tokens, only as much text as that many positions can need (64 characters a token: generous)
+    const trainText = o.tokens !== undefined ? split.train.slice(0, o.tokens * 64) : split.train;
+    const trainIds = tok.tokenize(trainText, { addSpecial: false });
     const options: PredictorTrainingOptions = {
       rank,
       targetRecall: o.targetRecall,
@@ -440,8 +442,12 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
 
     let report: LayerReport[] = [];
     if (split.heldOut.length > 0) {
-      const heldIds = tok.tokenize(split.heldOut, { addSpecial: false });
-      const held = await collectActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: o.evalTokens });
+      const evalTokens = o.evalTokens ?? o.tokens;
+      const heldIds = tok.tokenize(evalTokens !== undefined ? split.heldOut.slice(0, evalTokens * 64) : split.heldOut, {
+        addSpecial: false,
+      });
+      log(`held-out report: running ${evalTokens !== undefined ? `at most ${evalTokens}` : "all"} held-out positions`);
+      const held = await collectActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: evalTokens });
       report = evaluatePredictors({
         predictors: baked.predictors,
         threshold: baked.threshold,
@@ -592,8 +598,15 @@ async function trainExperts(
   );
   let report: ExpertLayerReport[] = [];
   if (c.heldOut.length > 0) {
-    const heldIds = model.tokenizer.tokenize(c.heldOut, { addSpecial: false });
-    const held = await collectExpertActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: o.evalTokens });
+    const evalTokens = o.evalTokens ?? o.tokens;
+    const heldIds = model.tokenizer.tokenize(
+      evalTokens !== undefined ? c.heldOut.slice(0, evalTokens * 64) : c.heldOut,
+      {
+        addSpecial: false,
+      },
+    );
+    log(`held-out report: running ${evalTokens !== undefined ? `at most ${evalTokens}` : "all"} held-out positions`);
+    const held = await collectExpertActivations(model, heldIds, { nCtx: o.ctxSize, maxTokens: evalTokens });
     report = evaluateExpertPredictors(byLayer, baked.threshold, held, mm, f16);
     if (!o.json) {
       const rows = report.map(

@@ -34,9 +34,16 @@ export function sparseVerdict(
       ? `${config.ffn.activation}(gate)·up`
       : `${config.ffn.activation}(up)`;
   if (config.moe && config.ffn.activation === "relu") {
+    if (config.has_predictors) {
+      const ranks = [...new Set(config.predictor_ranks)].join("/");
+      return {
+        verdict: "sparse",
+        reason: `can run sparse: ReLU-gated experts (${act}) with per-expert predictors in all ${config.n_layer} layers (rank ${ranks}), threshold ${config.sparse_threshold}`,
+      };
+    }
     return {
       verdict: "needs-predictor",
-      reason: `ReLU-gated experts (${act}): within the chosen experts neurons fire sparsely; runs sparse in oracle mode (--sparse oracle, the exact active set); predictors for experts are not supported yet`,
+      reason: `ReLU-gated experts (${act}): within the chosen experts neurons fire sparsely; runs sparse in oracle mode (--sparse oracle, the exact active set), or in predictor mode after \`powerinfer train-predictor\` (per-expert predictors)`,
     };
   }
   if (config.ffn.activation !== "relu") {

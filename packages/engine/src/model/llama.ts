@@ -240,7 +240,7 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
   if (cfg.moe && mode === "predictor" && !w.layers.every((L) => L.experts?.fc1Exps && L.experts.fc2Exps)) {
     throw new EngineError(
       "BAD_INPUT",
-      'sparse mode "predictor" needs per-expert predictors (blk.N.fc1_exps/fc2_exps; `powerinfer gen-model --predictors` writes them for generated models); use --sparse oracle',
+      'sparse mode "predictor" needs per-expert predictors (blk.N.fc1_exps/fc2_exps): train them with `powerinfer train-predictor` (gen-model --predictors writes designed ones for generated models), or use --sparse oracle',
     );
   }
   if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT || L.experts?.downExps)) {
