@@ -12,7 +12,14 @@ import { InvalidArgumentError } from "commander";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { bytesPerToken, fixedBytesPerToken } from "../src/bench/bytes.js";
 import { formatHeader, formatJson, formatMarkdown } from "../src/bench/format.js";
-import { type BenchResult, kvCacheBytes, llamaBenchRepetitions, randomTokens, runBench } from "../src/bench/harness.js";
+import {
+  type BenchResult,
+  checkTwin,
+  kvCacheBytes,
+  llamaBenchRepetitions,
+  randomTokens,
+  runBench,
+} from "../src/bench/harness.js";
 import { TINY_MOE_SHAPE } from "./moe-shape.js";
 import { intList, sparseList } from "../src/commands/bench.js";
 
@@ -99,6 +106,19 @@ describe("bytes of weights per decoded token", () => {
     expect(predP).toBeGreaterThan(0);
     expect(bytesPerToken(h, 2, "off")).toBe(allP - predP - expP + expP / 4);
     expect(bytesPerToken(h, 2, "predictor", [20, 30])).toBe(allP - predP - expP + predP / 4 + 50 * 3 * 64 * 2);
+  });
+});
+
+describe("--twin", () => {
+  it("must be the same model (a PWRI twin or one without predictors is; another model is refused by name)", async () => {
+    const pw = join(dir, "twin.pwri.gguf");
+    const gg = join(dir, "twin.gguf");
+    await generateSyntheticModel(pw, { preset: "tiny", format: "PWRI", statsTokens: 0 }, { fsync: false });
+    await generateSyntheticModel(gg, { preset: "tiny", format: "GGUF", statsTokens: 0 }, { fsync: false });
+    expect(() => checkTwin(openGguf(pw), pw, openGguf(gg), gg)).not.toThrow();
+    expect(() => checkTwin(openGguf(pw), pw, openGguf(stories), stories)).toThrow(
+      /--twin .*stories260K\.gguf is not the same model as .*twin\.pwri\.gguf: n_embd 64 vs 256/,
+    );
   });
 });
 

@@ -36,6 +36,7 @@ import {
   getOptionalString,
   ggmlTypeName,
   openGguf,
+  parseModelConfig,
   readActivationStats,
 } from "@powerinfer/gguf";
 import { bytesPerToken, expertsPerToken } from "./bytes.js";
@@ -433,6 +434,32 @@ function peerEngine(r: LlamaCppRunner, file: GgufFile, path: string, engineLabel
   };
 }
 
+/**
+ * A twin must hold the same model: architecture, sizes, layers, vocabulary and experts (its FFN down
+ * projection may be stored the other way, and it has no predictors).
+ * @throws Error naming the first field that differs
+ */
+export function checkTwin(file: GgufFile, path: string, twin: GgufFile, twinPath: string): void {
+  const a = parseModelConfig(file);
+  const b = parseModelConfig(twin);
+  const fields: [string, unknown, unknown][] = [
+    ["architecture", a.arch, b.arch],
+    ["n_embd", a.n_embd, b.n_embd],
+    ["n_ff", a.n_ff, b.n_ff],
+    ["n_layer", a.n_layer, b.n_layer],
+    ["n_head", a.n_head, b.n_head],
+    ["n_vocab", a.n_vocab, b.n_vocab],
+    ["n_expert", a.moe?.n_expert ?? 0, b.moe?.n_expert ?? 0],
+    ["n_ff_exp", a.moe?.n_ff_exp ?? 0, b.moe?.n_ff_exp ?? 0],
+  ];
+  const bad = fields.find(([, x, y]) => x !== y);
+  if (bad) {
+    throw new Error(
+      `--twin ${twinPath} is not the same model as ${path}: ${bad[0]} ${String(bad[2])} vs ${String(bad[1])}`,
+    );
+  }
+}
+
 /** llama-bench repetitions per measurement: 2 for a model with routed experts (the second counts), else 1. */
 export function llamaBenchRepetitions(file: GgufFile): number {
   return expertsPerToken(file) < 1 ? 2 : 1;
@@ -556,6 +583,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
     for (const m of o.models) {
       const file = openGguf(m.path);
       const twinFile = m.twin ? openGguf(m.twin) : undefined;
+      if (twinFile) checkTwin(file, m.path, twinFile, m.twin!);
       const { model: name, type } = describeModel(file, m.path, !!m.twin);
       const size = statSync(m.path).size;
       const params = file.tensors.reduce((s, t) => s + t.nElements, 0);
