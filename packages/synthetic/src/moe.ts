@@ -281,7 +281,9 @@ export function planMoeDesign(
   const rank = d.predictorRank ?? Math.min(64, s.n_embd - RESERVED);
   const noise = d.predictorNoise ?? 0.1;
   if (!Number.isInteger(rank) || rank < 2 || rank > s.n_embd - RESERVED) {
-    throw new RangeError(`predictor rank ${rank} must be an integer in [2, ${s.n_embd - RESERVED}] (n_embd − ${RESERVED})`);
+    throw new RangeError(
+      `predictor rank ${rank} must be an integer in [2, ${s.n_embd - RESERVED}] (n_embd − ${RESERVED})`,
+    );
   }
   if (!(noise >= 0 && noise <= 1)) throw new RangeError(`predictor noise ${noise} must be in [0, 1]`);
   if (!(zipf >= 0)) throw new RangeError(`zipf exponent ${zipf} must be ≥ 0`);
