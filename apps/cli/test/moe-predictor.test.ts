@@ -70,6 +70,11 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
   return w;
 };
 
+/** `powerinfer train-predictor ...args` in a process. */
+function trainPredictor(...args: string[]) {
+  return spawnSync(process.execPath, [bin, "train-predictor", ...args], { encoding: "utf8", timeout: 600_000 });
+}
+
 function greedy(model: Model, prompt: number[], n: number) {
   const s = model.createSession({ nCtx: 128, kvType: "f16" });
   let l = s.evaluate(prompt);
@@ -218,26 +223,20 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
       readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 40_000),
     );
     const out = join(dir, "trained.gguf");
-    const r = spawnSync(
-      process.execPath,
-      [
-        bin,
-        "train-predictor",
-        "-m",
-        files.plain!,
-        "-f",
-        text,
-        "-o",
-        out,
-        "--tokens",
-        "1500",
-        "--rank",
-        "32",
-        "-t",
-        "2",
-        "--json",
-      ],
-      { encoding: "utf8", timeout: 600_000 },
+    const r = trainPredictor(
+      "-m",
+      files.plain!,
+      "-f",
+      text,
+      "-o",
+      out,
+      "--tokens",
+      "1500",
+      "--rank",
+      "32",
+      "-t",
+      "2",
+      "--json",
     );
     expect(r.status, r.stderr).toBe(0);
     const rep = JSON.parse(r.stdout);
@@ -268,25 +267,19 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
     expect(rep.threshold).toBe(-1);
     // retraining a file that has predictors (at its end, as the generator writes them) replaces them
     const again = join(dir, "retrained.gguf");
-    const r2 = spawnSync(
-      process.execPath,
-      [
-        bin,
-        "train-predictor",
-        "-m",
-        files.F32!,
-        "-f",
-        text,
-        "-o",
-        again,
-        "--tokens",
-        "600",
-        "--rank",
-        "32",
-        "--holdout",
-        "0",
-      ],
-      { encoding: "utf8", timeout: 600_000 },
+    const r2 = trainPredictor(
+      "-m",
+      files.F32!,
+      "-f",
+      text,
+      "-o",
+      again,
+      "--tokens",
+      "600",
+      "--rank",
+      "32",
+      "--holdout",
+      "0",
     );
     expect(r2.status, r2.stderr).toBe(0);
     const g = openGguf(again);
