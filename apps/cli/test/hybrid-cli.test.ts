@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
-import { readActivationStats } from "@powerinfer/gguf";
+import { readActivationStats, readGpuIndex } from "@powerinfer/gguf";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -307,13 +307,67 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     expect(e.stderr).toMatch(/^powerinfer: --device-backend is empty/);
   });
 
-  it("plan on a routed-expert model is one clear line", () => {
+  it("plan on a routed-expert model places (expert, neuron) pairs: hottest first, whole experts when dense", () => {
     const st = join(dir, "st.gguf");
-    expect(cli(undefined, "gen-model", "--preset", "smallthinker-4b-a0.6b", "--layers", "1", "-o", st).code).toBe(0);
-    const r = cli(undefined, "plan", "-m", st, "--device-backend", "cpu", "-ngl", "1");
-    expect(r.code).toBe(1);
-    expect(r.stderr).toMatch(/^powerinfer: no placement plan for routed experts yet/);
-    expect(r.stderr).toMatch(/`run`, `chat` and `serve` with --n-gpu-layers N put N layers' attention on the device/);
+    const gen = ["gen-model", "--preset", "smallthinker-4b-a0.6b", "--layers", "1", "--vocab-size", "1024"];
+    expect(cli(undefined, ...gen, "--predictors", "-o", st).code).toBe(0);
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    expect(cli(undefined, "profile", "-m", st, "-f", text, "--tokens", "128", "-t", "2").code).toBe(0);
+    const stats = readActivationStats(join(dir, "st.activations.gguf"));
+    const counts = stats.counts[0]!;
+    const sel = stats.selections![0]!;
+    const nFfExp = stats.nFf;
+    const plan = (...extra: string[]) => {
+      const r = cli(
+        undefined,
+        "plan",
+        "-m",
+        st,
+        "--device-backend",
+        "cpu",
+        "--vram-budget",
+        "0.03",
+        "--json",
+        ...extra,
+      );
+      expect(r.code, r.stderr).toBe(0);
+      return JSON.parse(r.stdout) as {
+        gpuIndexPath: string;
+        plan: {
+          totalBytes: number;
+          budgetBytes: number;
+          layers: { hot: number; experts: { hotPerExpert: number[]; experts: number; whole: number } }[];
+        };
+      };
+    };
+    const hotOf = (path: string) => readGpuIndex(path).layers[0]!.gpuBucket;
+    // sparse experts (predictors): the pairs that fire most, wherever their expert
+    const sparse = plan();
+    const L = sparse.plan.layers[0]!;
+    expect(L.hot).toBeGreaterThan(0);
+    expect(sparse.plan.totalBytes).toBeLessThanOrEqual(sparse.plan.budgetBytes);
+    expect(L.experts.hotPerExpert.reduce((a, b) => a + b, 0)).toBe(L.hot);
+    const idx = readGpuIndex(sparse.gpuIndexPath);
+    expect(idx.layers[0]!.gpuIdx.length).toBe(nFfExp * sel.length);
+    expect(idx.extra?.find((e) => e.key === "powerinfer.plan.expert_count")?.value).toBe(sel.length);
+    const hot = new Set(hotOf(sparse.gpuIndexPath));
+    const hotMin = Math.min(...[...hot].map((n) => counts[n]!));
+    const coldMax = Math.max(...Array.from(counts).filter((_, n) => !hot.has(n)));
+    expect(hotMin).toBeGreaterThanOrEqual(coldMax);
+    // dense experts (--sparse off read every neuron of a chosen expert): whole experts, most selected first (the
+    // budget may cut the last one's buckets)
+    const dense = plan("--sparse", "off");
+    const D = dense.plan.layers[0]!;
+    expect(D.experts.whole).toBeGreaterThan(0);
+    expect(D.experts.experts - D.experts.whole).toBeLessThanOrEqual(1);
+    const onDevice = D.experts.hotPerExpert.flatMap((h, e) => (h > 0 ? [sel[e]!] : []));
+    const offDevice = D.experts.hotPerExpert.flatMap((h, e) => (h === 0 ? [sel[e]!] : []));
+    expect(Math.min(...onDevice)).toBeGreaterThanOrEqual(Math.max(...offDevice));
+    const t = cli(undefined, "plan", "-m", st, "--device-backend", "cpu", "--vram-budget", "0.03", "--sparse", "off");
+    expect(t.stdout).toMatch(/ranked by its expert's selection count/);
+    expect(t.stdout).toMatch(
+      /experts on device \(whole\) \| routed to them\n +0 \| .* \| +\d+ \/ 32 \(\d+\) \| +[\d.]+ %\n/,
+    );
     // run -ngl: the layer's attention moves, its experts stay (said so)
     const g = cli(undefined, "run", "-m", st, "--device-backend", "cpu", "-ngl", "1", "-p", "x", "-n", "1", "-t", "2");
     expect(g.code, g.stderr).toBe(0);

@@ -4,6 +4,7 @@ import { join } from "node:path";
 import { readGpuIndex, writeGpuIndex } from "@powerinfer/gguf";
 import { describe, expect, it } from "vitest";
 import {
+  expertLayerPlacement,
   explainPlan,
   gpuIndexToPlan,
   type PlannerInput,
@@ -164,5 +165,62 @@ describe("placement planner", () => {
     const plan = gpuIndexToPlan(idx, [1, 1]);
     expect(plan.layers.map((L) => L.hot.length)).toEqual([512, 256]);
     expect(plan.provenance).toBeUndefined();
+  });
+});
+
+describe("placement of routed experts: (expert, neuron) pairs", () => {
+  it("groups a layer's hot pairs by expert and weighs experts by routed tokens", () => {
+    // 3 experts of 4 neurons: expert 0 whole, expert 2 one neuron, expert 1 none
+    const x = expertLayerPlacement(Int32Array.from([0, 1, 2, 3, 9]), 4, 3, Int32Array.from([50, 30, 20]));
+    expect(Array.from(x.hotPerExpert)).toEqual([4, 0, 1]);
+    expect(x.experts).toBe(2);
+    expect(x.whole).toBe(1);
+    expect(x.routedShare).toBeCloseTo(70 / 100, 12);
+    expect(expertLayerPlacement(Int32Array.from([5]), 4, 3).routedShare).toBeNaN();
+    expect(() => expertLayerPlacement(Int32Array.from([12]), 4, 3)).toThrow(
+      /pair 12 is outside n_ff_exp × n_expert = 4 × 3/,
+    );
+    expect(() => expertLayerPlacement(Int32Array.from([1]), 4, 3, new Int32Array(2))).toThrow(
+      /2 expert selection counts for 3 experts/,
+    );
+  });
+
+  it("dense experts (every pair counted as its expert's selections) go to the device whole, most routed first", async () => {
+    // 4 experts of 4 neurons, selected 10, 40, 30, 20 times: the budget holds 8 pairs → experts 1 and 2
+    const sel = [10, 40, 30, 20];
+    const counts = [Int32Array.from({ length: 16 }, (_, i) => sel[Math.floor(i / 4)]!)];
+    const plan = await planPlacement({ counts, tokenCount: 50, bytesPerNeuron: [10], budgetBytes: 80, bucketSize: 4 });
+    expect(Array.from(plan.layers[0]!.hot)).toEqual([4, 5, 6, 7, 8, 9, 10, 11]);
+    const text = explainPlan(plan, 16, {
+      nExpert: 4,
+      nFfExp: 4,
+      selections: [Int32Array.from(sel)],
+      rankedBy: "selections",
+    });
+    expect(text).toMatch(
+      /routed experts: 4 per layer of 4 neurons; a hot neuron is an \(expert, neuron\) pair, ranked by its expert's selection count/,
+    );
+    expect(text).toMatch(
+      /\| experts on device \(whole\) \| routed to them\n +0 \| +cpu \| +8 \/ 16 \|.*\| +2 \/ 4 \(2\) \| +70\.0 %$/,
+    );
+  });
+
+  it("an expert GPU index records n_expert and the ranking, and reads back", async () => {
+    const counts = powerLawCounts(2, 3 * 256, 5);
+    const input: PlannerInput = { counts, tokenCount: 10_000, bytesPerNeuron: [64, 64], budgetBytes: 64 * 512 };
+    const plan = await planPlacement(input);
+    const idx = planToGpuIndex(plan, 3 * 256, {
+      budgetBytes: input.budgetBytes,
+      backend: "cpu",
+      statsFile: "s.gguf",
+      expertCount: 3,
+      expertRanking: "selections",
+    });
+    const path = join(mkdtempSync(join(tmpdir(), "powerinfer-plan-")), "x.gpuidx");
+    writeGpuIndex(path, idx);
+    const back = gpuIndexToPlan(readGpuIndex(path), input.bytesPerNeuron);
+    expect(back.provenance).toMatchObject({ expertCount: 3, expertRanking: "selections" });
+    expect(back.layers.map((L) => Array.from(L.hot))).toEqual(plan.layers.map((L) => Array.from(L.hot)));
+    expect(readGpuIndex(path).layers[0]!.gpuIdx.length).toBe(3 * 256);
   });
 });

@@ -61,6 +61,8 @@ export interface InspectReport {
   configError: string | null;
   /** What the file holds: a model, or a file of another kind (vocabulary-only, GPU index, …). */
   kind: string;
+  /** A GPU index for a model with routed experts: its n_expert (`powerinfer.plan.expert_count`). */
+  gpuIndexExperts?: number;
   /**
    * How the sparse FFN rows are laid out: "tensors" (ffn_up/ffn_gate/ffn_down(_t) matrices, as
    * llama.cpp/PowerInfer write them) or "bundled" (convert --bundle: per-neuron records in 4 KiB-aligned
@@ -188,6 +190,9 @@ export function inspectFile(path: string): InspectReport {
     config,
     configError,
     kind: ggufFileKind(file),
+    ...(file.metadata.has("powerinfer.plan.expert_count")
+      ? { gpuIndexExperts: Number(file.metadata.get("powerinfer.plan.expert_count")) }
+      : {}),
     ffnLayout: file.metadata.has("powerinfer.bundle.version")
       ? {
           kind: "bundled",
@@ -317,7 +322,10 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
     "activation-stats": "activation statistics (from powerinfer profile)",
     empty: "no tensors and no tokenizer",
   };
-  if (r.kind !== "model") out.push(`kind:          ${kinds[r.kind] ?? r.kind}`);
+  if (r.kind !== "model")
+    out.push(
+      `kind:          ${kinds[r.kind] ?? r.kind}${r.gpuIndexExperts ? `, for routed experts: ${r.gpuIndexExperts} experts, entries are (expert, neuron) pairs e·n_ff_exp + i` : ""}`,
+    );
   for (const w of r.warnings) out.push(`warning:       ${w}`);
   const c = r.config;
   if (c) {

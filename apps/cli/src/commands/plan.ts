@@ -2,7 +2,13 @@
  * `powerinfer plan`: the placement plan for a device memory budget (hot neurons and which layers' attention + KV
  * cache live on the device), explained with its expected tokens/s, without running.
  */
-import { DEFAULT_THROUGHPUT, explainPlan, expectedTokensPerSecond, type Throughput } from "@powerinfer/core/placement";
+import {
+  DEFAULT_THROUGHPUT,
+  expectedTokensPerSecond,
+  expertLayerPlacement,
+  explainPlan,
+  type Throughput,
+} from "@powerinfer/core/placement";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
@@ -88,7 +94,19 @@ export function register(program: Command): void {
                 ...r,
                 nCtx,
                 expectedTokensPerSecondWithOutput: withOutput,
-                plan: { ...r.plan, layers: r.plan.layers.map((L) => ({ ...L, hot: L.hot.length })) },
+                plan: {
+                  ...r.plan,
+                  layers: r.plan.layers.map((L, l) => ({
+                    ...L,
+                    hot: L.hot.length,
+                    // routed experts: (expert, neuron) pairs on the device per expert
+                    ...(r.experts
+                      ? (({ hotPerExpert, ...x }) => ({
+                          experts: { ...x, hotPerExpert: Array.from(hotPerExpert) },
+                        }))(expertLayerPlacement(L.hot, r.experts.nFfExp, r.experts.nExpert, r.experts.selections?.[l]))
+                      : {}),
+                  })),
+                },
               })}\n`,
             );
           } else {
@@ -100,7 +118,7 @@ export function register(program: Command): void {
             }
             process.stdout.write(
               `device backend: ${device.name}; n_ctx ${nCtx} (${o.kvType} KV cache)${gpuLayers(o, model) ? `; attention of the last ${gpuLayers(o, model)} layers forced on the device (--n-gpu-layers)` : ""}\n` +
-                `${explainPlan(r.plan, cfg.n_ff)}\n` +
+                `${explainPlan(r.plan, cfg.moe ? cfg.moe.n_ff_exp * cfg.moe.n_expert : cfg.n_ff, r.experts)}\n` +
                 `with the output layer on the CPU (${(outputBytes / 2 ** 20).toFixed(2)} MiB read per token): expected ${Number.isNaN(withOutput) ? "?" : withOutput.toFixed(1)} tokens/s\n`,
             );
           }

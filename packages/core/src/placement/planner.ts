@@ -37,7 +37,7 @@
  * solver (most bytes read per byte first) is the last fallback and the test oracle. Every plan carries an upper
  * bound on S (as a share of all bytes read per token) and its gap.
  */
-import { type GpuIndex, GgufValueType } from "@powerinfer/gguf";
+import { type GgufMetadataEntry, type GpuIndex, GgufValueType } from "@powerinfer/gguf";
 import GLPK from "glpk.js/node";
 
 /** Bad planner input: mismatched lengths, negative sizes, an impossible -ngl. */
@@ -784,8 +784,73 @@ export function attentionByRule(
   return on;
 }
 
-/** A human-readable account of a plan: per layer attention and hot neurons, bytes, shares, and expected tokens/s. */
-export function explainPlan(plan: PlacementPlan, nFf: number): string {
+/** Where one layer's routed experts stand in a plan: (expert, neuron) pairs on the device, per expert. */
+export interface ExpertLayerPlacement {
+  /** [n_expert]: the expert's neurons on the device. */
+  hotPerExpert: Int32Array;
+  /** Experts with at least one neuron on the device. */
+  experts: number;
+  /** Experts with every neuron on the device. */
+  whole: number;
+  /**
+   * Share of routed tokens (from `expert_selection_count`) sent to an expert with at least one neuron on the
+   * device; NaN without selection counts.
+   */
+  routedShare: number;
+}
+
+/**
+ * Groups a layer's hot pairs by expert. Pair ids are expert-major: expert e's neuron i is e·n_ff_exp + i (the
+ * layout of `powerinfer.activation_stats.expert_count` statistics and of an expert GPU index).
+ * @param hot ascending pair ids, each < nFfExp·nExpert
+ * @param selections [n_expert] tokens routed to each expert (optional)
+ * @throws PlannerInputError for a pair id out of range or selections of another length
+ */
+export function expertLayerPlacement(
+  hot: Int32Array,
+  nFfExp: number,
+  nExpert: number,
+  selections?: Int32Array,
+): ExpertLayerPlacement {
+  if (selections && selections.length !== nExpert) {
+    throw new PlannerInputError(`${selections.length} expert selection counts for ${nExpert} experts`);
+  }
+  const hotPerExpert = new Int32Array(nExpert);
+  for (const n of hot) {
+    if (!(n >= 0 && n < nFfExp * nExpert)) {
+      throw new PlannerInputError(`pair ${n} is outside n_ff_exp × n_expert = ${nFfExp} × ${nExpert}`);
+    }
+    hotPerExpert[Math.floor(n / nFfExp)]!++;
+  }
+  let experts = 0;
+  let whole = 0;
+  let routed = 0;
+  let all = 0;
+  hotPerExpert.forEach((h, e) => {
+    if (h > 0) experts++;
+    if (h === nFfExp) whole++;
+    all += selections?.[e] ?? 0;
+    if (h > 0) routed += selections?.[e] ?? 0;
+  });
+  return { hotPerExpert, experts, whole, routedShare: selections && all > 0 ? routed / all : Number.NaN };
+}
+
+/** Routed experts of the model a plan is for, so {@link explainPlan} can show experts beside neurons. */
+export interface PlanExperts {
+  nExpert: number;
+  nFfExp: number;
+  /** Per layer, [n_expert] tokens routed to each expert (activation statistics), when known. */
+  selections?: readonly Int32Array[];
+  /** What ranked the pairs: their firing counts (sparse experts) or their expert's selections (dense experts). */
+  rankedBy?: "activations" | "selections";
+}
+
+/**
+ * A human-readable account of a plan: per layer attention and hot neurons, bytes, shares, and expected tokens/s.
+ * With `experts`, neurons are (expert, neuron) pairs (nFf = n_ff_exp · n_expert) and each layer also says how
+ * many experts hold neurons on the device, how many are there whole, and the share of routed tokens sent to them.
+ */
+export function explainPlan(plan: PlacementPlan, nFf: number, experts?: PlanExperts): string {
   const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
   const took = plan.solveMs === undefined ? "" : `, ${(plan.solveMs / 1000).toFixed(2)} s`;
   const nAtt = plan.layers.filter((L) => L.attention).length;
@@ -806,11 +871,21 @@ export function explainPlan(plan: PlacementPlan, nFf: number): string {
     `expected ${tps === undefined || Number.isNaN(tps) ? "? (no statistics)" : tps.toFixed(1)} tokens/s for the layers ` +
       `(device ${gbps(t.deviceBytesPerSecond)}, CPU ${gbps(t.cpuBytesPerSecond)}: ${t.source}` +
       `${plan.attentionPlanned === false ? "; FFN only: no attention sizes given" : ""}; output layer not counted)`,
-    "layer | attention | hot neurons | device bytes | device share | CPU share",
-    ...plan.layers.map(
-      (L, l) =>
-        `${String(l).padStart(5)} | ${(L.attention ? "device" : "cpu").padStart(9)} | ${String(L.hot.length).padStart(5)} / ${nFf} | ${mib(L.bytes + (L.attentionBytes ?? 0)).padStart(12)} | ${(L.deviceShare * 100).toFixed(1).padStart(10)} % | ${((1 - L.deviceShare) * 100).toFixed(1).padStart(7)} %`,
-    ),
+    ...(experts
+      ? [
+          `routed experts: ${experts.nExpert} per layer of ${experts.nFfExp} neurons; a hot neuron is an (expert, neuron) pair, ranked by ${experts.rankedBy === "selections" ? "its expert's selection count (dense experts read every neuron of a chosen expert)" : "its firing count (tokens routed to the expert on which it fired)"}`,
+        ]
+      : []),
+    `layer | attention | hot neurons | device bytes | device share | CPU share${experts ? " | experts on device (whole) | routed to them" : ""}`,
+    ...plan.layers.map((L, l) => {
+      let row = `${String(l).padStart(5)} | ${(L.attention ? "device" : "cpu").padStart(9)} | ${String(L.hot.length).padStart(5)} / ${nFf} | ${mib(L.bytes + (L.attentionBytes ?? 0)).padStart(12)} | ${(L.deviceShare * 100).toFixed(1).padStart(10)} % | ${((1 - L.deviceShare) * 100).toFixed(1).padStart(7)} %`;
+      if (experts) {
+        const x = expertLayerPlacement(L.hot, experts.nFfExp, experts.nExpert, experts.selections?.[l]);
+        const share = Number.isNaN(x.routedShare) ? "?" : `${(x.routedShare * 100).toFixed(1)} %`;
+        row += ` | ${`${x.experts} / ${experts.nExpert} (${x.whole})`.padStart(25)} | ${share.padStart(14)}`;
+      }
+      return row;
+    }),
   ];
   return lines.join("\n");
 }
@@ -829,6 +904,13 @@ export interface PlanProvenance {
   nGpuLayers?: number;
   /** Whether nGpuLayers was exact ({@link PlannerInput.exactGpuLayers}). Key `powerinfer.plan.exact_gpu_layers` (0/1). */
   exactGpuLayers?: boolean;
+  /**
+   * Models with routed experts: n_expert (key `powerinfer.plan.expert_count`, absent for a dense FFN). Each layer's
+   * `gpu_idx` then has n_ff_exp · n_expert entries and `gpu_bucket` lists (expert, neuron) pairs as e·n_ff_exp + i.
+   */
+  expertCount?: number;
+  /** With experts: what ranked the pairs (key `powerinfer.plan.expert_ranking`, "activations" or "selections"). */
+  expertRanking?: "activations" | "selections";
 }
 
 /**
@@ -866,6 +948,16 @@ export function planToGpuIndex(plan: PlacementPlan, nFf: number, prov: PlanProve
         type: { type: GgufValueType.STRING },
         value: plan.layers.flatMap((L, l) => (L.attention ? [l] : [])).join(","),
       },
+      ...(prov.expertCount !== undefined
+        ? ([
+            { key: "powerinfer.plan.expert_count", type: { type: GgufValueType.UINT32 }, value: prov.expertCount },
+            {
+              key: "powerinfer.plan.expert_ranking",
+              type: { type: GgufValueType.STRING },
+              value: prov.expertRanking ?? "activations",
+            },
+          ] as GgufMetadataEntry[])
+        : []),
     ],
   };
 }
@@ -903,6 +995,12 @@ export function gpuIndexToPlan(
     attentionBytes: Number(get("powerinfer.plan.attention_bytes") ?? 0),
     nGpuLayers: Number(get("powerinfer.plan.n_gpu_layers") ?? 0),
     exactGpuLayers: Number(get("powerinfer.plan.exact_gpu_layers") ?? 0) === 1,
+    ...(get("powerinfer.plan.expert_count") !== undefined
+      ? {
+          expertCount: Number(get("powerinfer.plan.expert_count")),
+          expertRanking: String(get("powerinfer.plan.expert_ranking") ?? "activations") as "activations",
+        }
+      : {}),
   };
   const list = String(get("powerinfer.plan.attention_layers") ?? "");
   const attention = layers.map(() => false);

@@ -36,9 +36,19 @@ export interface DevicePlan {
   layers: { hot: Int32Array; attention?: boolean }[];
 }
 
-/** Device bytes one hot neuron costs in layer l: its gate, up and down_t rows and its id. */
+/**
+ * Device bytes one hot neuron costs in layer l: its gate, up and down_t rows and its id. With routed experts,
+ * one (expert, neuron) pair: its rows of the expert stacks (`ffn_{gate,up,down}_exps`, down by its share of the
+ * stack: n_embd values in the stack's dtype) and its id.
+ */
 export function hotNeuronBytes(model: Model, l: number): number {
   const L = model.weights.layers[l]!;
+  if (L.experts) {
+    const X = L.experts;
+    const pairs = X.gateExps.ne[1]! * X.gateExps.ne[2]!;
+    const down = X.downExpsT ?? X.downExps!;
+    return (X.gateExps.byteLength + X.upExps.byteLength + down.byteLength) / pairs + 4;
+  }
   const row = (t?: TensorHandle) => (t ? t.byteLength / t.ne[1]! : 0);
   // without ffn_down_t the split transposes ffn_down: F16 stays F16, other dtypes become F32
   const down = L.ffnDownT ? row(L.ffnDownT) : (L.ffnDown!.dtype === "f16" ? 2 : 4) * model.config.n_embd;

@@ -24,6 +24,7 @@ import {
   evaluatePlacement,
   gpuIndexToPlan,
   type PlacementPlan,
+  type PlanExperts,
   type PlannerInput,
   planPlacement,
   planToGpuIndex,
@@ -90,6 +91,8 @@ export interface ResolvedPlan {
   gpuIndexPath: string;
   /** Why a GPU index was (not) reused or written. */
   notes: string[];
+  /** Models with routed experts: what `explainPlan` needs to show experts beside (expert, neuron) pairs. */
+  experts?: PlanExperts;
 }
 
 /**
@@ -100,12 +103,23 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   const path = model.file.path;
   const gpuIndexPath = o.gpuIndexPath ?? defaultGpuIndexPath(path);
   const statsPath = o.statsPath ?? defaultStatsPath(path);
-  if (cfg.moe) {
-    throw new EngineError(
-      "UNSUPPORTED_ARCH",
-      `no placement plan for routed experts yet (${cfg.arch}: the planner places dense FFN neurons only); \`run\`, \`chat\` and \`serve\` with --n-gpu-layers N put N layers' attention on the device without a plan`,
-    );
-  }
+  // Routed experts: a "neuron" is an (expert, neuron) pair, e·n_ff_exp + i (the statistics' layout). Sparse
+  // experts read a pair's rows when it fires; dense ones (no predictors, --sparse off) read every neuron of a
+  // chosen expert, so a pair's count is then its expert's selection count.
+  const moe = cfg.moe;
+  const nNeurons = moe ? moe.n_ff_exp * moe.n_expert : cfg.n_ff;
+  const expertRanking = moe ? (model.sparse === "off" ? "selections" : "activations") : undefined;
+  const expertsOf = (stats: ActivationStats | undefined): { experts?: PlanExperts } =>
+    moe
+      ? {
+          experts: {
+            nExpert: moe.n_expert,
+            nFfExp: moe.n_ff_exp,
+            rankedBy: expertRanking,
+            ...(stats?.selections ? { selections: stats.selections } : {}),
+          },
+        }
+      : {};
   const bytesPerNeuron = Array.from({ length: cfg.n_layer }, (_, l) => hotNeuronBytes(model, l));
   const attBytes =
     o.attentionBytes ??
@@ -153,8 +167,9 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     const { layers, provenance, attention: recorded } = gpuIndexToPlan(idx, bytesPerNeuron);
     const shapeOk =
       layers.length === cfg.n_layer &&
-      idx.layers.every((L) => L.gpuIdx.length === cfg.n_ff) &&
-      layers.every((L) => L.hot.every((n) => n >= 0 && n < cfg.n_ff));
+      idx.layers.every((L) => L.gpuIdx.length === nNeurons) &&
+      layers.every((L) => L.hot.every((n) => n >= 0 && n < nNeurons)) &&
+      (provenance?.expertCount ?? (moe ? undefined : 0)) === (moe?.n_expert ?? 0);
     const neuronBytes = layers.reduce((s, L) => s + L.bytes, 0);
     const ours =
       provenance &&
@@ -163,7 +178,8 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       provenance.statsFile === statsPath &&
       (provenance.attentionBytes ?? 0) === attTotal &&
       (provenance.nGpuLayers ?? 0) === nGpuLayers &&
-      !!provenance.exactGpuLayers === !!o.exactGpuLayers;
+      !!provenance.exactGpuLayers === !!o.exactGpuLayers &&
+      provenance.expertRanking === expertRanking;
     // An index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits: its
     // neurons as given, attention decided by the rule (the last layers that fit beside them, forced ones first).
     const foreignAttention =
@@ -184,19 +200,27 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       );
       // the expected shares come from the statistics the plan was solved with, when they are still there
       const stats = existsSync(statsPath) ? readActivationStats(statsPath) : undefined;
-      const statsFit = stats && stats.counts.length === cfg.n_layer && stats.counts.every((c) => c.length === cfg.n_ff);
+      const statsFit =
+        stats &&
+        stats.counts.length === cfg.n_layer &&
+        stats.counts.every((c) => c.length === nNeurons) &&
+        stats.nExpert === moe?.n_expert;
       const hot = layers.map((L) => L.hot);
       const plan = statsFit
-        ? evaluatePlacement({ ...baseInput, counts: stats.counts, tokenCount: stats.tokenCount }, hot, attention)
+        ? evaluatePlacement(
+            { ...baseInput, counts: plannerCounts(stats, expertRanking), tokenCount: stats.tokenCount },
+            hot,
+            attention,
+          )
         : unknownPlan(layers, attention, attBytes, o.budgetBytes, o.throughput);
       plan.solver = String(idx.extra?.find((e) => e.key === "powerinfer.plan.solver")?.value ?? "ilp") as "ilp";
-      return { plan, reused: true, gpuIndexPath, notes };
+      return { plan, reused: true, gpuIndexPath, notes, ...expertsOf(statsFit ? stats : undefined) };
     }
     notes.push(
       !shapeOk
-        ? `${gpuIndexPath} does not fit this model (${layers.length} layers of ${idx.layers[0]?.gpuIdx.length ?? 0} neurons; the model has ${cfg.n_layer} of ${cfg.n_ff}); solving again`
+        ? `${gpuIndexPath} does not fit this model (${layers.length} layers of ${idx.layers[0]?.gpuIdx.length ?? 0} neurons${provenance?.expertCount ? ` in ${provenance.expertCount} experts` : ""}; the model has ${cfg.n_layer} of ${nNeurons}${moe ? ` in ${moe.n_expert} experts` : ""}); solving again`
         : provenance
-          ? `${gpuIndexPath} was solved for another budget, backend, statistics file or attention sizes; solving again`
+          ? `${gpuIndexPath} was solved for another budget, backend, statistics file, attention sizes or expert ranking (--sparse); solving again`
           : neuronBytes > o.budgetBytes
             ? `${gpuIndexPath} (written by PowerInfer?) holds ${(neuronBytes / 2 ** 20).toFixed(2)} MiB of hot neurons, more than the ${(o.budgetBytes / 2 ** 20).toFixed(2)} MiB budget; solving again`
             : `${gpuIndexPath} (written by PowerInfer?) leaves no room for the attention of the last ${nGpuLayers} layers (nGpuLayers); solving again`,
@@ -210,7 +234,11 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   }
   const stats: ActivationStats = readActivationStats(statsPath);
   checkStatsForModel(stats, cfg, modelFingerprint(model.file));
-  const input: PlannerInput = { ...baseInput, counts: stats.counts, tokenCount: stats.tokenCount };
+  const input: PlannerInput = {
+    ...baseInput,
+    counts: plannerCounts(stats, expertRanking),
+    tokenCount: stats.tokenCount,
+  };
   let plan: PlacementPlan;
   try {
     plan = await planPlacement(input, { solver: o.solver });
@@ -233,13 +261,14 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     );
   }
   if (!o.noWrite && writePath) {
-    const idx: GpuIndex = planToGpuIndex(plan, cfg.n_ff, {
+    const idx: GpuIndex = planToGpuIndex(plan, nNeurons, {
       budgetBytes: o.budgetBytes,
       backend: o.backend,
       statsFile: statsPath,
       attentionBytes: attTotal,
       nGpuLayers,
       exactGpuLayers: o.exactGpuLayers,
+      ...(moe ? { expertCount: moe.n_expert, expertRanking } : {}),
     });
     try {
       writeGpuIndex(writePath, idx);
@@ -252,7 +281,21 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       writePath = undefined;
     }
   }
-  return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes };
+  return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes, ...expertsOf(stats) };
+}
+
+/**
+ * The planner's per-layer counts: the statistics' firing counts, or (dense experts, "selections") each
+ * (expert, neuron) pair's expert selection count — every neuron of a chosen expert is read.
+ */
+function plannerCounts(stats: ActivationStats, ranking: "activations" | "selections" | undefined): Int32Array[] {
+  if (ranking !== "selections") return stats.counts;
+  return stats.counts.map((c, l) => {
+    const sel = stats.selections![l]!;
+    const out = new Int32Array(c.length);
+    for (let e = 0; e < sel.length; e++) out.fill(sel[e]!, e * stats.nFf, (e + 1) * stats.nFf);
+    return out;
+  });
 }
 
 /**
