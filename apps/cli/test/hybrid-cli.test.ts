@@ -307,7 +307,7 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     expect(e.stderr).toMatch(/^powerinfer: --device-backend is empty/);
   });
 
-  it("plan on a routed-expert model places (expert, neuron) pairs: hottest first, whole experts when dense", () => {
+  it("plan and run on a routed-expert model: (expert, neuron) pairs hottest first, whole experts when dense; the CPU-only text", () => {
     const st = join(dir, "st.gguf");
     const gen = ["gen-model", "--preset", "smallthinker-4b-a0.6b", "--layers", "1", "--vocab-size", "1024"];
     expect(cli(undefined, ...gen, "--predictors", "-o", st).code).toBe(0);
@@ -368,11 +368,23 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     expect(t.stdout).toMatch(
       /experts on device \(whole\) \| routed to them\n +0 \| .* \| +\d+ \/ 32 \(\d+\) \| +[\d.]+ %\n/,
     );
-    // run -ngl: the layer's attention moves, its experts stay (said so)
+    // run with the plan: hot pairs on the device, the CPU-only run's text, in every sparse mode
+    const runArgs = ["run", "-m", st, "-p", "Once upon a time", "-n", "12", "-t", "2", "--temp", "0"];
+    for (const sparse of ["predictor", "oracle", "off"]) {
+      const alone = cli(undefined, ...runArgs, "--sparse", sparse, "--disable-gpu-index");
+      expect(alone.code, alone.stderr).toBe(0);
+      const dev = cli(undefined, ...runArgs, "--sparse", sparse, "--device-backend", "cpu", "--vram-budget", "0.03");
+      expect(dev.code, dev.stderr).toBe(0);
+      expect(dev.stderr).toMatch(/hybrid: \d+ hot \(expert, neuron\) pairs and \d attention layers? on cpu/);
+      expect(dev.stdout).toBe(alone.stdout);
+    }
+    // run -ngl without statistics: the layer's attention moves, its experts stay (said so)
+    rmSync(join(dir, "st.activations.gguf"));
+    rmSync(join(dir, "st.generated.gpuidx"));
     const g = cli(undefined, "run", "-m", st, "--device-backend", "cpu", "-ngl", "1", "-p", "x", "-n", "1", "-t", "2");
     expect(g.code, g.stderr).toBe(0);
     expect(g.stderr).toMatch(/hybrid: 1 layer's attention \(experts stay on cpu\) on cpu \(.* MiB of weights/);
-  }, 120_000);
+  }, 180_000);
 
   it("a foreign GPU index is used as it is and never rewritten", () => {
     const idx = join(dir, "tiny.powerinfer.generated.gpuidx");

@@ -194,7 +194,7 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
   });
 
   for (const arch of ["llama-moe", "smallthinker"] as const) {
-    it(`routed experts (${arch}): attention of layer 1 on the device, experts on main — the single-backend ids; hot expert neurons refused`, async () => {
+    it(`routed experts (${arch}): attention of layer 1 on the device, experts on main — the single-backend ids; a pair out of range refused`, async () => {
       const path = join(dir, `${arch}.gguf`);
       generateSyntheticMoeModel(path, {
         arch,
@@ -206,8 +206,10 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
         const prompt = [1, 20, 30, 40];
         const single = await greedy(model, prompt, 8, false);
         const none = new Int32Array(0);
-        expect(() => model.offload(device, { layers: [{ hot: Int32Array.of(0) }, { hot: none }] })).toThrow(
-          EngineError,
+        // a pair outside n_ff_exp × n_expert is refused
+        const pairs = model.config.moe!.n_ff_exp * model.config.moe!.n_expert;
+        expect(() => model.offload(device, { layers: [{ hot: Int32Array.of(pairs) }, { hot: none }] })).toThrow(
+          /plan layer 0: neuron \d+ outside n_ff_exp × n_expert = \d+/,
         );
         model.offload(device, { layers: [{ hot: none }, { hot: none, attention: true }] });
         const h = await greedy(model, prompt, 8, true);
@@ -222,6 +224,77 @@ describe.skipIf(!probe.usable)(`hybrid execution with two CPU backends (${probe.
         device.dispose();
       }
     });
+  }
+
+  // Routed experts: half of each layer's (expert, neuron) pairs on the device by a hash of the pair id, the
+  // rest on main; only the summation order differs (y_hot + y_cold, and a pair's router weight applied
+  // before its down row), except that a quantized down stack's hot rows become F32 on the device (main's
+  // quantized product rounds the activations to Q8_0 first).
+  const expertCases: [string, Parameters<typeof generateSyntheticMoeModel>[1], SparseMode[], number][] = [
+    ["llama-moe (SiLU, dense experts)", { arch: "llama-moe", shape: TINY_MOE_SHAPE }, ["off"], 1e-4],
+    [
+      "smallthinker F32 with predictors",
+      { arch: "smallthinker", shape: TINY_MOE_SHAPE, design: {}, predictors: {} },
+      ["off", "oracle", "predictor"],
+      1e-4,
+    ],
+    [
+      "llama-moe dReLU Q8_0 with predictors",
+      { arch: "llama-moe", shape: TINY_MOE_SHAPE, upActivation: "relu", design: {}, predictors: {}, dtype: "Q8_0" },
+      ["oracle", "predictor"],
+      // main rounds the activations to Q8_0 for its quantized down product; the device's F32 rows do not
+      // (measured: ≤ 4.1e-3 of max |logit|)
+      1e-2,
+    ],
+  ];
+  for (const [what, opts, modes, tol] of expertCases) {
+    for (const sparse of modes) {
+      it(`routed experts, ${what}, ${sparse}: half the (expert, neuron) pairs on the device — the single-backend ids, logits within ${tol} of max |logit|`, async () => {
+        const path = join(dir, `${what.replace(/\W+/g, "-")}.gguf`);
+        generateSyntheticMoeModel(path, opts);
+        const model = await Model.load(path, { backend: main, sparse });
+        let device: Backend | undefined;
+        try {
+          const cfg = model.config;
+          const pairs = cfg.moe!.n_ff_exp * cfg.moe!.n_expert;
+          const prompt = [1, 20, 30, 40, 50];
+          const single = await greedy(model, prompt, 8, false);
+          for (const attention of [false, true]) {
+            const plan: DevicePlan = {
+              layers: Array.from({ length: cfg.n_layer }, (_, l) => {
+                const hot: number[] = [];
+                for (let i = 0; i < pairs; i++) if (((i * 2654435761 + l * 97) >>> 0) % 1000 < 500) hot.push(i);
+                return { hot: Int32Array.from(hot), attention: attention && l === 1 };
+              }),
+            };
+            device ??= await cpuBackend.load({ threads: 1 });
+            const placed = model.offload(device, plan);
+            expect(placed.hotNeurons).toBe(plan.layers.reduce((s, L) => s + L.hot.length, 0));
+            const expectBytes = plan.layers.reduce((s, L, l) => s + L.hot.length * hotNeuronBytes(model, l), 0);
+            const attBytes = attention ? attentionWeightBytes(model, 1) : 0;
+            expect(placed.deviceBytes()).toBe(expectBytes + attBytes);
+            for (const useAsync of [false, true]) {
+              const h = await greedy(model, prompt, 8, useAsync);
+              expect(h.ids, `attention ${attention}, ${useAsync ? "async" : "sync"}`).toEqual(single.ids);
+              h.logits.forEach((l, i) => {
+                expect(maxDiff(l, single.logits[i]!), `step ${i}`).toBeLessThanOrEqual(tol * maxAbs(single.logits[i]!));
+              });
+              // the neurons computed are the single run's, hot and cold counted together
+              if (sparse === "oracle") expect(h.activeRows).toEqual(single.activeRows);
+              // main [embd, layer 0 to its router] → device [hot 0] ∥ main [cold 0] → main [sum 0, layer 1 to its
+              // router] → device [hot 1] ∥ main [cold 1] → main [sum 1, head]: 3·n_layer + 1; with layer 1's attention
+              // on the device, main [sum 0] → device [attention 1] → main [router 1] → device [hot 1] ∥
+              // main [cold 1] → device [sum 1] → main [head]: 3 more (the router and predictors stay on main)
+              expect(cfg.n_layer).toBe(2);
+              expect(h.calls / h.steps).toBe(attention ? 10 : 7);
+            }
+          }
+        } finally {
+          model.dispose();
+          device?.dispose();
+        }
+      });
+    }
   }
 
   it("device and CPU halves of a split layer overlap in time", async () => {

@@ -202,7 +202,7 @@ describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the dev
     const longer = JSON.parse(plan("--vram-budget", String(budget), "-c", "512", "--json").stdout);
     expect(longer.reused).toBe(false);
     expect(longer.notes.join("\n")).toMatch(
-      /another budget, backend, statistics file or attention sizes; solving again/,
+      /another budget, backend, statistics file, attention sizes or expert ranking \(--sparse\); solving again/,
     );
     expect(longer.plan.layers.find((L: { attention: boolean }) => L.attention).attentionBytes).toBe(
       attention + 2 * 256 * 128 * 2,

@@ -207,14 +207,8 @@ export async function loadModelWithDevice(
     }
     const ngl = gpuLayers(o, model);
     const forced = o.nGpuLayers !== undefined;
-    if (cfg.moe && !ngl) {
-      drop(
-        `note: hot neurons of routed experts on a device are not supported yet: everything runs on ${backend.name} (--n-gpu-layers N moves N layers' attention)`,
-      );
-      return out;
-    }
-    // routed experts: attention only (--n-gpu-layers), every expert stays on main
-    const sparse = (model.sparse !== "off" || cfg.ffn.activation === "relu") && !cfg.moe;
+    // a hot/cold split: sparse or ReLU FFNs, and routed experts ((expert, neuron) pairs, sparse or dense)
+    const sparse = model.sparse !== "off" || cfg.ffn.activation === "relu" || !!cfg.moe;
     const statsPath = o.stats ?? defaultStatsPath(o.model);
     const havePlanInput = existsSync(statsPath) || existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model));
     const budget = budgetBytes(o, device.devices[0]?.freeMemory ?? 0);
@@ -229,7 +223,7 @@ export async function loadModelWithDevice(
     for (let l = 0; l < cfg.n_layer; l++) {
       if (!forced || !last(l)) continue;
       forcedBytes += attentionBytes(model, l, nCtx, o.kvType as "f16");
-      if (!sparse && !cfg.moe) forcedBytes += cfg.n_ff * hotNeuronBytes(model, l);
+      if (!sparse) forcedBytes += cfg.n_ff * hotNeuronBytes(model, l);
     }
     if (forced && forcedBytes + (ngl ? scratch : 0) > budget) {
       throw new InvalidArgumentError(
@@ -285,7 +279,7 @@ export async function loadModelWithDevice(
     }
     const plan: DevicePlan = {
       layers: hot.map((h, l) => ({
-        hot: attention[l] && !sparse && !cfg.moe ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
+        hot: attention[l] && !sparse ? Int32Array.from({ length: cfg.n_ff }, (_, i) => i) : h,
         attention: attention[l],
       })),
     };
@@ -308,9 +302,11 @@ export async function loadModelWithDevice(
     if (throughputLine) note(throughputLine);
     const whole = plan.layers.filter((L) => L.attention && L.hot.length === cfg.n_ff).length;
     const kv = plan.layers.reduce((s, L, l) => s + (L.attention ? kvBytes(l) : 0), 0);
-    // routed experts stay on the main backend: only their layers' attention moves (offload.ts)
+    // routed experts: hot (expert, neuron) pairs (offload.ts)
     const what = cfg.moe
-      ? `${placed.attentionLayers === 1 ? "1 layer's" : `${placed.attentionLayers} layers'`} attention (experts stay on ${backend.name})`
+      ? placed.hotNeurons > 0
+        ? `${placed.hotNeurons} hot (expert, neuron) pairs and ${plural(placed.attentionLayers, "attention layer")}`
+        : `${placed.attentionLayers === 1 ? "1 layer's" : `${placed.attentionLayers} layers'`} attention (experts stay on ${backend.name})`
       : sparse
         ? `${placed.hotNeurons} hot neurons and ${plural(placed.attentionLayers, "attention layer")}`
         : plural(whole, "whole layer");

@@ -1562,6 +1562,32 @@ void op_cpy(const NodeExec& n, int ith, int nth) {
   }
 }
 
+/// moe_scatter: src [R, U, T] (R = m or 1), ids [U, T] → [m·n_expert, T]; one (token, expert) block of m
+/// outputs per work item: the slot that chose the expert (the last, if an id repeats) or the fill.
+void op_moe_scatter(const NodeExec& n, int ith, int nth) {
+  const int64_t m = static_cast<int64_t>(n.p[0]), NE = static_cast<int64_t>(n.p[1]);
+  const float fill = static_cast<float>(n.p[2]);
+  const int64_t R = n.src[0].ne[0], U = n.src[1].ne[0], T = n.src[1].ne[1];
+  const float* src = n.src[0].f32();
+  const int32_t* ids = n.src[1].i32();
+  float* out = n.dst.f32();
+  const int64_t blocks = T * NE;
+  for (int64_t b = lo(blocks, ith, nth); b < hi(blocks, ith, nth); b++) {
+    const int64_t t = b / NE, e = b % NE;
+    int64_t slot = -1;
+    for (int64_t u = 0; u < U; u++)
+      if (ids[t * U + u] == e) slot = u;
+    float* o = out + t * NE * m + e * m;
+    if (slot < 0) {
+      std::fill(o, o + m, fill);
+    } else if (R == 1) {
+      std::fill(o, o + m, src[t * U + slot]);
+    } else {
+      std::memcpy(o, src + (t * U + slot) * m, sizeof(float) * static_cast<size_t>(m));
+    }
+  }
+}
+
 void op_reshape(const NodeExec& n, int ith, int nth) {
   const int64_t N = n.dst.nel;
   const int64_t e0 = lo(N, ith, nth), e1 = hi(N, ith, nth);
@@ -1615,6 +1641,7 @@ void exec_node(const NodeExec& n, int ith, int nth) {
     case OP_MUL_MAT_ID_SPARSE: op_mul_mat_id(n, ith, nth); break;
     case OP_AXPY_ID_SPARSE: op_axpy_id_sparse(n, ith, nth); break;
     case OP_MOE_SUM: op_moe_sum(n, ith, nth); break;
+    case OP_MOE_SCATTER: op_moe_scatter(n, ith, nth); break;
     case OP_CPY: op_cpy(n, ith, nth); break;
     case OP_SLICE: op_slice(n, ith, nth); break;
     case OP_RESHAPE: op_reshape(n, ith, nth); break;

@@ -955,6 +955,14 @@ void test_experts() {
     const int hi_ = b.tensor(2, DT_F32, {1, 1, E}, hid->id);
     const int oi = b.input(DT_F32, {1, T}, ones.data(), ones.size() * 4);
     const int ir = b.node(OP_MUL_MAT_ID, {1, U, T}, {hi_, oi, ids}, {});
+    // the slots laid out by expert (moe_scatter), and a per-expert table gathered by top_k's ids (get_rows)
+    std::vector<float> scat(M * E * T), table(M * E), gathered(M * U * T);
+    for (size_t i = 0; i < table.size(); i++) table[i] = static_cast<float>(i) * 0.5f - 3.0f;
+    const int sc = b.node(OP_MOE_SCATTER, {M * E, T}, {g, ids}, {static_cast<double>(M), static_cast<double>(E), -2.5});
+    const int ti = b.input(DT_F32, {M, E}, table.data(), table.size() * 4);
+    const int gr = b.node(OP_GET_ROWS, {M, U * T}, {ti, ids}, {});
+    b.output(sc, scat.data(), scat.size() * 4);
+    b.output(gr, gathered.data(), gathered.size() * 4);
     b.output(g, dense.data(), dense.size() * 4);
     b.output(sp, sparse.data(), sparse.size() * 4);
     b.output(d, down.data(), down.size() * 4);
@@ -978,6 +986,24 @@ void test_experts() {
     CHECK(sparse_ok, "mul_mat_id_sparse = dense where the gate fires, 0 elsewhere (threads %d)", threads);
     CHECK(rows[3] == static_cast<double>(active), "mul_mat_id_sparse rows %g vs %ld", rows[3], static_cast<long>(active));
     CHECK(rows[5] == static_cast<double>(active), "axpy_id_sparse rows %g vs %ld", rows[5], static_cast<long>(active));
+    bool scat_ok = true, gather_ok = true;
+    for (int t = 0; t < T; t++) {
+      for (int e = 0; e < E; e++) {
+        int slot = -1;
+        for (int u = 0; u < U; u++)
+          if (want_ids[static_cast<size_t>(t * U + u)] == e) slot = u;
+        for (int i = 0; i < M; i++) {
+          const float want = slot < 0 ? -2.5f : want_dense[static_cast<size_t>((t * U + slot) * M + i)];
+          scat_ok &= scat[static_cast<size_t>((t * E + e) * M + i)] == want;
+        }
+      }
+      for (int u = 0; u < U; u++)
+        for (int i = 0; i < M; i++)
+          gather_ok &= gathered[static_cast<size_t>((t * U + u) * M + i)] ==
+                       table[static_cast<size_t>(want_ids[static_cast<size_t>(t * U + u)] * M + i)];
+    }
+    CHECK(scat_ok, "moe_scatter lays the slots out by expert, the fill elsewhere (threads %d)", threads);
+    CHECK(gather_ok, "get_rows by top_k ids gathers each slot's expert row (threads %d)", threads);
     std::vector<float> all(dense);
     all.insert(all.end(), sparse.begin(), sparse.end());
     all.insert(all.end(), down.begin(), down.end());

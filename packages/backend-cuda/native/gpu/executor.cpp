@@ -590,6 +590,12 @@ std::vector<double> Executor::compute(const WireGraph& g) {
                          static_cast<float>(n.p[1]), y, stream_);
           break;
         }
+        case OP_MOE_SCATTER: {
+          const GTensor& ids = cg.tensors[static_cast<size_t>(n.src[1])];
+          launch_moe_scatter(f32(n.src[0]), s0.ne[0], i32(n.src[1]), ids.ne[0], ids.ne[1], static_cast<int64_t>(n.p[0]),
+                             static_cast<int64_t>(n.p[1]), static_cast<float>(n.p[2]), y, stream_);
+          break;
+        }
         case OP_CPY:
           launch_cpy(f32(n.src[0]), ptr(n.dst), d.dtype, s0.ne[0], s0.ne[1], static_cast<int64_t>(n.p[0]), stream_);
           break;

@@ -1032,6 +1032,21 @@ PI_KERNEL void k_moe_sum(const float* y, const float* probs, const int32_t* ids,
   out[idx] = acc;
 }
 
+/// moe_scatter: one thread per output element (e·m + i, t).
+PI_KERNEL void k_moe_scatter(const float* src, int64_t r, const int32_t* ids, int64_t n_used, int64_t m,
+                             int64_t n_expert, float fill, int64_t total, float* out) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  const int64_t per = m * n_expert;
+  const int64_t t = idx / per;
+  const int64_t e = (idx % per) / m;
+  const int64_t i = idx % m;
+  int64_t slot = -1;
+  for (int64_t u = 0; u < n_used; u++)
+    if (ids[t * n_used + u] == e) slot = u;
+  out[idx] = slot < 0 ? fill : src[(t * n_used + slot) * r + (r == 1 ? 0 : i)];
+}
+
 // ---- elementwise ----
 
 PI_KERNEL void k_binary(int op, const float* a, const float* b, float* y, int64_t n, int64_t nb) {
@@ -1417,6 +1432,14 @@ void launch_moe_sum(const float* y, const float* probs, const int32_t* ids, int6
   PI_LAUNCH(k_moe_sum, pi_dim3(blocks_for(total, kEltThreads)), pi_dim3(kEltThreads), as_stream(stream), y, probs,
             ids, d, n_expert, n_used, norm ? 1 : 0, scale, total, out);
   check_launch("moe_sum");
+}
+
+void launch_moe_scatter(const float* src, int64_t r, const int32_t* ids, int64_t n_used, int64_t t, int64_t m,
+                        int64_t n_expert, float fill, float* out, void* stream) {
+  const int64_t total = m * n_expert * t;
+  PI_LAUNCH(k_moe_scatter, pi_dim3(blocks_for(total, kEltThreads)), pi_dim3(kEltThreads), as_stream(stream), src, r,
+            ids, n_used, m, n_expert, fill, total, out);
+  check_launch("moe_scatter");
 }
 
 void launch_binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, int64_t nb, void* stream) {

@@ -124,6 +124,11 @@ void launch_axpy_id_sparse(const Experts& e, const float* a, const int32_t* ids,
 void launch_moe_sum(const float* y, const float* probs, const int32_t* ids, int64_t d, int64_t n_expert,
                     int64_t n_used, int64_t t, bool norm, float scale, float* out, void* stream);
 
+/// out[e·m + i, t] = src[i (0 when r = 1), u, t] where ids[u,t] = e (the last such slot), else `fill`.
+/// src [r, U, T] (r = m or 1), ids [U, T], out [m·n_expert, T], all F32 but ids.
+void launch_moe_scatter(const float* src, int64_t r, const int32_t* ids, int64_t n_used, int64_t t, int64_t m,
+                        int64_t n_expert, float fill, float* out, void* stream);
+
 void launch_binary(BinaryOp op, const float* a, const float* b, float* y, int64_t n, int64_t nb, void* stream);
 void launch_unary(UnaryOp op, const float* x, float* y, int64_t n, float param, void* stream);
 /// Rows row_offset.. of dst (row length n, dtype F32/F16/BF16) ← src [n, T], converted.

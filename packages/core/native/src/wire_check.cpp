@@ -44,6 +44,7 @@ OpInfo op_info(int op) {
     case OP_AXPY_ID_SPARSE: return {"axpy_id_sparse", 3, 1, 1};
     case OP_RESHAPE: return {"reshape", 1, 0, 0};
     case OP_ATTENTION_SWA: return {"attention_swa", 3, 0, 6};
+    case OP_MOE_SCATTER: return {"moe_scatter", 2, 0, 3};
     default: return {nullptr, 0, 0, 0};
   }
 }
@@ -358,8 +359,17 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find, const Che
         c.dst_is(c.src(0).ne[0], c.src(1).nel);
         const GTensor& ids = c.src(1);
         const int64_t rows = c.src(0).ne[1] * c.src(0).ne[2] * c.src(0).ne[3];
-        if (!ids.i32) c.bad("row ids must be an input or a backend tensor");
-        for (int64_t j = 0; j < ids.nel; j++) {
+        if (!ids.i32) {
+          // top_k's ids: bounded by the values it ranked
+          if (ids.kind != KIND_INTERMEDIATE || ids.id_bound < 1) {
+            c.bad("row ids must be an input, a backend tensor or the output of top_k");
+          }
+          if (ids.id_bound > rows) {
+            c.bad("ids come from top_k over " + std::to_string(ids.id_bound) + " values, but there are " +
+                  std::to_string(rows) + " rows");
+          }
+        }
+        for (int64_t j = 0; ids.i32 && j < ids.nel; j++) {
           if (ids.i32[j] < 0 || ids.i32[j] >= rows) {
             c.bad("row id " + std::to_string(ids.i32[j]) + " out of range 0.." + std::to_string(rows - 1));
           }
@@ -493,6 +503,21 @@ CheckedGraph check_graph(const WireGraph& g, const HandleFinder& find, const Che
       case OP_MUL_MAT_ID: check_mul_mat_id(c, false); break;
       case OP_MUL_MAT_ID_SPARSE: check_mul_mat_id(c, true); break;
       case OP_AXPY_ID_SPARSE: check_axpy_id(c); break;
+      case OP_MOE_SCATTER: {
+        // src [R, U, T] (R = m or 1), ids [U, T]; m, n_expert, fill → [m·n_expert, T]
+        c.f32(0);
+        const int64_t m = c.int_param(0, "m", 1, int64_t{1} << 31);
+        const int64_t ne = c.int_param(1, "n_expert", 1, int64_t{1} << 20);
+        const auto [u, t] = check_expert_ids(c, 1, ne);
+        const int64_t r = c.src(0).ne[0];
+        if ((r != m && r != 1) || c.src(0).ne[1] != u || c.src(0).ne[2] != t || c.src(0).ne[3] != 1) {
+          c.bad("src shape " + dims(c.src(0).ne) + ", expected [" + std::to_string(m) + " or 1, " + std::to_string(u) +
+                ", " + std::to_string(t) + ", 1]");
+        }
+        if (std::fabs(n.p[2]) > 3.4028234663852886e38) c.bad("fill is outside the f32 range");
+        c.dst_is(m * ne, t);
+        break;
+      }
       case OP_MOE_SUM: {
         c.f32(0);
         c.f32(1);

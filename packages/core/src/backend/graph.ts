@@ -66,6 +66,11 @@
  *   y[:,u,t] = Σ over active i of a[i,u,t]·row i of Wt_{ids[u,t]} (the expert's down projection stored
  *   neuron-major). Same activity rule as mul_mat_id_sparse.
  * The two sparse expert ops count, in rowsRead, one row per (active neuron, slot, token).
+ * - `moe_scatter(src[R,U,T], ids i32[U,T]; m, n_expert, fill)` → [m·n_expert, T], R = m or 1: the chosen
+ *   experts' per-slot values laid out by expert, as a split expert layer numbers its (expert, neuron) pairs
+ *   (e·m + i): element (e·m + i, t) = src[i (0 when R = 1), u, t] where ids[u,t] = e, and `fill` for the
+ *   experts token t did not choose (a later slot wins if an id repeats; top_k never repeats one).
+ * `get_rows` also takes the ids of `top_k` (any shape; one output column per id).
  */
 import type { DType, OpName, TensorHandle } from "./types.js";
 
@@ -95,6 +100,7 @@ export const OP_CODES: Readonly<Record<OpName, number>> = {
   axpy_id_sparse: 23,
   reshape: 24,
   attention_swa: 25,
+  moe_scatter: 26,
 };
 
 export const DTYPE_CODES: Readonly<Record<DType, number>> = {
@@ -228,9 +234,10 @@ export class Graph {
     if (!cond) throw new RangeError(msg);
   }
 
+  /** Rows of w by id: ids i32 of any shape (an input, a backend tensor or top_k's output) → [K, nel(ids)]. */
   getRows(w: TensorId, ids: TensorId): TensorId {
     const [k] = this.shape(w);
-    const [t] = this.shape(ids);
+    const t = nel(this.shape(ids));
     this.check(this.tensors[ids]!.dtype === "i32", "get_rows: ids must be i32");
     return this.node("get_rows", [k, t], [w, ids]);
   }
@@ -427,6 +434,27 @@ export class Graph {
   private checkExpertLogits(op: string, l: TensorId, m: number, u: number, t: number): void {
     const [a, b, c, d] = this.shape(l);
     this.check(a === m && b * c * d === u * t, `${op}: logits [${this.shape(l)}] must be [${m}, ${u}, ${t}]`);
+  }
+
+  /**
+   * The chosen experts' per-slot values laid out by expert (see the contract above): src [m, U, T] or
+   * [1, U, T] (one value per slot, repeated over the expert's m rows), ids [U, T] → [m·nExpert, T].
+   */
+  moeScatter(src: TensorId, ids: TensorId, opts: { m: number; nExpert: number; fill: number }): TensorId {
+    const [u, t] = this.idsShape("moe_scatter", ids);
+    const [r, su, st, s3] = this.shape(src);
+    const { m, nExpert, fill } = opts;
+    this.check(Number.isInteger(m) && m >= 1, `moe_scatter: m must be an integer ≥ 1, got ${m}`);
+    this.check(
+      Number.isInteger(nExpert) && nExpert >= 1,
+      `moe_scatter: nExpert must be an integer ≥ 1, got ${nExpert}`,
+    );
+    this.check(
+      (r === m || r === 1) && su === u && st === t && s3 === 1,
+      `moe_scatter: src [${this.shape(src)}] must be [${m}, ${u}, ${t}] or [1, ${u}, ${t}]`,
+    );
+    this.check(Math.abs(fill) <= 3.4028234663852886e38, `moe_scatter: fill must be a finite f32 value, got ${fill}`);
+    return this.node("moe_scatter", [m * nExpert, t], [src, ids], [m, nExpert, fill]);
   }
 
   /** Writes src into rows rowOffset.. of the handle tensor dst; returns dst. */

@@ -230,7 +230,8 @@ export type OpName =
   | "mul_mat_id_sparse"
   | "axpy_id_sparse"
   | "reshape"
-  | "attention_swa";
+  | "attention_swa"
+  | "moe_scatter";
 
 /**
  * The ops of routed experts (mixture-of-experts FFNs): an optional capability. A backend that does not
@@ -238,7 +239,14 @@ export type OpName =
  * EngineError 'UNSUPPORTED_OP' naming the backend and the op (there is no host fallback: the experts a
  * token uses are computed inside the graph).
  */
-export const EXPERT_OPS: readonly OpName[] = ["top_k", "mul_mat_id", "moe_sum", "mul_mat_id_sparse", "axpy_id_sparse"];
+export const EXPERT_OPS: readonly OpName[] = [
+  "top_k",
+  "mul_mat_id",
+  "moe_sum",
+  "mul_mat_id_sparse",
+  "axpy_id_sparse",
+  "moe_scatter",
+];
 
 /** Result of computing a graph. */
 export interface ComputeResult {

@@ -48,6 +48,7 @@ export {
   refGelu,
   refGetRows,
   refMulMat,
+  refMoeScatter,
   refMoeSum,
   refMulMatId,
   refMulMatIdSparse,

@@ -968,6 +968,8 @@ function casesFor(op: OpName, dtype: DType, rng: ConformanceRng, backend: Backen
       return axpyIdSparseCases(dtype, rng);
     case "moe_sum":
       return moeSumCases(rng);
+    case "moe_scatter":
+      return moeScatterCases(rng);
     case "reshape":
       return reshapeCases(rng);
   }
@@ -1219,6 +1221,45 @@ function moeSumCases(rng: ConformanceRng): CaseDef[] {
         }
       }
       env.compare("y", out, ref, tol, d);
+    },
+  }));
+}
+
+/**
+ * moe_scatter, exact: per-slot values (one per neuron, or one per slot) laid out by expert with a fill, from input
+ * ids and from top_k's ids; and get_rows by top_k's ids (a split expert layer's mask of hot pairs).
+ */
+function moeScatterCases(rng: ConformanceRng): CaseDef[] {
+  const shapes: [number, number, number, number, boolean, number][] = [
+    [1, 2, 1, 1, false, 0],
+    [5, 8, 2, 3, false, -3.4e38],
+    [5, 8, 2, 3, true, 0],
+    [33, 16, 4, 5, false, -1.5],
+    [768, 64, 6, 2, true, 0],
+  ];
+  return shapes.map(([m, nExpert, nUsed, t, perSlot, fill]) => ({
+    shape: `src[${perSlot ? 1 : m},${nUsed},${t}] m ${m} n_expert ${nExpert} fill ${fill} (ids as input, from top_k; get_rows by top_k ids)`,
+    async run(env) {
+      const r = perSlot ? 1 : m;
+      const src = rng.f32(r * nUsed * t, -2, 2);
+      const ids = expertIds(rng, nExpert, nUsed, t);
+      const g = new Graph();
+      const s = g.input("f32", [r, nUsed, t], src);
+      const a = g.moeScatter(s, g.input("i32", [nUsed, t], ids), { m, nExpert, fill });
+      // the same ids from top_k over router values that rank them first, in slot order
+      const probs = new Float32Array(nExpert * t);
+      for (let c = 0; c < t; c++) for (let u = 0; u < nUsed; u++) probs[c * nExpert + ids[c * nUsed + u]!] = nUsed - u;
+      const topIds = g.topK(g.input("f32", [nExpert, t], probs), nUsed);
+      const b = g.moeScatter(s, topIds, { m, nExpert, fill });
+      // a table of one row per expert, gathered by slot
+      const table = rng.f32(m * nExpert, -1, 1);
+      const rows = g.getRows(g.input("f32", [m, nExpert], table), topIds);
+      const outs = [a, b, rows].map((y) => env.poisoned(g, y));
+      await env.compute(g);
+      const ref = env.reference(g).values;
+      env.compare("scatter (input ids)", outs[0]!, ref[a]!, () => 0, m * nExpert);
+      env.compare("scatter (top_k ids)", outs[1]!, ref[b]!, () => 0, m * nExpert);
+      env.compare("get_rows (top_k ids)", outs[2]!, ref[rows]!, () => 0, m);
     },
   }));
 }

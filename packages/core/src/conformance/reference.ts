@@ -403,6 +403,31 @@ export function refMoeSum(
   return out;
 }
 
+/**
+ * `moe_scatter`: src [R, U, T] (R = m or 1), ids [U, T] → [m·nExpert, T]: element (e·m + i, t) = src[i (0 when
+ * R = 1), u, t] where ids[u,t] = e (a later slot wins), `fill` (rounded to f32) elsewhere.
+ */
+export function refMoeScatter(
+  src: ArrayLike<number>,
+  r: number,
+  ids: ArrayLike<number>,
+  nUsed: number,
+  m: number,
+  nExpert: number,
+  fill: number,
+): Float64Array {
+  const T = ids.length / nUsed;
+  const rows = m * nExpert;
+  const out = new Float64Array(rows * T).fill(Math.fround(fill));
+  for (let t = 0; t < T; t++) {
+    for (let u = 0; u < nUsed; u++) {
+      const e = ids[t * nUsed + u]!;
+      for (let i = 0; i < m; i++) out[t * rows + e * m + i] = src[(t * nUsed + u) * r + (r === 1 ? 0 : i)]!;
+    }
+  }
+  return out;
+}
+
 /** Activity of the sparse expert ops: neuron i of slot u, token t runs when logits[i,u,t] ≥ threshold (always without logits). */
 export interface RefExpertSparseArgs {
   logits: ArrayLike<number> | null;
@@ -655,6 +680,11 @@ export function referenceCompute(
         return {
           value: refMoeSum(value(s0!), d, value(s1!), ne0(s1!)[0], value(s2!), nUsed, p[0] === 1, p[1]!),
         };
+      }
+      case "moe_scatter": {
+        const [r] = ne0(s0!);
+        const [nUsed] = ne0(s1!);
+        return { value: refMoeScatter(value(s0!), r, value(s1!), nUsed, p[0]!, p[1]!, p[2]!) };
       }
       case "slice": {
         const [n] = ne0(s0!);

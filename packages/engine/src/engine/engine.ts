@@ -297,22 +297,37 @@ export class Model {
    * weights, norms and predictor — its KV cache then lives there too. Every later session, batch, perplexity
    * and profile run decodes through the one graph, cut by the scheduler where a node's backend changes
    * (see offload.ts for the calls per token). Sessions opened before must be closed first.
-   * @throws EngineError 'UNSUPPORTED_ARCH' (routed experts), 'UNSUPPORTED_OP' (the device lacks an op the
-   *   plan needs), 'BAD_INPUT' (a plan of another shape, or a model read through a neuron cache),
+   * With routed experts the hot ids are (expert, neuron) pairs e·n_ff_exp + i (offload.ts placeExpertLayer).
+   * @throws EngineError 'UNSUPPORTED_OP' (the device lacks an op the plan needs), 'BAD_INPUT' (a plan of another shape, or a model read through a neuron cache),
    *   'DISPOSED'; BackendError 'OUT_OF_MEMORY' from the device (nothing stays allocated then).
    */
   offload(device: Backend, plan: DevicePlan): ModelOffload {
     if (this.disposed) throw new EngineError("DISPOSED", "model was disposed");
     if (device === this.backend) throw new EngineError("BAD_INPUT", "the device backend is the model's own backend");
-    const needs = plan.layers.some((L) => L.attention || L.hot.length === this.config.n_ff);
+    const moe = this.config.moe;
+    // routed experts: the hot ids are (expert, neuron) pairs and an expert FFN is never wholly on the device
+    const nNeurons = moe ? moe.n_ff_exp * moe.n_expert : this.config.n_ff;
+    const needs = plan.layers.some((L) => L.attention || (!moe && L.hot.length === nNeurons));
     if (needs) checkGraphOps(device, this.file, this.config);
-    if (plan.layers.some((L) => L.hot.length > 0 && L.hot.length < this.config.n_ff)) {
+    if (plan.layers.some((L) => L.hot.length > 0 && (moe || L.hot.length < nNeurons))) {
       const dt = (t?: TensorHandle) => t?.dtype;
       const L0 = this.weights.layers[0]!;
-      for (const [op, d] of [
-        ["mul_mat_sparse", dt(L0.ffnUp)],
-        ["axpy_sparse", dt(L0.ffnDownT) ?? (dt(L0.ffnDown) === "f16" ? "f16" : "f32")],
-      ] as [OpName, DType | undefined][]) {
+      const X = L0.experts;
+      const ops: [OpName, DType | undefined][] = X
+        ? [
+            ["mul_mat_sparse", dt(X.gateExps)],
+            ["axpy_sparse", dt(X.downExpsT) ?? (dt(X.downExps) === "f16" ? "f16" : "f32")],
+            ["top_k", "f32"],
+            ["moe_sum", "f32"],
+            ["moe_scatter", "f32"],
+            ["reshape", "f32"],
+            ["mul", "f32"],
+          ]
+        : [
+            ["mul_mat_sparse", dt(L0.ffnUp)],
+            ["axpy_sparse", dt(L0.ffnDownT) ?? (dt(L0.ffnDown) === "f16" ? "f16" : "f32")],
+          ];
+      for (const [op, d] of ops) {
         if (d && !device.supportsOp(op, [d])) {
           throw new EngineError(
             "UNSUPPORTED_OP",

@@ -9,6 +9,10 @@
  * - "device": every neuron on the device (whole copies of the FFN tensors: llama.cpp's `-ngl` for a layer);
  * - "split": the hot neurons' gate/up/down rows copied compactly to the device, the cold ones read on the
  *   main backend through a row list; both halves run at once and their sums are added.
+ * A layer of routed experts is "main" or "split" by (expert, neuron) pair, e·n_ff_exp + i: the hot pairs' rows on
+ * the device, main keeping the whole stacks and a mask that makes it skip them (see placeExpertLayer and
+ * layer.ts splitExpertFfn); its router and predictors stay on main whatever its home, so a split expert layer
+ * whose attention is on the device costs 3 calls more than a dense one.
  * The layer's "home" — where its norms, residual adds, attention and predictor run — is the device when
  * its attention is offloaded, else the main backend. An oracle gate (testing) is computed on the main
  * backend, which holds the whole gate matrix.
@@ -26,7 +30,10 @@ import { type Backend, Graph, type TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { FfnPlacement, LayerOffload } from "../model/layer.js";
 import type { LlamaLayerWeights } from "../model/llama.js";
-import { gatherRows, transposeDown } from "../model/weights.js";
+import { expertDownRows, gatherRows, transposeDown } from "../model/weights.js";
+
+/** The largest finite f32: the mask value that keeps a hot pair out of main's selection. */
+const F32_MAX = 3.4028234663852886e38;
 import type { Model } from "./engine.js";
 
 export type { FfnPlacement, LayerOffload };
@@ -46,8 +53,11 @@ export function hotNeuronBytes(model: Model, l: number): number {
   if (L.experts) {
     const X = L.experts;
     const pairs = X.gateExps.ne[1]! * X.gateExps.ne[2]!;
-    const down = X.downExpsT ?? X.downExps!;
-    return (X.gateExps.byteLength + X.upExps.byteLength + down.byteLength) / pairs + 4;
+    // the device's down rows are neuron-major: F16 stays F16, other dtypes become F32 (expertDownRows)
+    const down = X.downExpsT
+      ? X.downExpsT.byteLength / pairs
+      : (X.downExps!.dtype === "f16" ? 2 : 4) * model.config.n_embd;
+    return (X.gateExps.byteLength + X.upExps.byteLength) / pairs + down + 4;
   }
   const row = (t?: TensorHandle) => (t ? t.byteLength / t.ne[1]! : 0);
   // without ffn_down_t the split transposes ffn_down: F16 stays F16, other dtypes become F32
@@ -111,8 +121,9 @@ export class ModelOffload {
 
   /**
    * Copies what `plan` puts on the device. Nothing is left allocated when it throws.
-   * @throws EngineError 'UNSUPPORTED_ARCH' (routed experts), 'BAD_INPUT' (plan of another shape, a neuron
-   *   outside n_ff, a model read through a neuron cache), BackendError 'OUT_OF_MEMORY' from the device.
+   * With routed experts a layer's hot ids are (expert, neuron) pairs e·n_ff_exp + i (see placeExpertLayer).
+   * @throws EngineError 'BAD_INPUT' (plan of another shape, a neuron outside n_ff (n_ff_exp · n_expert), a
+   *   model read through a neuron cache), BackendError 'OUT_OF_MEMORY' from the device.
    */
   constructor(
     model: Model,
@@ -120,12 +131,6 @@ export class ModelOffload {
     plan: DevicePlan,
   ) {
     const cfg = model.config;
-    if (cfg.moe && plan.layers.some((L) => L.hot.length > 0)) {
-      throw new EngineError(
-        "UNSUPPORTED_ARCH",
-        `hot neurons of routed experts (${cfg.arch}) on a device are not supported yet: only whole layers' attention (--n-gpu-layers) moves there`,
-      );
-    }
     if (plan.layers.length !== cfg.n_layer) {
       throw new EngineError("BAD_INPUT", `plan has ${plan.layers.length} layers, the model has ${cfg.n_layer}`);
     }
@@ -152,17 +157,22 @@ export class ModelOffload {
     const cfg = model.config;
     const main = model.backend;
     const L = model.weights.layers[l]!;
-    const isHot = new Uint8Array(cfg.n_ff);
+    const nNeurons = cfg.moe ? cfg.moe.n_ff_exp * cfg.moe.n_expert : cfg.n_ff;
+    const isHot = new Uint8Array(nNeurons);
     let prev = -1;
     for (const n of hot) {
-      if (!Number.isInteger(n) || n < 0 || n >= cfg.n_ff)
-        throw new EngineError("BAD_INPUT", `plan layer ${l}: neuron ${n} outside n_ff ${cfg.n_ff}`);
+      if (!Number.isInteger(n) || n < 0 || n >= nNeurons)
+        throw new EngineError(
+          "BAD_INPUT",
+          `plan layer ${l}: neuron ${n} outside ${cfg.moe ? `n_ff_exp × n_expert = ${nNeurons}` : `n_ff ${cfg.n_ff}`}`,
+        );
       if (n <= prev) throw new EngineError("BAD_INPUT", `plan layer ${l}: hot neuron ids must ascend (${prev}, ${n})`);
       prev = n;
       isHot[n] = 1;
     }
-    const ffn: FfnPlacement = hot.length === 0 ? "main" : hot.length === cfg.n_ff ? "device" : "split";
     const home: 0 | 1 = attention ? 1 : 0;
+    if (L.experts) return this.placeExpertLayer(model, l, hot, isHot, home);
+    const ffn: FfnPlacement = hot.length === 0 ? "main" : hot.length === cfg.n_ff ? "device" : "split";
     if (ffn !== "main" && !L.ffnUp) {
       throw new EngineError(
         "BAD_INPUT",
@@ -204,6 +214,55 @@ export class ModelOffload {
         n: hot.length,
       },
       cold: { W: { gate: L.ffnGate, up: L.ffnUp!, upBias: L.bUp, downT }, rows: ids(main, cold), n: cold.length },
+    };
+  }
+
+  /** The attention (home) copies of layer l when `home` is the device, else undefined. */
+  private homeCopies(model: Model, l: number, home: 0 | 1): LlamaLayerWeights | undefined {
+    if (home === 0) return undefined;
+    const L = model.weights.layers[l]!;
+    const w = { ...L } as unknown as Record<string, TensorHandle | undefined>;
+    for (const f of HOME_FIELDS) {
+      const t = L[f] as TensorHandle | undefined;
+      if (t) w[f] = this.copy(model.backend, t);
+    }
+    return w as unknown as LlamaLayerWeights;
+  }
+
+  /**
+   * A layer of routed experts: its hot (expert, neuron) pairs, e·n_ff_exp + i, go to the device as compact
+   * gate/up rows and neuron-major down rows (F16 stays F16, a quantized down stack becomes F32 rows:
+   * expertDownRows), with their pair ids; main keeps the whole stacks and a mask [n_ff_exp, n_expert] that is
+   * −FLT_MAX at the hot pairs, which its per-slot selection adds so it skips them (layer.ts splitExpertFfn).
+   * The router, the predictors and every cold pair stay on main. No pair hot: the experts stay on main.
+   */
+  private placeExpertLayer(model: Model, l: number, hot: Int32Array, isHot: Uint8Array, home: 0 | 1): LayerOffload {
+    const main = model.backend;
+    const X = model.weights.layers[l]!.experts!;
+    const deviceWeights = this.homeCopies(model, l, home);
+    if (hot.length === 0) return { home, ffn: "main", deviceWeights };
+    const mask = new Float32Array(isHot.length);
+    for (let i = 0; i < isHot.length; i++) if (isHot[i]) mask[i] = -F32_MAX;
+    const cfg = model.config;
+    return {
+      home,
+      ffn: "split",
+      deviceWeights,
+      hot: {
+        W: {
+          gate: this.keep(this.device, gatherRows(main, X.gateExps, hot, this.device)),
+          up: this.keep(this.device, gatherRows(main, X.upExps, hot, this.device)),
+          downT: this.keep(
+            this.device,
+            X.downExpsT
+              ? gatherRows(main, X.downExpsT, hot, this.device)
+              : expertDownRows(model.file, this.device, `blk.${l}.ffn_down_exps.weight`, hot),
+          ),
+        },
+        rows: this.keep(this.device, this.device.createTensor("i32", [hot.length], hot)),
+        n: hot.length,
+      },
+      expertMask: this.keep(main, main.createTensor("f32", [cfg.moe!.n_ff_exp, cfg.moe!.n_expert], mask)),
     };
   }
 

@@ -25,8 +25,13 @@ export interface LayerOffload {
   deviceWeights?: LlamaLayerWeights;
   /** ffn "split": the hot rows (compact copies on the device) and their ids (i32 on the device). */
   hot?: { W: SparseFfnWeights; rows: TensorHandle; n: number };
-  /** ffn "split": the cold rows (read in place on main) and their ids (i32 on main). */
+  /** ffn "split": the cold rows (read in place on main) and their ids (i32 on main). Not for routed experts. */
   cold?: { W: SparseFfnWeights; rows: TensorHandle; n: number };
+  /**
+   * ffn "split" of routed experts: f32 [n_ff_exp, n_expert] on main, −FLT_MAX at the hot (expert, neuron) pairs
+   * and 0 elsewhere; `hot` then holds the hot pairs' rows, ids e·n_ff_exp + i.
+   */
+  expertMask?: TensorHandle;
 }
 
 /** What a layer builder works with: the graph being built and the step's inputs. */
@@ -200,7 +205,9 @@ export function feedForward(
   const off = ctx.offload?.[ctx.layer];
   if (!off) return layerFfn(ctx, L, h, ffnInp, layerIn);
   // profiling captures the dense FFN: a split layer then runs it whole on main
-  if (off.ffn === "split" && !ctx.opts.capture) return splitFfn(ctx, off, L, h, ffnInp);
+  if (off.ffn === "split" && !ctx.opts.capture) {
+    return off.expertMask ? splitExpertFfn(ctx, off, h, ffnInp, layerIn) : splitFfn(ctx, off, L, h, ffnInp);
+  }
   const b = off.ffn === "device" ? 1 : 0;
   return onBackend(ctx, b, () => layerFfn(ctx, b === 1 ? off.deviceWeights! : ctx.mainLayer!, h, ffnInp, layerIn));
 }
@@ -252,6 +259,112 @@ function splitFfn(ctx: LayerContext, off: LayerOffload, L: LlamaLayerWeights, h:
   let down = g.add(hot.y, cold.y);
   if (L.bDown) down = g.add(down, g.handle(L.bDown));
   return down;
+}
+
+/** The largest finite f32: the selection value of the (expert, neuron) pairs a half must skip. */
+const F32_MAX = 3.4028234663852886e38;
+
+/**
+ * A split layer of routed experts (PowerInfer's hybrid split, per (expert, neuron) pair): the router, the chosen
+ * experts and their selection (predictor logits, or the oracle's gate) on main, per slot [n_ff_exp, U, T];
+ * then at once
+ * - the device: the hot pairs' compact rows, with the selection and the router weights laid out by expert
+ *   (`moe_scatter`, [n_ff_exp·n_expert, T], unchosen experts' pairs never selected) — y_hot = Σ over the
+ *   selected hot pairs of w_e · act_p · down_p (the top-k is recomputed there from the router's
+ *   probabilities: expert ids do not cross backends);
+ * - main: the whole stacks per slot, as without a device, its selection plus the layer's mask (−FLT_MAX at
+ *   the hot pairs: `get_rows` of it by expert id), so it computes the cold pairs only, then `moe_sum`;
+ * and y = y_hot + y_cold at home. Dense experts (`--sparse off`) select every pair of a chosen expert. Both
+ * halves take top-k of the router's probabilities again (i32 tensors do not cross graph pieces; the same
+ * probabilities give the same ids).
+ */
+function splitExpertFfn(
+  ctx: LayerContext,
+  off: LayerOffload,
+  h: TensorId,
+  ffnInp: TensorId,
+  layerIn: TensorId,
+): TensorId {
+  const { g, cfg, opts } = ctx;
+  const moe = cfg.moe!;
+  const X = ctx.mainLayer!.experts!;
+  const mode = opts.sparse ?? "off";
+  const [m, nExpert, nUsed] = [moe.n_ff_exp, moe.n_expert, moe.n_expert_used];
+  const act = (t: TensorId) =>
+    cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
+  const upAct = (t: TensorId) => (cfg.ffn.up_activation === "relu" ? g.relu(t) : t);
+  const T = g.shape(h)[1];
+  const routed = onBackend(ctx, 0, () => {
+    const routerIn = moe.router_input === "layer_input" ? layerIn : h;
+    const lg = g.mulMat(g.handle(X.gateInp), routerIn);
+    const probs = moe.gating === "softmax" ? g.softmax(lg) : g.sigmoid(lg);
+    const ids = g.topK(probs, nUsed);
+    let slot: TensorId | undefined;
+    let threshold = F32_MIN_POSITIVE;
+    if (mode === "predictor") {
+      slot = g.mulMatId(g.handle(X.fc2Exps!), g.relu(g.mulMatId(g.handle(X.fc1Exps!), ffnInp, ids)), ids);
+      threshold = opts.threshold ?? cfg.sparse_threshold;
+    } else if (mode === "oracle") {
+      slot = g.mulMatId(g.handle(X.gateExps), h, ids);
+    }
+    return { probs, ids, slot, threshold };
+  });
+  const sparseOps: number[] = [];
+  const upOps: number[] = [];
+  const mark = (from: number) => {
+    g.nodes.forEach((n, i) => {
+      if (i >= from && /^(mul_mat_sparse|axpy_sparse|mul_mat_id_sparse|axpy_id_sparse)$/.test(n.op)) sparseOps.push(i);
+    });
+  };
+  // the device half first: its reading of the router's outputs closes main's piece, so main's half starts a
+  // piece of its own and both run at once
+  let from = g.nodes.length;
+  const hot = off.hot!;
+  const yHot = onBackend(ctx, 1, () => {
+    const ids = g.topK(routed.probs, nUsed);
+    const eye = new Float32Array(nUsed * nUsed * T);
+    for (let t = 0; t < T; t++) for (let u = 0; u < nUsed; u++) eye[(t * nUsed + u) * nUsed + u] = 1;
+    // the router weights per slot (moe_sum of one-hot rows), then per pair
+    const wSlot = g.moeSum(g.input("f32", [nUsed, nUsed, T], eye), routed.probs, ids, {
+      norm: moe.norm_weights,
+      scale: moe.weights_scale,
+    });
+    const w = g.moeScatter(g.reshape(wSlot, [1, nUsed, T]), ids, { m, nExpert, fill: 0 });
+    const logits = routed.slot ? g.moeScatter(routed.slot, ids, { m, nExpert, fill: -F32_MAX }) : w;
+    const o = {
+      logits,
+      rows: g.handle(hot.rows),
+      threshold: routed.slot ? routed.threshold : F32_MIN_POSITIVE,
+      nOut: m * nExpert,
+    };
+    const up = g.mulMatSparse(g.handle(hot.W.up), h, o);
+    upOps.push(g.nodes.length - 1);
+    // oracle: the chosen experts' gate, laid out by expert, is the selection itself
+    const gate = mode === "oracle" ? logits : g.mulMatSparse(g.handle(hot.W.gate!), h, o);
+    const a = g.mul(g.mul(act(gate), upAct(up)), w);
+    return g.axpySparse(g.handle(hot.W.downT), a, o);
+  });
+  mark(from);
+  from = g.nodes.length;
+  const yCold = onBackend(ctx, 0, () => {
+    const { probs, slot } = routed;
+    // this half is a piece of its own (see above): expert ids do not cross pieces, so top-k again
+    const ids = g.topK(probs, nUsed);
+    const mask = g.getRows(g.handle(off.expertMask!), ids);
+    // without a selection (dense experts) every cold pair of a chosen expert runs: mask ≥ −1
+    const sel = { logits: slot ? g.add(slot, mask) : mask, threshold: slot ? routed.threshold : -1 };
+    const gate = mode === "oracle" ? slot! : g.mulMatIdSparse(g.handle(X.gateExps), h, ids, sel);
+    const up = g.mulMatIdSparse(g.handle(X.upExps), h, ids, sel);
+    upOps.push(g.nodes.length - 1);
+    const a = g.mul(act(gate), upAct(up));
+    const down = X.downExpsT
+      ? g.axpyIdSparse(g.handle(X.downExpsT), a, ids, sel)
+      : g.mulMatId(g.handle(X.downExps!), a, ids);
+    return g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
+  });
+  mark(from);
+  if (mode !== "off") recordSparse(ctx, sparseOps, upOps, h);
+  return g.add(yHot, yCold);
 }
 
 /** The FFN of a layer on one backend (see {@link feedForward}). */

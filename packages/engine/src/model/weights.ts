@@ -74,7 +74,8 @@ export class WeightMapper {
  * copies a device holds. Source bytes are read back from the backend that holds the matrix.
  */
 export function gatherRows(src: Backend, t: TensorHandle, rows: Int32Array, dst: Backend): TensorHandle {
-  const rowBytes = t.byteLength / t.ne[1]!;
+  // a stack of experts {K, M, E} is E·M rows of K: pair e·M + i is expert e's row i
+  const rowBytes = t.byteLength / t.ne.slice(1).reduce((a, b) => a * b, 1);
   const bytes = src.readTensor(t);
   const out = new Uint8Array(rows.length * rowBytes);
   rows.forEach((r, j) => {
@@ -106,6 +107,30 @@ function floatElements(file: GgufFile, t: GgufTensorInfo): { src: Uint16Array | 
     return { src: new Uint16Array(aligned.buffer, aligned.byteOffset, t.nElements), f16: true };
   }
   return { src: dequantize(t.type, bytes, t.nElements), f16: false };
+}
+
+/**
+ * The neuron-major rows of chosen (expert, neuron) pairs of a stacked down projection (file tensor `name`,
+ * {n_ff_exp, n_embd, n_expert}) on `backend`: pair p = e·n_ff_exp + i becomes row j (its index in `pairs`) of
+ * a {n_embd, pairs.length} tensor holding column i of expert e's matrix. F16 stays F16 (bits moved), every
+ * other dtype becomes F32 (dequantized) — the compact down rows of a split expert layer's hot pairs.
+ * @throws EngineError 'MISSING_TENSOR'; RangeError for a pair outside n_ff_exp · n_expert.
+ */
+export function expertDownRows(file: GgufFile, backend: Backend, name: string, pairs: Int32Array): TensorHandle {
+  const t = file.tensorMap.get(name);
+  if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
+  const [nFf, nEmbd, nExp] = [t.shape[0]!, t.shape[1]!, t.shape[2] ?? 1];
+  const { src, f16 } = floatElements(file, t);
+  const n = Math.max(1, pairs.length);
+  const out = f16 ? new Uint16Array(n * nEmbd) : new Float32Array(n * nEmbd);
+  pairs.forEach((p, j) => {
+    if (!(p >= 0 && p < nFf * nExp)) throw new RangeError(`pair ${p} outside n_ff_exp × n_expert = ${nFf} × ${nExp}`);
+    const e = Math.floor(p / nFf);
+    const i = p % nFf;
+    const base = e * nFf * nEmbd + i;
+    for (let r = 0; r < nEmbd; r++) out[j * nEmbd + r] = src[base + r * nFf]!;
+  });
+  return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, n], out);
 }
 
 /**

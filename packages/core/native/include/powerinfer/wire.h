@@ -59,7 +59,8 @@ enum Op : int {
   OP_AXPY_ID_SPARSE = 23,
   OP_RESHAPE = 24,
   OP_ATTENTION_SWA = 25,
-  OP_COUNT = 26,
+  OP_MOE_SCATTER = 26,
+  OP_COUNT = 27,
 };
 
 /// Tensor dtype codes, ggml's numbering (core's DTYPE_CODES).
