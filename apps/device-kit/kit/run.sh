@@ -364,6 +364,35 @@ for preset in $presets; do
   fi
 done
 
+# ---- 5e. a SmallThinker-21B-shaped slice (routed ReLU experts with per-expert predictors): hot (expert, neuron)
+# pairs on the device ----
+if [ $quick = 0 ]; then
+  model=$scratch/st21b-x$layers.gguf
+  t0=$(now)
+  run "gen-st21b" 240 "${PI[@]}" gen-model --preset smallthinker-21b-a3b --layers "$layers" --dtype F16 --predictors \
+    --vocab-size 4096 -o "$model" --force
+  rc=$?
+  [ $rc = 0 ] && { run "profile-st21b" 240 "${PI[@]}" profile -m "$model" -f "$text" -c 128 --tokens 128 --backend cpu -t "$jobs"; rc=$?; }
+  if [ $rc != 0 ]; then
+    row "5e smallthinker-21b×$layers slice" FAIL "$(why $rc "$([ -f "$out/logs/profile-st21b.log" ] && echo profile-st21b || echo gen-st21b)")" $(($(now) - t0))
+  else
+    gib=$(awk -v b="$(stat -c %s "$model")" 'BEGIN { printf "%.2f", b / 2^30 }')
+    row "5e smallthinker-21b×$layers slice ($gib GiB F16 GGUF, predictors)" ok "generated and profiled over 128 tokens" $(($(now) - t0))
+    common=(-m "$model" --backend cpu)
+    speed "5e smallthinker-21b sparse, CPU only" "sparse-st21b" "${common[@]}" --sparse predictor --disable-gpu-index
+    for share in 25 50; do
+      vram=$(awk -v g="$gib" -v s=$share 'BEGIN { printf "%.3f", g * s / 100 }')
+      speed "5e smallthinker-21b hybrid, $device $share % ($vram GiB)" "hybrid$share-st21b" "${common[@]}" \
+        --sparse predictor --device-backend "$device" --vram-budget "$vram" --reset-gpu-index
+    done
+    if [ $cpu = 1 ]; then
+      row "5e smallthinker-21b all on the GPU" skip "--cpu: no GPU" 0
+    else
+      speed "5e smallthinker-21b all on the GPU" "gpu-st21b" -m "$model" --backend $gpu --sparse predictor --disable-gpu-index
+    fi
+  fi
+fi
+
 # ---- 6. the server: 8 concurrent requests on loopback ----
 if [ $quick = 0 ]; then
   t0=$(now)
