@@ -19,8 +19,8 @@
  *   default) with the dense greedy ids;
  * - a model without predictors is refused in predictor mode with a message naming the tensors.
  */
-import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -296,6 +296,63 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
       pred.dispose();
     }
   }, 600_000);
+
+  it("train-predictor on experts resumes after Ctrl-C from its checkpoint and writes the file an uninterrupted run writes", async () => {
+    const text = join(dir, "t-resume.txt");
+    writeFileSync(
+      text,
+      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 40_000),
+    );
+    const run = (out: string) => [
+      "-m",
+      files.plain!,
+      "-f",
+      text,
+      "-o",
+      out,
+      "--tokens",
+      "600",
+      "--rank",
+      "32",
+      "--holdout",
+      "0",
+      "-t",
+      "2",
+      "--verbose",
+    ];
+    const whole = join(dir, "whole.gguf");
+    expect(trainPredictor(...run(whole)).status).toBe(0);
+    const resumed = join(dir, "resumed.gguf");
+    // interrupted in layer 1: layer 0's experts are in the checkpoint
+    const child = spawn(process.execPath, [bin, "train-predictor", ...run(resumed)], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stderr = "";
+    let sent = false;
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d.toString();
+      if (!sent && /layer 1 expert 3:/.test(stderr)) {
+        sent = true;
+        child.kill("SIGINT");
+      }
+    });
+    const code = await new Promise<number | null>((r) => child.on("exit", (c) => r(c)));
+    expect(code, stderr).toBe(130);
+    const saved = /interrupted: (\d+) experts saved to (\S+); run the same command again to resume/.exec(stderr);
+    expect(saved, stderr).not.toBeNull();
+    expect(Number(saved![1])).toBeGreaterThanOrEqual(16);
+    expect(existsSync(`${resumed}.ckpt`)).toBe(true);
+    expect(existsSync(resumed)).toBe(false);
+    // another run's options do not resume it
+    const other = trainPredictor(...run(resumed), "--rank", "16");
+    expect(other.status).toBe(1);
+    expect(other.stderr).toMatch(/checkpoint .* is from another run .*pass --restart to discard it/);
+    const again = trainPredictor(...run(resumed));
+    expect(again.status, again.stderr).toBe(0);
+    expect(again.stderr).toContain(`resuming from ${resumed}.ckpt: ${saved![1]} of 64 experts done`);
+    expect(existsSync(`${resumed}.ckpt`)).toBe(false);
+    expect(readFileSync(resumed).equals(readFileSync(whole))).toBe(true);
+  }, 300_000);
 
   it("inspect: a file with per-expert predictors can run sparse; predictors are not counted as parameters read", async () => {
     const { inspectFile } = await import("../src/commands/inspect.js");

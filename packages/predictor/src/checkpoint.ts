@@ -14,6 +14,7 @@ import {
   readTensorF32,
   writeGguf,
 } from "@powerinfer/gguf";
+import type { ExpertPredictorResult } from "./experts.js";
 import type { LayerProgress, LayerResult, PipelineCheckpoint } from "./pipeline.js";
 import type { LayerPredictor } from "./predictor.js";
 import type { LayerTrainState } from "./train.js";
@@ -130,4 +131,72 @@ export function loadCheckpoint(path: string): PipelineCheckpoint {
     };
   }
   return { key, done, current };
+}
+
+/** A checkpoint of per-expert predictor training: the experts finished so far (an expert is the unit of resumption). */
+export interface ExpertCheckpoint {
+  /** Identity of the run ({@link checkpointKey}); only the same run resumes it. */
+  key: string;
+  done: ExpertPredictorResult[];
+}
+
+/**
+ * Writes an expert training checkpoint (atomically): the same container as {@link saveCheckpoint}, with
+ * `powerinfer.predictor_checkpoint.kind = "experts"`, the finished experts' results as JSON and their weights
+ * as `expert.L.E.fc1`/`.fc2`.
+ */
+export function saveExpertCheckpoint(path: string, c: ExpertCheckpoint): void {
+  const tensors: GgufTensorSpec[] = [];
+  const done = c.done.map((r) => {
+    const p = r.predictor;
+    for (const [part, a] of [
+      ["fc1", p.fc1],
+      ["fc2", p.fc2],
+    ] as const) {
+      tensors.push({
+        name: `expert.${r.layer}.${r.expert}.${part}`,
+        type: GGMLType.F32,
+        shape: [a.length],
+        data: () => f32Bytes(a),
+      });
+    }
+    return { ...r, predictor: { rank: p.rank, nEmbd: p.nEmbd, nFf: p.nFf } };
+  });
+  writeGguf(path, {
+    metadata: [
+      { key: "general.architecture", type: GgufTypes.string, value: CHECKPOINT_ARCH },
+      { key: `${P}key`, type: GgufTypes.string, value: c.key },
+      { key: `${P}kind`, type: GgufTypes.string, value: "experts" },
+      { key: `${P}state`, type: GgufTypes.string, value: JSON.stringify({ done }, replacer) },
+    ],
+    tensors,
+  });
+}
+
+/**
+ * Reads a checkpoint written by {@link saveExpertCheckpoint}.
+ * @throws GgufError when the file is not an expert training checkpoint (a dense run's included) or is damaged
+ */
+export function loadExpertCheckpoint(path: string): ExpertCheckpoint {
+  const file = openGguf(path);
+  if (file.metadata.get("general.architecture") !== CHECKPOINT_ARCH || file.metadata.get(`${P}kind`) !== "experts") {
+    throw new GgufError("BAD_VALUE", `${path} is not a checkpoint of expert predictor training`, { path });
+  }
+  const key = file.metadata.get(`${P}key`);
+  const raw = file.metadata.get(`${P}state`);
+  if (typeof key !== "string" || typeof raw !== "string") {
+    throw new GgufError("MISSING_KEY", `checkpoint ${path} lacks its key or state`, { path });
+  }
+  const s = JSON.parse(raw, reviver) as {
+    done: (Omit<ExpertPredictorResult, "predictor"> & { predictor: Omit<LayerPredictor, "fc1" | "fc2"> })[];
+  };
+  const done = s.done.map((r) => ({
+    ...r,
+    predictor: {
+      ...r.predictor,
+      fc1: readTensorF32(file, `expert.${r.layer}.${r.expert}.fc1`),
+      fc2: readTensorF32(file, `expert.${r.layer}.${r.expert}.fc2`),
+    },
+  }));
+  return { key, done };
 }

@@ -120,11 +120,17 @@ export interface TrainExpertPredictorsArgs {
   onExpert?: (layer: number, expert: number, samples: number) => void;
   onEvent?: (e: PipelineEvent) => void;
   signal?: AbortSignal;
+  /** Experts finished by an earlier run of the same training (a checkpoint): kept as they are, not retrained. */
+  resume?: readonly ExpertPredictorResult[];
+  /** After each expert (trained, zero or resumed), with every expert finished so far (for checkpoints). */
+  onExpertDone?: (r: ExpertPredictorResult, done: readonly ExpertPredictorResult[]) => void;
 }
 
 /**
- * Trains a predictor per (layer, expert) (see the module comment).
- * @returns `complete` false when interrupted by the signal (nothing is kept: expert training is not resumable)
+ * Trains a predictor per (layer, expert) (see the module comment). Resumable by expert: `resume` skips the
+ * experts an interrupted run finished (`onExpertDone` reports them for a checkpoint).
+ * @returns `complete` false when interrupted by the signal (`experts` then holds the whole layers finished;
+ *   `onExpertDone` has seen every finished expert)
  */
 export async function trainExpertPredictors(
   a: TrainExpertPredictorsArgs,
@@ -134,6 +140,13 @@ export async function trainExpertPredictors(
   const rank = a.options.rank;
   const minSamples = a.minSamples ?? 32;
   const out: ExpertPredictorResult[][] = [];
+  const resumed = new Map((a.resume ?? []).map((r) => [`${r.layer}.${r.expert}`, r]));
+  const finished: ExpertPredictorResult[] = [];
+  const finish = (layer: ExpertPredictorResult[], r: ExpertPredictorResult) => {
+    layer.push(r);
+    finished.push(r);
+    a.onExpertDone?.(r, finished);
+  };
   for (let l = 0; l < data.experts.length; l++) {
     // the layer's expert gates {n_embd, n_ff_exp, n_expert}: expert e's rows are [e·F, (e+1)·F)
     const init = a.options.init ?? "gate";
@@ -144,6 +157,14 @@ export async function trainExpertPredictors(
     const layer: ExpertPredictorResult[] = [];
     for (let e = 0; e < X; e++) {
       const ds = data.experts[l]![e]!;
+      const prior = resumed.get(`${l}.${e}`);
+      if (prior) {
+        if (prior.predictor.rank !== rank || prior.predictor.nEmbd !== E || prior.predictor.nFf !== F) {
+          throw new RangeError(`resumed predictor of layer ${l} expert ${e} has another shape`);
+        }
+        finish(layer, prior);
+        continue;
+      }
       a.onExpert?.(l, e, ds.nTokens);
       if (ds.nTokens < minSamples) {
         const predictor: LayerPredictor = {
@@ -153,7 +174,7 @@ export async function trainExpertPredictors(
           fc1: new Float32Array(rank * E),
           fc2: new Float32Array(F * rank),
         };
-        layer.push({ layer: l, expert: e, samples: ds.nTokens, predictor, threshold: -1 });
+        finish(layer, { layer: l, expert: e, samples: ds.nTokens, predictor, threshold: -1 });
         continue;
       }
       const res = await trainPredictors({
@@ -166,7 +187,7 @@ export async function trainExpertPredictors(
       });
       if (!res.complete) return { complete: false, experts: out };
       const r = res.layers[0]!;
-      layer.push({
+      finish(layer, {
         layer: l,
         expert: e,
         samples: ds.nTokens,

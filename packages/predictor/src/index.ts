@@ -9,8 +9,11 @@ export {
   type CheckpointKeyParts,
   CHECKPOINT_ARCH,
   checkpointKey,
+  type ExpertCheckpoint,
   loadCheckpoint,
+  loadExpertCheckpoint,
   saveCheckpoint,
+  saveExpertCheckpoint,
 } from "./checkpoint.js";
 export {
   type ActivationDataset,

@@ -18,14 +18,17 @@ import {
   evaluateExpertPredictors,
   evaluatePredictors,
   type ExpertActivationDataset,
+  type ExpertPredictorResult,
   type ExpertLayerReport,
   type LayerReport,
   loadCheckpoint,
+  loadExpertCheckpoint,
   type PipelineEvent,
   type PredictorTrainingOptions,
   pipelineDefaults,
   rewriteModelFile,
   saveCheckpoint,
+  saveExpertCheckpoint,
   splitText,
   summarizeReport,
   trainExpertPredictors,
@@ -288,6 +291,7 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
         backend,
         device,
         trainIds,
+        corpus: createHash("sha256").update(split.train).digest("hex"),
         heldOut: split.heldOut,
         options,
         signal: ac.signal,
@@ -523,8 +527,9 @@ const EXPERT_RANK = 64;
 
 /**
  * train-predictor on a model with routed ReLU experts: collects (FFN input, firing mask) pairs per
- * (layer, expert), trains one predictor per expert (packages/predictor experts.ts; not resumable: no
- * checkpoint), writes the model as GGUF with blk.N.fc1_exps/fc2_exps and reports held-out recall per layer.
+ * (layer, expert), trains one predictor per expert (packages/predictor experts.ts; resumable by expert: the
+ * checkpoint holds the experts finished, saved after each layer, every 30 s and on Ctrl-C), writes the model
+ * as GGUF with blk.N.fc1_exps/fc2_exps and reports held-out recall per layer.
  */
 async function trainExperts(
   o: TrainPredictorCliOptions,
@@ -533,6 +538,8 @@ async function trainExperts(
     backend: Backend;
     device?: Backend;
     trainIds: number[];
+    /** SHA-256 of the training text (the checkpoint's key). */
+    corpus: string;
     heldOut: string;
     options: PredictorTrainingOptions;
     signal: AbortSignal;
@@ -544,6 +551,37 @@ async function trainExperts(
   const rank = typeof o.rank === "number" ? o.rank : EXPERT_RANK;
   if (o.rank === "auto")
     log(`routed experts: rank ${rank} for every expert ("auto" chooses per layer only for dense FFNs)`);
+  // resumable by expert: a checkpoint holds the experts finished, for this model, text and options only
+  const key = checkpointKey({
+    model: modelFingerprint(model.file),
+    corpus: c.corpus,
+    tokens: c.trainIds.length,
+    options: {
+      experts: true,
+      ...pipelineDefaults({ ...c.options, rank }),
+      maxTokens: o.tokens ?? null,
+      nCtx: o.ctxSize ?? null,
+    },
+  });
+  const ckptPath = o.checkpoint ?? `${o.output}.ckpt`;
+  let resume: ExpertPredictorResult[] | undefined;
+  if (existsSync(ckptPath) && !o.restart) {
+    let ck: ReturnType<typeof loadExpertCheckpoint>;
+    try {
+      ck = loadExpertCheckpoint(ckptPath);
+    } catch (e) {
+      throw new Error(
+        `checkpoint ${ckptPath} cannot be resumed here (${(e as Error).message}); pass --restart to discard it`,
+      );
+    }
+    if (ck.key !== key) {
+      throw new Error(
+        `checkpoint ${ckptPath} is from another run (different model, text or options); pass --restart to discard it`,
+      );
+    }
+    resume = ck.done;
+    log(`resuming from ${ckptPath}: ${resume.length} of ${moe.n_expert * model.config.n_layer} experts done`);
+  }
   const t0 = performance.now();
   let data: ExpertActivationDataset;
   try {
@@ -564,18 +602,33 @@ async function trainExperts(
   );
   const mm = backendMatMul(c.device ?? c.backend);
   const t1 = performance.now();
+  let finished: readonly ExpertPredictorResult[] = resume ?? [];
+  let saved = performance.now();
+  const save = () => {
+    saveExpertCheckpoint(ckptPath, { key, done: [...finished] });
+    saved = performance.now();
+  };
   const res = await trainExpertPredictors({
     file: model.file,
     data,
     mm,
     options: { ...c.options, rank },
     signal: c.signal,
+    resume,
     onExpert: (l, e, n) => {
       if (o.verbose) log(`layer ${l} expert ${e}: ${n} pairs`);
     },
+    // a checkpoint after each layer and at most every 30 s (each save writes every finished expert)
+    onExpertDone: (r, done) => {
+      finished = done;
+      if (r.expert === moe.n_expert - 1 || performance.now() - saved > 30_000) save();
+    },
   });
   if (!res.complete) {
-    process.stderr.write("interrupted: expert predictors are not checkpointed; nothing was written\n");
+    save();
+    process.stderr.write(
+      `interrupted: ${finished.length} experts saved to ${ckptPath}; run the same command again to resume\n`,
+    );
     process.exitCode = 130;
     return;
   }
@@ -592,6 +645,7 @@ async function trainExperts(
     expertPredictors: { layers: byLayer, type: o.predictorType as "f16" | "f32", threshold: baked.threshold },
     metadata: provenance(o, data.nTokens),
   });
+  rmSync(ckptPath, { force: true });
   for (const n of written.notes) log(`note: ${n}`);
   log(
     `wrote ${o.output} (GGUF, ${written.tensors} tensors, per-expert predictors rank ${rank}, sparse threshold ${baked.threshold}; llama.cpp cannot read it)`,
