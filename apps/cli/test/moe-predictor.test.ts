@@ -354,6 +354,45 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
     expect(readFileSync(resumed).equals(readFileSync(whole))).toBe(true);
   }, 300_000);
 
+  it("compare-expert-predictors: per-expert and shared predictors at equal storage, each near its calibrated recall on held-out pairs", () => {
+    const text = join(dir, "t-compare.txt");
+    writeFileSync(
+      text,
+      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 60_000),
+    );
+    const script = join(dirname(fileURLToPath(import.meta.url)), "..", "scripts", "compare-expert-predictors.mjs");
+    const r = spawnSync(
+      process.execPath,
+      [script, "-m", files.plain!, "-f", text, "--tokens", "800", "--rank", "16", "-t", "2", "--json"],
+      { encoding: "utf8", timeout: 600_000 },
+    );
+    expect(r.status, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout) as {
+      rows: {
+        variant: string;
+        rank: number;
+        storedWeights: number;
+        recall: number;
+        predicted: number;
+        trueActive: number;
+      }[];
+    };
+    expect(out.rows.map((x) => x.variant)).toEqual([
+      "per-expert (gate start)",
+      "per-expert (random start)",
+      "shared (expert as input)",
+    ]);
+    const [gate, , shared] = out.rows;
+    expect(Math.abs(shared!.storedWeights / gate!.storedWeights - 1)).toBeLessThan(0.01);
+    for (const x of out.rows) {
+      console.log(
+        `${x.variant}: rank ${x.rank}, held-out recall ${x.recall.toFixed(3)}, predicted ${x.predicted.toFixed(3)} (true ${x.trueActive.toFixed(3)})`,
+      );
+      expect(x.recall, x.variant).toBeGreaterThanOrEqual(0.85);
+      expect(x.predicted).toBeGreaterThanOrEqual(x.trueActive * x.recall * 0.99);
+    }
+  }, 600_000);
+
   it("inspect: a file with per-expert predictors can run sparse; predictors are not counted as parameters read", async () => {
     const { inspectFile } = await import("../src/commands/inspect.js");
     const withP = inspectFile(files.F32!);

@@ -35,6 +35,13 @@ export {
   type TrainExpertPredictorsArgs,
   trainExpertPredictors,
 } from "./experts.js";
+export {
+  evaluateSharedExpertPredictors,
+  type SharedExpertPredictor,
+  sharedExpertDataset,
+  sharedRankForBytes,
+  trainSharedExpertPredictors,
+} from "./shared-experts.js";
 export { type EvaluateArgs, evaluatePredictors, type LayerReport, summarizeReport } from "./evaluate.js";
 export { backendMatMul, jsMatMul, type MatMul, transpose } from "./matmul.js";
 export {
