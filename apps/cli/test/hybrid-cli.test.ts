@@ -12,7 +12,9 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { readActivationStats, readGpuIndex } from "@powerinfer/gguf";
+import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const bin = join(dirname(fileURLToPath(import.meta.url)), "..", "dist", "bin.js");
@@ -385,6 +387,43 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     expect(g.code, g.stderr).toBe(0);
     expect(g.stderr).toMatch(/hybrid: 1 layer's attention \(experts stay on cpu\) on cpu \(.* MiB of weights/);
   }, 180_000);
+
+  it("dense experts (SiLU): profile counts selections, plan puts the most chosen experts whole on the device, run gives the CPU-only text", () => {
+    const q = join(dir, "dense-moe.gguf");
+    generateSyntheticMoeModel(q, {
+      arch: "llama-moe",
+      shape: { ...TINY_MOE_SHAPE, n_expert: 16, n_expert_used: 4 },
+      design: {},
+      vocabSize: 512,
+    });
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    const p = cli(undefined, "profile", "-m", q, "-f", text, "--tokens", "256", "-t", "2");
+    expect(p.code, p.stderr).toBe(0);
+    expect(p.stdout).toMatch(/the experts are dense \(silu\): every neuron of a chosen expert is read/);
+    const stats = readActivationStats(join(dir, "dense-moe.activations.gguf"));
+    // every pair of an expert counts its expert's selections
+    stats.counts.forEach((c, l) => {
+      const sel = stats.selections![l]!;
+      for (let i = 0; i < c.length; i++) expect(c[i]).toBe(sel[Math.floor(i / stats.nFf)]);
+    });
+    const plan = cli(undefined, "plan", "-m", q, "--device-backend", "cpu", "--vram-budget", "0.0015", "--json");
+    expect(plan.code, plan.stderr).toBe(0);
+    const layers = (JSON.parse(plan.stdout) as { plan: { layers: { experts: { hotPerExpert: number[] } }[] } }).plan
+      .layers;
+    layers.forEach((L, l) => {
+      const sel = stats.selections![l]!;
+      const on = L.experts.hotPerExpert.flatMap((h, e) => (h > 0 ? [sel[e]!] : []));
+      const off = L.experts.hotPerExpert.flatMap((h, e) => (h === 0 ? [sel[e]!] : []));
+      expect(on.length).toBeGreaterThan(0);
+      expect(Math.min(...on)).toBeGreaterThanOrEqual(Math.max(...off));
+    });
+    const args = ["run", "-m", q, "-p", "Once upon a time", "-n", "10", "-t", "2", "--temp", "0"];
+    const alone = cli(undefined, ...args, "--disable-gpu-index");
+    const dev = cli(undefined, ...args, "--device-backend", "cpu", "--vram-budget", "0.0015");
+    expect(dev.code, dev.stderr).toBe(0);
+    expect(dev.stderr).toMatch(/hybrid: \d+ hot \(expert, neuron\) pairs/);
+    expect(dev.stdout).toBe(alone.stdout);
+  }, 120_000);
 
   it("a foreign GPU index is used as it is and never rewritten", () => {
     const idx = join(dir, "tiny.powerinfer.generated.gpuidx");

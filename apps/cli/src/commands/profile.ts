@@ -110,7 +110,9 @@ export function register(program: Command): void {
               `profiled ${prof.tokens} positions of ${basename(o.file)}; statistics written to ${out}${replacing ? " (replacing the earlier statistics)" : ""}`,
               ...(cfg.moe
                 ? [
-                    `routed experts: ${cfg.moe.n_expert_used} of ${cfg.moe.n_expert} per token; active = share of the chosen experts' ${cfg.moe.n_ff_exp} neurons each`,
+                    cfg.ffn.activation === "relu"
+                      ? `routed experts: ${cfg.moe.n_expert_used} of ${cfg.moe.n_expert} per token; active = share of the chosen experts' ${cfg.moe.n_ff_exp} neurons each`
+                      : `routed experts: ${cfg.moe.n_expert_used} of ${cfg.moe.n_expert} per token; the experts are dense (${cfg.ffn.activation}): every neuron of a chosen expert is read (active 100 %), so these statistics rank experts by how often they are chosen (for \`plan\` and --vram-budget)`,
                     "layer | mean active | p50 | p90 | hot80 (share of (expert, neuron) with 80 % of activations) | dead | experts with 80 % of routed tokens",
                   ]
                 : ["layer | mean active | p50 | p90 | hot80 (share of neurons with 80 % of activations) | dead"]),
@@ -120,8 +122,8 @@ export function register(program: Command): void {
                   (L.hotExperts80 !== undefined ? ` | ${pct(L.hotExperts80)}` : ""),
               ),
               `weights read per decoded token: dense ${(dense / 2 ** 20).toFixed(2)} MiB, sparse ${(sparse / 2 ** 20).toFixed(2)} MiB ` +
-                `(${model.config.has_predictors ? "predictors included" : cfg.moe ? "with a perfect predictor; train per-expert ones with `powerinfer train-predictor`" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
-              `expected decode speed-up from sparsity where decoding is memory-bound: ${report.expectedSpeedup.toFixed(2)}×`,
+                `(${cfg.ffn.activation !== "relu" ? "dense experts: every neuron of a chosen expert" : model.config.has_predictors ? "predictors included" : cfg.moe ? "with a perfect predictor; train per-expert ones with `powerinfer train-predictor`" : "with a perfect predictor; train one with `powerinfer train-predictor`"})`,
+              `expected decode speed-up from sparsity where decoding is memory-bound: ${report.expectedSpeedup.toFixed(2)}×${cfg.ffn.activation === "relu" ? "" : " (dense experts: none)"}`,
             ];
             process.stdout.write(`${lines.join("\n")}\n`);
           }

@@ -37,8 +37,11 @@ export function chosenExperts(probs: Float32Array, offset: number, nExpert: numb
  * @param tokens the corpus tokenized once, without BOS
  * @param opts.maxTokens stop after this many positions (BOS included): the last chunk is shortened to
  *   fit, so a limit below n_ctx evaluates that many positions, not a whole context
- * @throws EngineError 'BAD_INPUT' for a model whose FFN (or experts) is not ReLU (nothing fires "exactly 0"),
- *   or an empty corpus.
+ * Routed experts that are not ReLU (Qwen3-MoE, Mixtral: SiLU) are profiled for their routing alone: a token
+ * reads every neuron of each chosen expert, so every (expert, neuron) pair of a chosen expert counts as read
+ * (activation_count = its expert's selections) — what placement needs to put popular experts on a device.
+ * @throws EngineError 'BAD_INPUT' for a dense model whose FFN is not ReLU (nothing fires "exactly 0"), or an
+ *   empty corpus.
  */
 export function profileActivations(
   session: Session,
@@ -46,7 +49,9 @@ export function profileActivations(
   opts: { bosId: number | undefined; maxTokens?: number; onChunk?: (done: number, total: number) => void },
 ): ProfileResult {
   const cfg = session.model.config;
-  if (cfg.ffn.activation !== "relu") {
+  // dense experts: every neuron of a chosen expert is read
+  const denseExperts = !!cfg.moe && cfg.ffn.activation !== "relu";
+  if (cfg.ffn.activation !== "relu" && !cfg.moe) {
     throw new EngineError(
       "BAD_INPUT",
       `this model's FFN uses ${cfg.ffn.activation}: its neurons are almost never exactly zero, so there is no activation sparsity to profile — a dense model gains nothing from sparse inference`,
@@ -78,7 +83,7 @@ export function profileActivations(
         sel[e]!++;
         const o = (t * U + u) * nFf;
         for (let i = 0; i < nFf; i++) {
-          if (L.expertGate![o + i]! > 0) {
+          if (denseExperts || L.expertGate![o + i]! > 0) {
             cnt[e * nFf + i]!++;
             n++;
           }
