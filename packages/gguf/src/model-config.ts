@@ -410,6 +410,15 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     bad(file, "blk.0.ffn_down_t.weight", `only ${withDownT} of ${n_layer} layers store ffn_down_t`);
   }
   const sparse_threshold = getOptionalNumber(file, "powerinfer.sparse_threshold") ?? 0;
+  if (!Number.isFinite(sparse_threshold)) {
+    throw new GgufError(
+      "BAD_VALUE",
+      `"powerinfer.sparse_threshold" must be a finite number, found ${sparse_threshold}`,
+      {
+        path: file.path,
+      },
+    );
+  }
   if (has_predictors && ffn.activation !== "relu") {
     warnings.push(`the file has predictors but its FFN activation is ${ffn.activation}, not ReLU`);
   }

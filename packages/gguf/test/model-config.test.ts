@@ -192,6 +192,18 @@ describe("architectures and defaults", () => {
     expect(yarn.message).toContain('"llama.rope.scaling.type"');
   });
 
+  it("a sparse threshold that is not finite is refused naming its key", () => {
+    for (const v of [Number.NaN, Number.POSITIVE_INFINITY]) {
+      const err = catchGguf(() =>
+        parseModelConfig(
+          synth("llama", { "powerinfer.sparse_threshold": e("powerinfer.sparse_threshold", GgufTypes.f32, v) }),
+        ),
+      );
+      expect(err.code).toBe("BAD_VALUE");
+      expect(err.message).toMatch(/"powerinfer.sparse_threshold" must be a finite number, found (NaN|Infinity)/);
+    }
+  });
+
   it("bamboo: ReLU(gate)·ReLU(up), RMS norm", () => {
     const cfg = parseModelConfig(synth("bamboo", {}, { format: "PWRI" }));
     expect(cfg.ffn).toEqual({ activation: "relu", gated: true, up_activation: "relu" });
