@@ -7,7 +7,9 @@
 //   per-expert (random start): the same from random weights (the shared predictor has no gate to start from),
 //   shared: fc2 · ReLU(fc1 · [x; s·onehot(e)]) at the rank of equal storage (packages/predictor shared-experts.ts),
 // each calibrated for --target-recall on its validation pairs, reported on the held-out pairs: recall,
-// precision, predicted and true active shares, weights stored and weights a token reads.
+// precision, predicted and true active shares, weights stored and weights a token reads; and, for a comparison
+// at equal recall, the share each predicts when its threshold is set on the held-out pairs themselves for
+// exactly --target-recall (an oracle threshold: what the predictor can separate, not what it would ship with).
 //
 // usage: node apps/cli/scripts/compare-expert-predictors.mjs -m MODEL.gguf -f TEXT [--tokens 4000]
 //          [--holdout 0.2] [--rank 32] [--target-recall 0.95] [--epochs N] [-t THREADS] [--json]
@@ -22,6 +24,9 @@ import {
   collectExpertActivations,
   evaluateExpertPredictors,
   evaluateSharedExpertPredictors,
+  maskStride,
+  predictLogits,
+  sharedExpertDataset,
   sharedRankForBytes,
   splitText,
   trainExpertPredictors,
@@ -87,9 +92,26 @@ try {
   const U = moe.n_expert_used;
   const base = { targetRecall, predictorType: "f32", ...(epochs ? { train: { epochs } } : {}) };
   const rows = [];
+  // predicted share at exactly `targetRecall` on the held-out pairs: logits of every (pair, neuron) with its label
+  const atRecall = (parts) => {
+    const firing = [];
+    let total = 0;
+    for (const { z, masks, n } of parts) {
+      const stride = maskStride(F);
+      for (let t = 0; t < n; t++)
+        for (let i = 0; i < F; i++) if ((masks[t * stride + (i >> 3)] >> (i & 7)) & 1) firing.push(z[t * F + i]);
+      total += n * F;
+    }
+    firing.sort((a, b) => a - b);
+    const thr = firing[Math.min(firing.length - 1, Math.floor((1 - targetRecall) * firing.length))];
+    let sel = 0;
+    for (const { z } of parts) for (let j = 0; j < z.length; j++) if (z[j] >= thr) sel++;
+    return sel / total;
+  };
   const mean = (rs, k) => rs.reduce((s, r) => s + r[k] * r.pairs, 0) / rs.reduce((s, r) => s + r.pairs, 0);
-  const add = (variant, r, stored, read, report, seconds) =>
+  const add = (variant, r, stored, read, report, seconds, predictedAtRecall) =>
     rows.push({
+      predictedAtRecall,
       variant,
       rank: r,
       storedWeights: stored,
@@ -108,6 +130,14 @@ try {
     const baked = bakeThresholds(flat, false);
     const byLayer = res.experts.map((layer, l) => layer.map((_, e) => baked.predictors[l * X + e]));
     const report = evaluateExpertPredictors(byLayer, baked.threshold, held, mm, false);
+    const parts = byLayer.flatMap((ps, l) =>
+      ps.flatMap((p, e) => {
+        const ds = held.experts[l][e];
+        if (ds.nTokens === 0) return [];
+        const L = ds.layers[0];
+        return [{ z: predictLogits(p, L.inputs, ds.nTokens, mm), masks: L.masks, n: ds.nTokens }];
+      }),
+    );
     add(
       `per-expert (${init} start)`,
       rank,
@@ -115,6 +145,7 @@ try {
       U * rank * (E + F),
       report,
       (performance.now() - t) / 1000,
+      atRecall(parts),
     );
     log(`trained per-expert predictors (${init} start) in ${((performance.now() - t) / 1000).toFixed(1)} s`);
   }
@@ -122,6 +153,11 @@ try {
   const t = performance.now();
   const shared = await trainSharedExpertPredictors({ data: train, mm, options: { ...base, rank: rs } });
   const report = evaluateSharedExpertPredictors(shared.layers, held, mm, false);
+  const sharedParts = shared.layers.map((p) => {
+    const { ds } = sharedExpertDataset(held, p.layer, p.scale);
+    const L = ds.layers[0];
+    return { z: predictLogits(p.predictor, L.inputs, ds.nTokens, mm), masks: L.masks, n: ds.nTokens };
+  });
   add(
     "shared (expert as input)",
     rs,
@@ -129,6 +165,7 @@ try {
     rs * (E + X) + U * rs * F,
     report,
     (performance.now() - t) / 1000,
+    atRecall(sharedParts),
   );
   log(`trained the shared predictors (rank ${rs}) in ${((performance.now() - t) / 1000).toFixed(1)} s`);
   if (o.json) {
@@ -139,11 +176,11 @@ try {
     const pct = (x) => `${(x * 100).toFixed(1)} %`;
     process.stdout.write(
       `${o.model}: ${cfg.n_layer} layers, ${X} experts of ${F} neurons (${U} per token), n_embd ${E}; ${train.nTokens} training / ${held.nTokens} held-out positions; calibrated for recall ${targetRecall}\n` +
-        "variant | rank | weights stored per layer | weights read per token per layer | held-out recall | precision | predicted | true active\n" +
+        `variant | rank | weights stored per layer | weights read per token per layer | held-out recall | precision | predicted | true active | predicted at held-out recall ${targetRecall}\n` +
         rows
           .map(
             (r) =>
-              `${r.variant} | ${r.rank} | ${r.storedWeights.toLocaleString("en-US")} | ${r.readPerToken.toLocaleString("en-US")} | ${r.recall.toFixed(4)} | ${r.precision.toFixed(3)} | ${pct(r.predicted)} | ${pct(r.trueActive)}`,
+              `${r.variant} | ${r.rank} | ${r.storedWeights.toLocaleString("en-US")} | ${r.readPerToken.toLocaleString("en-US")} | ${r.recall.toFixed(4)} | ${r.precision.toFixed(3)} | ${pct(r.predicted)} | ${pct(r.trueActive)} | ${pct(r.predictedAtRecall)}`,
           )
           .join("\n") +
         "\n",
