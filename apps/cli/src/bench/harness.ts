@@ -388,9 +388,10 @@ async function hybridEngine(
     // default: 90 % of the device's free memory
     const budgetBytes = d.budgetBytes ?? Math.floor((device.devices[0]?.freeMemory ?? 0) * 0.9);
     const has = existsSync(defaultStatsPath(path)) || existsSync(defaultGpuIndexPath(path));
-    if (!has || model.config.ffn.activation !== "relu") {
+    // a hot/cold split: ReLU FFNs, and routed experts (dense ones placed by how often they are chosen)
+    if (!has || (model.config.ffn.activation !== "relu" && !model.config.moe)) {
       note(
-        `hybrid rows: ${basename(path)} has no activation statistics or is not a ReLU model; run \`powerinfer profile\``,
+        `hybrid rows: ${basename(path)} has no activation statistics or is neither a ReLU model nor one with routed experts; run \`powerinfer profile\``,
       );
       model.dispose();
       device.dispose();
