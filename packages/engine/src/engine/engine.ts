@@ -250,6 +250,10 @@ export class Model {
         const x = L.experts!;
         const t = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
         if (x.downExps && t && expertDownNeuronMajor(t.type)) {
+          opts.onProgress?.(
+            l / config.n_layer,
+            `experts' down projections neuron-major: layer ${l + 1}/${config.n_layer}`,
+          );
           x.downExpsT = transposeDownExperts(file, opts.backend, `blk.${l}.ffn_down_exps.weight`);
           opts.backend.freeTensor(x.downExps);
           x.downExps = undefined;
@@ -259,6 +263,7 @@ export class Model {
       // a plain GGUF stores ffn_down row-per-output; sparse mode reads it neuron-major
       weights.layers.forEach((L, l) => {
         if (!L.ffnDownT && L.ffnDown) {
+          opts.onProgress?.(l / config.n_layer, `down projections neuron-major: layer ${l + 1}/${config.n_layer}`);
           L.ffnDownT = transposeDown(file, opts.backend, `blk.${l}.ffn_down.weight`);
           opts.backend.freeTensor(L.ffnDown);
           L.ffnDown = undefined;
