@@ -4,7 +4,7 @@
  * perplexity), the PWRI output run in predictor mode, interrupt/resume, and bad input.
  */
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -230,6 +230,33 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
         /output .*x\.gguf: the folder .*no-such-folder does not exist/,
       );
       oneLineError(cli("train-predictor", ...base, "-o", dir), /output .* is a folder; give a file name/);
+    });
+
+    it("never overwrites an input or a foreign file with --save-holdout or the checkpoint (even with --restart)", () => {
+      const precious = join(dir, "precious.txt");
+      writeFileSync(precious, "keep me");
+      const modelCopy = join(dir, "model-copy.gguf");
+      copyFileSync(relu, modelCopy);
+      const before = readFileSync(modelCopy);
+      const base = ["-m", modelCopy, "-f", text, "-o", join(dir, "never.gguf")];
+      oneLineError(
+        cli("train-predictor", ...base, "--save-holdout", text),
+        /output .* is also an input; choose another path/,
+      );
+      oneLineError(cli("train-predictor", ...base, "--save-holdout", modelCopy), /is also an input/);
+      oneLineError(
+        cli("train-predictor", ...base, "--save-holdout", precious),
+        /precious\.txt exists \(use --force to overwrite\)/,
+      );
+      oneLineError(cli("train-predictor", ...base, "--checkpoint", modelCopy, "--restart"), /is also an input/);
+      oneLineError(cli("train-predictor", ...base, "--checkpoint", text, "--restart"), /is also an input/);
+      oneLineError(
+        cli("train-predictor", ...base, "--checkpoint", precious, "--restart"),
+        /checkpoint path .*precious\.txt exists and is not a training checkpoint: it is never replaced/,
+      );
+      expect(readFileSync(precious, "utf8")).toBe("keep me");
+      expect(readFileSync(modelCopy).equals(before)).toBe(true);
+      expect(readFileSync(text, "utf8").length).toBeGreaterThan(1000);
     });
   });
 

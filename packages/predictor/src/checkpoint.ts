@@ -93,6 +93,9 @@ export function loadCheckpoint(path: string): PipelineCheckpoint {
   if (file.metadata.get("general.architecture") !== CHECKPOINT_ARCH) {
     throw new GgufError("BAD_VALUE", `${path} is not a predictor training checkpoint`, { path });
   }
+  if (file.metadata.get(`${P}kind`) === "experts") {
+    throw new GgufError("BAD_VALUE", `${path} is a checkpoint of expert predictor training`, { path });
+  }
   const key = file.metadata.get(`${P}key`);
   const raw = file.metadata.get(`${P}state`);
   if (typeof key !== "string" || typeof raw !== "string") {

@@ -12,6 +12,7 @@ import {
   activationCounts,
   backendMatMul,
   bakeThresholds,
+  CHECKPOINT_ARCH,
   checkpointKey,
   collectActivations,
   collectExpertActivations,
@@ -186,13 +187,27 @@ export function register(program: Command): void {
       "auto",
     )
     .option("--json", "print the report as JSON on stdout")
-    .option("--force", "replace the output file if it exists")
+    .option("--force", "replace the output file (and the --save-holdout file) if it exists")
     .action(action(trainPredictorCommand));
 }
 
 async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void> {
   checkOutputPath(o.output, o.model, o.file);
   refuseOverwrite(o.output, o.force);
+  // the other files this command writes (and the checkpoint, deletes): never an input, never a file that is not
+  // theirs unless --force says so (the held-out text) — a checkpoint path holding anything but a checkpoint is
+  // refused even with --restart
+  const ckptPath = o.checkpoint ?? `${o.output}.ckpt`;
+  checkOutputPath(ckptPath, o.model, o.file, o.output, o.saveHoldout);
+  if (existsSync(ckptPath) && !isTrainingCheckpoint(ckptPath)) {
+    throw new InvalidArgumentError(
+      `checkpoint path ${ckptPath} exists and is not a training checkpoint: it is never replaced; choose another --checkpoint`,
+    );
+  }
+  if (o.saveHoldout) {
+    checkOutputPath(o.saveHoldout, o.model, o.file, o.output);
+    refuseOverwrite(o.saveHoldout, o.force);
+  }
   // options first: a typo must not cost a model load
   // every option's own rule was checked by its parser (see common.ts); the rank against the model below
   const rank = o.rank;
@@ -305,10 +320,15 @@ async function trainPredictorCommand(o: TrainPredictorCliOptions): Promise<void>
       tokens: trainIds.length,
       options: { ...pipelineDefaults(options), maxTokens: o.tokens ?? null, nCtx: o.ctxSize ?? null },
     });
-    const ckptPath = o.checkpoint ?? `${o.output}.ckpt`;
     let resume: ReturnType<typeof loadCheckpoint> | undefined;
     if (existsSync(ckptPath) && !o.restart) {
-      resume = loadCheckpoint(ckptPath);
+      try {
+        resume = loadCheckpoint(ckptPath);
+      } catch (e) {
+        throw new Error(
+          `checkpoint ${ckptPath} cannot be resumed here (${(e as Error).message}); pass --restart to discard it`,
+        );
+      }
       if (resume.key !== key) {
         throw new Error(
           `checkpoint ${ckptPath} is from another run (different model, text or options); pass --restart to discard it`,
@@ -522,6 +542,15 @@ function provenance(o: TrainPredictorCliOptions, tokens: number) {
   ];
 }
 
+/** Whether `path` is a predictor training checkpoint (of a dense or an expert run). */
+function isTrainingCheckpoint(path: string): boolean {
+  try {
+    return openGguf(path).metadata.get("general.architecture") === CHECKPOINT_ARCH;
+  } catch {
+    return false;
+  }
+}
+
 /** Expert predictors default to this rank when --rank is "auto" (the generator's design rank). */
 const EXPERT_RANK = 64;
 
@@ -637,7 +666,7 @@ async function trainExperts(
   const baked = bakeThresholds(flat, f16);
   const zero = flat.filter((r) => r.val === undefined).length;
   log(
-    `trained ${flat.length - zero} expert predictors in ${((performance.now() - t1) / 1000).toFixed(1)} s${zero ? `; ${zero} experts had fewer than 32 routed pairs and compute every neuron (zero predictor)` : ""}`,
+    `trained ${flat.length - zero} expert predictors${resume ? ` (${resume.length} experts from the checkpoint)` : ""} in ${((performance.now() - t1) / 1000).toFixed(1)} s${zero ? `; ${zero} experts had fewer than 32 routed pairs and compute every neuron (zero predictor)` : ""}`,
   );
   const byLayer = res.experts.map((layer, l) => layer.map((_, e) => baked.predictors[l * moe.n_expert + e]!));
   const written = rewriteModelFile(model.file, o.output, {
