@@ -40,7 +40,11 @@ describe("every option is checked before any file is opened", () => {
   const o = join(dir, "out.gguf");
   const cases: [string[], RegExp][] = [
     [["run", "-m", m, "-p", "x", "-n", "-5"], /--n-predict must be an integer ≥ 0 \(or -1 = until end .*\), got -5/],
-    [["run", "-m", m, "-p", "x", "--vram-budget", "-1"], /--vram-budget must be a number ≥ 0, got -1/],
+    [["run", "-m", m, "-p", "x", "--vram-budget", "-1"], /--vram-budget must be a number in \[0, 1048576\], got -1/],
+    [
+      ["run", "-m", m, "-p", "x", "--vram-budget", "1e308"],
+      /--vram-budget must be a number in \[0, 1048576\], got 1e\+308/,
+    ],
     [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
     [["gen-model", "-o", o, "--vocab-size", "256"], /--vocab-size must be an integer ≥ 300, got 256/],
     [

@@ -226,7 +226,7 @@ describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the dev
     const tooMany = plan("--vram-budget", String(4 / 1024), "-c", "256", "--n-gpu-layers", "6", "--reset-gpu-index");
     expect(tooMany.code).not.toBe(0);
     expect(tooMany.stderr).toMatch(
-      /the attention of the last 6 layers \(nGpuLayers\) needs 5517312 bytes, more than the 4194304-byte budget/,
+      /^powerinfer: --n-gpu-layers 6 needs 5\.26 MiB on cpu \(attention and KV cache for 256 positions\), more than the 4\.00 MiB budget \(--vram-budget\)\n/,
     );
     // as llama.cpp's -ngl 99: more than the model's layers means all of them
     const beyond = plan("--vram-budget", "1", "--n-gpu-layers", "99", "--reset-gpu-index");

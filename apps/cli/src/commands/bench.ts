@@ -198,7 +198,7 @@ export function register(program: Command): void {
     .option(
       "--ram-budget <GiB>",
       "our sparse modes: GiB held for weights + the neuron cache (rows beyond it are read from the file on demand; see run --ram-budget); the dense mode runs without it",
-      float("ram-budget", { above: 0 }),
+      float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option(
       "--device-backend <name>",
@@ -207,7 +207,7 @@ export function register(program: Command): void {
     .option(
       "--vram-budget <GiB>",
       "device memory for the hybrid rows in GiB (default: 90 % of the device's free memory)",
-      float("vram-budget", { min: 0 }),
+      float("vram-budget", { min: 0, max: 2 ** 20 }),
     )
     .option("--no-repack", REPACK_HELP)
     .option("--json", "print llama-bench-style JSON rows")

@@ -131,7 +131,7 @@ export function modelOptions(cmd: Command): Command {
     .option(
       "--ram-budget <GiB>",
       "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
-      float("ram-budget", { above: 0 }),
+      float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option("--no-repack", REPACK_HELP);
 }

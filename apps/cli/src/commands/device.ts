@@ -42,7 +42,7 @@ export function deviceOptions(cmd: Command): Command {
     .option(
       "--vram-budget <GiB>",
       "device memory for hot neurons and offloaded layers in GiB (default: the device's free memory minus 10 %)",
-      float("vram-budget", { min: 0 }),
+      float("vram-budget", { min: 0, max: 2 ** 20 }),
     )
     .option(
       "--device-backend <name>",
@@ -87,6 +87,19 @@ export function resolvePlanFromCli(
   o: ModelCliOptions & DeviceCliOptions,
   at: { budget: number; nCtx: number; throughput?: Throughput },
 ): Promise<ResolvedPlan> {
+  // --n-gpu-layers that cannot fit is the user's option, named as such (the planner would say nGpuLayers)
+  const ngl = gpuLayers(o, model);
+  let forced = 0;
+  for (let l = model.config.n_layer - ngl; l < model.config.n_layer; l++)
+    forced += attentionBytes(model, l, at.nCtx, o.kvType as "f16");
+  if (forced > at.budget) {
+    const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
+    return Promise.reject(
+      new InvalidArgumentError(
+        `--n-gpu-layers ${ngl} needs ${mib(forced)} on ${deviceName} (attention and KV cache for ${at.nCtx} positions), more than the ${mib(at.budget)} budget (--vram-budget)`,
+      ),
+    );
+  }
   return resolvePlan(model, {
     budgetBytes: at.budget,
     backend: deviceName,

@@ -50,12 +50,12 @@ export function register(program: Command): void {
     .option(
       "--device-gbps <GB/s>",
       `device read throughput for the expected tokens/s (default ${DEFAULT_THROUGHPUT.deviceBytesPerSecond / 1e9}; with --cpu-gbps)`,
-      float("device-gbps", { above: 0 }),
+      float("device-gbps", { above: 0, max: 1e6 }),
     )
     .option(
       "--cpu-gbps <GB/s>",
       `CPU read throughput for the expected tokens/s (default ${DEFAULT_THROUGHPUT.cpuBytesPerSecond / 1e9}; with --device-gbps)`,
-      float("cpu-gbps", { above: 0 }),
+      float("cpu-gbps", { above: 0, max: 1e6 }),
     )
     .option("--json", "print the plan as JSON")
     .action(

@@ -138,7 +138,7 @@ export function register(program: Command): void {
     .option(
       "--ram-budget <GiB>",
       "GiB held for weights + the neuron cache (default: no limit); the sparse FFN's other rows are read from the file on demand (see run --ram-budget)",
-      float("ram-budget", { above: 0 }),
+      float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option("--log", "log every request (JSON lines on stdout)");
   // the device options: hot neurons and --n-gpu-layers layers on a device, as run has them
