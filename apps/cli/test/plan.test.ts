@@ -74,6 +74,30 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     expect(text.stdout.split("\n").filter((l) => /^\s+\d+ \|/.test(l))).toHaveLength(6);
   });
 
+  it("a plan is solved again when the statistics at the same path changed, or another solver is asked for", () => {
+    const m2 = join(dir, "relu2.gguf");
+    copyFileSync(relu, m2);
+    const text = join(models, "relu", "tinystories-relu-llama-7m.eval.txt");
+    const prof = (n: string) => cli("profile", "-m", m2, "-f", text, "--tokens", n, "-c", "256");
+    const plan = (...extra: string[]) =>
+      JSON.parse(
+        cli("plan", "-m", m2, "--bucket-size", "64", "--vram-budget", String(4 / 1024), "--json", ...extra).stdout,
+      );
+    expect(prof("600").code).toBe(0);
+    expect(plan().reused).toBe(false);
+    expect(plan().reused).toBe(true);
+    expect(prof("900").code).toBe(0); // same path, other counts
+    const after = plan();
+    expect(after.reused).toBe(false);
+    expect(after.notes.join("\n")).toMatch(
+      /solved for another budget, backend, solver, statistics \(file or contents\)/,
+    );
+    expect(plan().reused).toBe(true);
+    expect(plan("--solver", "greedy").reused).toBe(false);
+    expect(plan("--solver", "greedy").reused).toBe(true);
+    expect(plan().reused).toBe(false); // ilp again
+  });
+
   it("run with the plan (hot neurons on a stand-in device) prints the same greedy text as the CPU alone", () => {
     const args = [
       "run",
@@ -202,7 +226,7 @@ describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the dev
     const longer = JSON.parse(plan("--vram-budget", String(budget), "-c", "512", "--json").stdout);
     expect(longer.reused).toBe(false);
     expect(longer.notes.join("\n")).toMatch(
-      /another budget, backend, statistics file, attention sizes or expert ranking \(--sparse\); solving again/,
+      /another budget, backend, solver, statistics \(file or contents\), attention sizes or expert ranking \(--sparse\); solving again/,
     );
     expect(longer.plan.layers.find((L: { attention: boolean }) => L.attention).attentionBytes).toBe(
       attention + 2 * 256 * 128 * 2,

@@ -307,7 +307,7 @@ describe("attention placement", () => {
     const idx = readGpuIndex(path);
     expect(idx.vramCapacity).toBe(BigInt(plan.totalBytes));
     const back = gpuIndexToPlan(idx, input.bytesPerNeuron);
-    expect(back.provenance).toEqual(prov);
+    expect(back.provenance).toEqual({ ...prov, solver: plan.solver });
     expect(back.attention).toEqual(plan.layers.map((L) => L.attention));
     // evaluating the read-back placement gives the same objective and tokens/s
     const again = evaluatePlacement(

@@ -156,6 +156,7 @@ describe("placement planner", () => {
       attentionBytes: 0,
       nGpuLayers: 0,
       exactGpuLayers: false,
+      solver: "ilp",
     });
     expect(back.attention).toEqual(plan.layers.map(() => false));
   });

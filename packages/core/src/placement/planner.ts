@@ -911,6 +911,13 @@ export interface PlanProvenance {
   expertCount?: number;
   /** With experts: what ranked the pairs (key `powerinfer.plan.expert_ranking`, "activations" or "selections"). */
   expertRanking?: "activations" | "selections";
+  /**
+   * A digest of the statistics' counts (key `powerinfer.plan.stats_digest`): a profile run again at the same
+   * path gives a new one, so the plan is solved again. Absent in indexes written before it (then not compared).
+   */
+  statsDigest?: string;
+  /** The solver asked for (key `powerinfer.plan.solver`, written from the plan). */
+  solver?: "ilp" | "greedy";
 }
 
 /**
@@ -948,6 +955,11 @@ export function planToGpuIndex(plan: PlacementPlan, nFf: number, prov: PlanProve
         type: { type: GgufValueType.STRING },
         value: plan.layers.flatMap((L, l) => (L.attention ? [l] : [])).join(","),
       },
+      ...(prov.statsDigest !== undefined
+        ? ([
+            { key: "powerinfer.plan.stats_digest", type: { type: GgufValueType.STRING }, value: prov.statsDigest },
+          ] as GgufMetadataEntry[])
+        : []),
       ...(prov.expertCount !== undefined
         ? ([
             { key: "powerinfer.plan.expert_count", type: { type: GgufValueType.UINT32 }, value: prov.expertCount },
@@ -995,6 +1007,10 @@ export function gpuIndexToPlan(
     attentionBytes: Number(get("powerinfer.plan.attention_bytes") ?? 0),
     nGpuLayers: Number(get("powerinfer.plan.n_gpu_layers") ?? 0),
     exactGpuLayers: Number(get("powerinfer.plan.exact_gpu_layers") ?? 0) === 1,
+    solver: (String(get("powerinfer.plan.solver") ?? "ilp") === "greedy" ? "greedy" : "ilp") as "ilp" | "greedy",
+    ...(get("powerinfer.plan.stats_digest") !== undefined
+      ? { statsDigest: String(get("powerinfer.plan.stats_digest")) }
+      : {}),
     ...(get("powerinfer.plan.expert_count") !== undefined
       ? {
           expertCount: Number(get("powerinfer.plan.expert_count")),

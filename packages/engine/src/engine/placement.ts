@@ -4,6 +4,7 @@
  * `<model>.activations.gguf` and write it (PowerInfer's GPU index format, readable by PowerInfer; the layers
  * whose attention the plan offloads are an extra key PowerInfer ignores).
  */
+import { createHash } from "node:crypto";
 import { existsSync } from "node:fs";
 import { resolve as resolvePath } from "node:path";
 import {
@@ -162,6 +163,8 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       `${gpuIndexPath} exists and is not a GPU index (${indexReadError(gpuIndexPath)}): neither read nor replaced; name another file`,
     );
   }
+  // what the statistics hold now (a profile run again at the same path must not reuse the old plan)
+  const digestNow = existsSync(statsPath) ? statsDigest(statsPath) : undefined;
   if (!o.reset && existsSync(gpuIndexPath)) {
     const idx = readGpuIndex(gpuIndexPath);
     const { layers, provenance, attention: recorded } = gpuIndexToPlan(idx, bytesPerNeuron);
@@ -176,6 +179,8 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       provenance.budgetBytes === o.budgetBytes &&
       provenance.backend === o.backend &&
       provenance.statsFile === statsPath &&
+      (provenance.statsDigest === undefined || digestNow === undefined || provenance.statsDigest === digestNow) &&
+      (provenance.solver ?? "ilp") === (o.solver ?? "ilp") &&
       (provenance.attentionBytes ?? 0) === attTotal &&
       (provenance.nGpuLayers ?? 0) === nGpuLayers &&
       !!provenance.exactGpuLayers === !!o.exactGpuLayers &&
@@ -220,7 +225,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       !shapeOk
         ? `${gpuIndexPath} does not fit this model (${layers.length} layers of ${idx.layers[0]?.gpuIdx.length ?? 0} neurons${provenance?.expertCount ? ` in ${provenance.expertCount} experts` : ""}; the model has ${cfg.n_layer} of ${nNeurons}${moe ? ` in ${moe.n_expert} experts` : ""}); solving again`
         : provenance
-          ? `${gpuIndexPath} was solved for another budget, backend, statistics file, attention sizes or expert ranking (--sparse); solving again`
+          ? `${gpuIndexPath} was solved for another budget, backend, solver, statistics (file or contents), attention sizes or expert ranking (--sparse); solving again`
           : neuronBytes > o.budgetBytes
             ? `${gpuIndexPath} (written by PowerInfer?) holds ${(neuronBytes / 2 ** 20).toFixed(2)} MiB of hot neurons, more than the ${(o.budgetBytes / 2 ** 20).toFixed(2)} MiB budget; solving again`
             : `${gpuIndexPath} (written by PowerInfer?) leaves no room for the attention of the last ${nGpuLayers} layers (nGpuLayers); solving again`,
@@ -265,6 +270,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       budgetBytes: o.budgetBytes,
       backend: o.backend,
       statsFile: statsPath,
+      statsDigest: digestNow,
       attentionBytes: attTotal,
       nGpuLayers,
       exactGpuLayers: o.exactGpuLayers,
@@ -282,6 +288,20 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     }
   }
   return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes, ...expertsOf(stats) };
+}
+
+/** A digest of a statistics file's counts, selections and token count (sha256, hex, 32 characters). */
+function statsDigest(path: string): string | undefined {
+  try {
+    const st = readActivationStats(path);
+    const h = createHash("sha256");
+    h.update(`${st.tokenCount}:${st.nFf}:${st.nExpert ?? 0}`);
+    for (const c of st.counts) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
+    for (const c of st.selections ?? []) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
+    return h.digest("hex").slice(0, 32);
+  } catch {
+    return undefined; // unreadable: the solve below reports it
+  }
 }
 
 /**
