@@ -98,6 +98,23 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     expect(plan().reused).toBe(false); // ilp again
   });
 
+  it("a GPU index of ours is used as it is where there are no statistics to solve again from", () => {
+    const m3dir = mkdtempSync(join(tmpdir(), "powerinfer-plan-nostats-"));
+    const m3 = join(m3dir, "relu3.gguf");
+    copyFileSync(relu, m3);
+    const keep = join(dir, "relu2.generated.gpuidx"); // solved above for relu2 (the same weights), other stats path
+    const r = cli("plan", "-m", m3, "--gpu-index", keep, "--vram-budget", String(4 / 1024), "--json");
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout);
+    expect(out.reused).toBe(true);
+    expect(out.notes.join("\n")).toMatch(
+      /as it is: solved for other settings, and there are no statistics at .* to solve again from/,
+    );
+    expect(out.plan.layers.map((L: { hot: number }) => L.hot)).toEqual(
+      readGpuIndex(keep).layers.map((L) => L.gpuBucket.length),
+    );
+  });
+
   it("run with the plan (hot neurons on a stand-in device) prints the same greedy text as the CPU alone", () => {
     const args = [
       "run",

@@ -187,8 +187,11 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       provenance.expertRanking === expertRanking;
     // An index without our provenance keys (PowerInfer's solver writes none) is used as it is when it fits: its
     // neurons as given, attention decided by the rule (the last layers that fit beside them, forced ones first).
+    // So is one of ours solved for other settings when there are no statistics to solve again from.
+    const noStats = !existsSync(statsPath);
+    const asIs = !provenance || (!ours && noStats);
     const foreignAttention =
-      !provenance && neuronBytes <= o.budgetBytes
+      asIs && neuronBytes <= o.budgetBytes
         ? attBytes
           ? attentionByRule(attBytes, neuronBytes, o.budgetBytes, nGpuLayers, o.exactGpuLayers)
           : layers.map(() => false)
@@ -200,7 +203,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       notes.push(
         ours
           ? `reusing ${gpuIndexPath} (solved for this budget, backend, statistics and attention sizes)`
-          : `using ${gpuIndexPath} as it is: a GPU index without powerinfer-ts's provenance keys (written by PowerInfer?), ${layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons, ${mib(neuronBytes)} within the ${mib(o.budgetBytes)} budget` +
+          : `using ${gpuIndexPath} as it is: ${provenance ? `solved for other settings, and there are no statistics at ${statsPath} to solve again from` : "a GPU index without powerinfer-ts's provenance keys (written by PowerInfer?)"}, ${layers.reduce((s, L) => s + L.hot.length, 0)} hot neurons, ${mib(neuronBytes)} within the ${mib(o.budgetBytes)} budget` +
               (attBytes ? `; attention of ${nAtt} layers placed by the rule (the last layers that fit)` : ""),
       );
       // the expected shares come from the statistics the plan was solved with, when they are still there
