@@ -295,6 +295,23 @@ describe("outputs that already exist are not replaced unless asked", () => {
     expect(f.stderr).toMatch(/silu/i);
   });
 
+  it("profile -o onto another model's statistics is refused; the same model's are replaced", () => {
+    const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
+    const fixture = join(models, "powerinfer", "tiny-f32.powerinfer.gguf");
+    const stats = join(dir, "other.activations.gguf");
+    expect(cli("profile", "-m", relu, "-f", text, "-o", stats).code).toBe(0);
+    const before = readFileSync(stats);
+    const r = cli("profile", "-m", fixture, "-f", text, "-o", stats);
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([
+      `powerinfer: ${stats} holds the activation statistics of another model file: choose another output or use --force to overwrite it`,
+    ]);
+    expect(readFileSync(stats).equals(before)).toBe(true);
+    const again = cli("profile", "-m", relu, "-f", text, "-o", stats);
+    expect(again.code).toBe(0);
+    expect(again.stdout).toMatch(/replacing the earlier statistics/);
+  });
+
   it("--sparse-threshold on a model that does not run its predictors is refused after loading, not ignored", () => {
     const r = cli("run", "-m", model, "-p", "x", "-n", "1", "--sparse-threshold", "0.5");
     expect(r.code).toBe(1);

@@ -5,8 +5,8 @@
 import { createHash } from "node:crypto";
 import { basename } from "node:path";
 import { checkStatsForModel, defaultStatsPath, profileActivations, summarizeSparsity } from "@powerinfer/engine";
-import { modelFingerprint, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
-import type { Command } from "commander";
+import { modelFingerprint, openGguf, readActivationStats, writeActivationStats } from "@powerinfer/gguf";
+import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import {
   checkOutputPath,
@@ -39,6 +39,16 @@ export function register(program: Command): void {
           checkOutputPath(out, o.model, o.file);
           // an earlier profile's statistics are replaced; anything else (a model, say) only with --force
           const replacing = refuseOverwriteUnlessKind(out, o.force, "activation-stats");
+          // statistics of another model are not ours to replace without --force
+          if (replacing && !o.force) {
+            const theirs = readActivationStats(out).modelSha256;
+            const mine = modelFingerprint(openGguf(o.model));
+            if (theirs && theirs !== mine) {
+              throw new InvalidArgumentError(
+                `${out} holds the activation statistics of another model file: choose another output or use --force to overwrite it`,
+              );
+            }
+          }
           const text = readTextFile(o.file);
           const loaded = await loadModelWithDevice({ ...o, sparse: "off" }, !!o.json);
           const { backend, model } = loaded;
