@@ -392,6 +392,9 @@ describe.skipIf(!probe.usable)(`sparse experts (oracle) (${probe.reason})`, () =
     const e2 = await Model.load(relu, { backend, sparse: "predictor" }).catch((e) => e);
     expect(e2).toBeInstanceOf(EngineError);
     expect(String(e2.message)).toMatch(/needs per-expert predictors \(blk\.N\.fc1_exps\/fc2_exps/);
+    // SiLU experts in predictor mode: the activation is the reason (no predictor would help), not missing predictors
+    const e3 = await Model.load(silu, { backend, sparse: "predictor" }).catch((e) => e);
+    expect(String(e3.message)).toMatch(/sparse mode "predictor" needs a ReLU FFN; this model's FFN uses silu/);
   });
 
   it("profile counts firings per (layer, expert, neuron) and selections per (layer, expert): they equal the oracle kernels' row counters and read back from the statistics file", async () => {

@@ -237,6 +237,13 @@ export interface SparseNodes {
  */
 export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseMode): void {
   if (mode === "off") return;
+  // the FFN's activation first: no predictor or oracle helps a SiLU model
+  if (cfg.ffn.activation !== "relu") {
+    throw new EngineError(
+      "BAD_INPUT",
+      `sparse mode "${mode}" needs a ReLU FFN; this model's FFN uses ${cfg.ffn.activation}, whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
+    );
+  }
   if (cfg.moe && mode === "predictor" && !w.layers.every((L) => L.experts?.fc1Exps && L.experts.fc2Exps)) {
     throw new EngineError(
       "BAD_INPUT",
@@ -245,12 +252,6 @@ export function checkSparseMode(cfg: ModelConfig, w: LlamaWeights, mode: SparseM
   }
   if (cfg.moe && cfg.ffn.activation === "relu" && !w.layers.every((L) => L.experts?.downExpsT || L.experts?.downExps)) {
     throw new EngineError("BAD_INPUT", `sparse mode "${mode}" needs every layer's expert down projections`);
-  }
-  if (cfg.ffn.activation !== "relu") {
-    throw new EngineError(
-      "BAD_INPUT",
-      `sparse mode "${mode}" needs a ReLU FFN; this model's FFN uses ${cfg.ffn.activation}, whose outputs are rarely exactly zero — a dense model gains nothing from sparse inference`,
-    );
   }
   if (mode === "predictor" && !cfg.moe && !w.layers.every((L) => L.fc1 && L.fc2)) {
     throw new EngineError(
