@@ -70,6 +70,18 @@ const maxDiff = (a: ArrayLike<number>, b: ArrayLike<number>) => {
   return w;
 };
 
+/** The shared ReLU model's evaluation text, its first `chars` characters, as a file in the test folder. */
+function evalTextFile(name: string, chars: number): string {
+  const text = join(dir, name);
+  writeFileSync(text, readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, chars));
+  return text;
+}
+
+/** train-predictor's arguments for a model with experts: rank 32, 2 threads, `tokens` positions, then `extra`. */
+function expertTraining(model: string, text: string, out: string, tokens: number, ...extra: string[]): string[] {
+  return ["-m", model, "-f", text, "-o", out, "--tokens", String(tokens), "--rank", "32", "-t", "2", ...extra];
+}
+
 /** `powerinfer train-predictor ...args` in a process. */
 function trainPredictor(...args: string[]) {
   return spawnSync(process.execPath, [bin, "train-predictor", ...args], { encoding: "utf8", timeout: 600_000 });
@@ -217,27 +229,9 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
   }
 
   it("train-predictor trains per-expert predictors: held-out recall ≥ 0.9, experts with too few pairs compute every neuron, and the written GGUF runs in predictor mode with the dense greedy ids", async () => {
-    const text = join(dir, "t.txt");
-    writeFileSync(
-      text,
-      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 40_000),
-    );
+    const text = evalTextFile("t.txt", 40_000);
     const out = join(dir, "trained.gguf");
-    const r = trainPredictor(
-      "-m",
-      files.plain!,
-      "-f",
-      text,
-      "-o",
-      out,
-      "--tokens",
-      "1500",
-      "--rank",
-      "32",
-      "-t",
-      "2",
-      "--json",
-    );
+    const r = trainPredictor(...expertTraining(files.plain!, text, out, 1500, "--json"));
     expect(r.status, r.stderr).toBe(0);
     const rep = JSON.parse(r.stdout);
     expect(rep.format).toBe("GGUF");
@@ -298,28 +292,8 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
   }, 600_000);
 
   it("train-predictor on experts resumes after Ctrl-C from its checkpoint and writes the file an uninterrupted run writes", async () => {
-    const text = join(dir, "t-resume.txt");
-    writeFileSync(
-      text,
-      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 40_000),
-    );
-    const run = (out: string) => [
-      "-m",
-      files.plain!,
-      "-f",
-      text,
-      "-o",
-      out,
-      "--tokens",
-      "600",
-      "--rank",
-      "32",
-      "--holdout",
-      "0",
-      "-t",
-      "2",
-      "--verbose",
-    ];
+    const text = evalTextFile("t-resume.txt", 40_000);
+    const run = (out: string) => expertTraining(files.plain!, text, out, 600, "--holdout", "0", "--verbose");
     const whole = join(dir, "whole.gguf");
     expect(trainPredictor(...run(whole)).status).toBe(0);
     const resumed = join(dir, "resumed.gguf");
@@ -355,11 +329,7 @@ describe.skipIf(!probe.usable)(`predictor-sparse experts (${probe.reason})`, () 
   }, 300_000);
 
   it("compare-expert-predictors: per-expert and shared predictors at equal storage, each near its calibrated recall on held-out pairs", () => {
-    const text = join(dir, "t-compare.txt");
-    writeFileSync(
-      text,
-      readFileSync(join(models, "relu", "tinystories-relu-llama-7m.eval.txt"), "utf8").slice(0, 60_000),
-    );
+    const text = evalTextFile("t-compare.txt", 60_000);
     const script = join(dirname(fileURLToPath(import.meta.url)), "..", "scripts", "compare-expert-predictors.mjs");
     const r = spawnSync(
       process.execPath,
