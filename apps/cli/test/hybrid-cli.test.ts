@@ -352,6 +352,10 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
     const idx = readGpuIndex(sparse.gpuIndexPath);
     expect(idx.layers[0]!.gpuIdx.length).toBe(nFfExp * sel.length);
     expect(idx.extra?.find((e) => e.key === "powerinfer.plan.expert_count")?.value).toBe(sel.length);
+    // inspect names it, with no model lines (FFN layout, hyper-parameters) for a file that is not a model
+    const ins = cli(undefined, "inspect", sparse.gpuIndexPath);
+    expect(ins.stdout).toMatch(/kind: +PowerInfer GPU index \(neuron placement plan\), for routed experts: 32 experts/);
+    expect(ins.stdout).not.toMatch(/FFN layout|hyper-parameters/);
     const hot = new Set(hotOf(sparse.gpuIndexPath));
     const hotMin = Math.min(...[...hot].map((n) => counts[n]!));
     const coldMax = Math.max(...Array.from(counts).filter((_, n) => !hot.has(n)));

@@ -45,6 +45,10 @@ describe("every option is checked before any file is opened", () => {
       ["run", "-m", m, "-p", "x", "--vram-budget", "1e308"],
       /--vram-budget must be a number in \[0, 1048576\], got 1e\+308/,
     ],
+    [
+      ["run", "-m", m, "-p", "x", "--vram-budget", "0x10"],
+      /--vram-budget must be a number in \[0, 1048576\], got "0x10"/,
+    ],
     [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
     [["gen-model", "-o", o, "--vocab-size", "256"], /--vocab-size must be an integer ≥ 300, got 256/],
     [

@@ -83,7 +83,8 @@ export function float(name: string, rule: NumberRule = {}) {
   return (v: string): number => {
     const n = Number(v);
     const words = describeRule(rule);
-    if (v.trim() === "" || !Number.isFinite(n))
+    // decimal only: Number() also reads "0x10" (16) and "0b1"
+    if (v.trim() === "" || !Number.isFinite(n) || /^\s*[+-]?0[xob]/i.test(v))
       throw new InvalidArgumentError(`${dashed(name)} must be a number${words ? ` ${words}` : ""}, got "${v}"`);
     return checkNumber(dashed(name), n, rule);
   };

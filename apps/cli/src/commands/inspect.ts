@@ -296,11 +296,13 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
   out.push(
     `format:        ${r.format}${pwri} v${r.version}, alignment ${r.alignment}, tensor data at byte ${num(r.dataOffset)}`,
   );
-  out.push(
-    r.ffnLayout.kind === "bundled"
-      ? `FFN layout:    bundled (${r.ffnLayout.parts.join(" + ")} rows of each neuron together, ${r.ffnLayout.type}, ${r.ffnLayout.bucketSize} neurons per 4 KiB-aligned bucket; \`convert --to pwri\` unbundles)`
-      : "FFN layout:    tensors (one matrix per projection)",
-  );
+  // a file that is not a model has no FFN to lay out
+  if (r.kind === "model")
+    out.push(
+      r.ffnLayout.kind === "bundled"
+        ? `FFN layout:    bundled (${r.ffnLayout.parts.join(" + ")} rows of each neuron together, ${r.ffnLayout.type}, ${r.ffnLayout.bucketSize} neurons per 4 KiB-aligned bucket; \`convert --to pwri\` unbundles)`
+        : "FFN layout:    tensors (one matrix per projection)",
+    );
   const sp = r.split;
   if (sp) {
     const total = sp.shards.reduce((n, s) => n + s.fileSize, 0);
@@ -358,7 +360,8 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
       );
     }
     for (const w of c.warnings) out.push(`  warning: ${w}`);
-  } else if (r.configError) {
+  } else if (r.configError && (r.kind === "model" || r.kind === "vocabulary")) {
+    // a GPU index or statistics file has no hyper-parameters to miss
     out.push(`hyper-parameters: not available (${r.configError})`);
   }
   if (opts.metadata) {
