@@ -8,7 +8,7 @@
 import { spawn, spawnSync } from "node:child_process";
 import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
-import { dirname, join } from "node:path";
+import { basename, dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import { readActivationStats, readGpuIndex } from "@powerinfer/gguf";
@@ -138,8 +138,10 @@ describe.skipIf(!probe.usable)(`every command with a stand-in device (${probe.re
         const pa = JSON.parse(a.stdout).perplexity as number;
         const pb = JSON.parse(b.stdout).perplexity as number;
         expect(Math.abs(pb - pa) / pa).toBeLessThan(1e-5);
-        const oa = join(dir, "a.activations.gguf");
-        const ob = join(dir, "b.activations.gguf");
+        // per model: statistics of another model file at the same path are not replaced without --force
+        const tag = basename(model()[1]!).replace(/\W+/g, "-");
+        const oa = join(dir, `a-${tag}.activations.gguf`);
+        const ob = join(dir, `b-${tag}.activations.gguf`);
         // profile reads the statistics the device plan was made from, and writes its own elsewhere
         expect(cli(undefined, "profile", ...cpu(), "-f", text, "--tokens", "100", "-c", "64", "-o", oa).code).toBe(0);
         const pr = cli(undefined, "profile", ...dev(), "-f", text, "--tokens", "100", "-c", "64", "-o", ob);

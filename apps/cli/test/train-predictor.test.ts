@@ -194,7 +194,10 @@ describe.skipIf(!probe.usable)("powerinfer train-predictor on the ReLU model", (
       rewriteModel(out, nan, {
         metadata: [{ key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: Number.NaN }],
       });
-      oneLineError(cli("run", "-m", nan, "-p", "x", "-n", "1"), /sparse_threshold.*expected number, received NaN/);
+      oneLineError(
+        cli("run", "-m", nan, "-p", "x", "-n", "1"),
+        /"powerinfer.sparse_threshold" must be a finite number, found NaN/,
+      );
       oneLineError(
         cli("train-predictor", "-m", relu, "-f", text, "-o", join(dir, "y.gguf"), "--target-recall", "high"),
         /target-recall must be a number/,
