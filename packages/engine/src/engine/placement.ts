@@ -164,7 +164,21 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
     );
   }
   // what the statistics hold now (a profile run again at the same path must not reuse the old plan)
-  const digestNow = existsSync(statsPath) ? statsDigest(statsPath) : undefined;
+  // read once: its digest decides reuse, its counts evaluate a reused plan or solve a new one; a file that
+  // cannot be read is reported where it is used (as before), not here
+  let statsRead: { stats?: ActivationStats; error?: unknown } = {};
+  if (existsSync(statsPath)) {
+    try {
+      statsRead = { stats: readActivationStats(statsPath) };
+    } catch (error) {
+      statsRead = { error };
+    }
+  }
+  const statsNow = (): ActivationStats | undefined => {
+    if (statsRead.error !== undefined) throw statsRead.error;
+    return statsRead.stats;
+  };
+  const digestNow = statsRead.stats && statsDigest(statsRead.stats);
   if (!o.reset && existsSync(gpuIndexPath)) {
     const idx = readGpuIndex(gpuIndexPath);
     const { layers, provenance, attention: recorded } = gpuIndexToPlan(idx, bytesPerNeuron);
@@ -207,7 +221,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
               (attBytes ? `; attention of ${nAtt} layers placed by the rule (the last layers that fit)` : ""),
       );
       // the expected shares come from the statistics the plan was solved with, when they are still there
-      const stats = existsSync(statsPath) ? readActivationStats(statsPath) : undefined;
+      const stats = statsNow();
       const statsFit =
         stats &&
         stats.counts.length === cfg.n_layer &&
@@ -240,7 +254,7 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
       `no activation statistics at ${statsPath}: run \`powerinfer profile -m ${path} -f TEXT\` first`,
     );
   }
-  const stats: ActivationStats = readActivationStats(statsPath);
+  const stats: ActivationStats = statsNow()!;
   checkStatsForModel(stats, cfg, modelFingerprint(model.file));
   const input: PlannerInput = {
     ...baseInput,
@@ -293,18 +307,13 @@ export async function resolvePlan(model: Model, o: ResolvePlanOptions): Promise<
   return { plan, reused: false, gpuIndexPath: writePath ?? gpuIndexPath, notes, ...expertsOf(stats) };
 }
 
-/** A digest of a statistics file's counts, selections and token count (sha256, hex, 32 characters). */
-function statsDigest(path: string): string | undefined {
-  try {
-    const st = readActivationStats(path);
-    const h = createHash("sha256");
-    h.update(`${st.tokenCount}:${st.nFf}:${st.nExpert ?? 0}`);
-    for (const c of st.counts) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
-    for (const c of st.selections ?? []) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
-    return h.digest("hex").slice(0, 32);
-  } catch {
-    return undefined; // unreadable: the solve below reports it
-  }
+/** A digest of statistics' counts, selections and token count (sha256, hex, 32 characters). */
+function statsDigest(st: ActivationStats): string {
+  const h = createHash("sha256");
+  h.update(`${st.tokenCount}:${st.nFf}:${st.nExpert ?? 0}`);
+  for (const c of st.counts) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
+  for (const c of st.selections ?? []) h.update(new Uint8Array(c.buffer, c.byteOffset, c.byteLength));
+  return h.digest("hex").slice(0, 32);
 }
 
 /**
