@@ -5,14 +5,17 @@
 #
 #   bench-ram-budget.sh GGUF PWRI [options]
 #     GGUF                 the model for llama.cpp (plain GGUF)
-#     PWRI                 the same weights as PowerInfer GGUF (ffn_down_t + predictors) for powerinfer-ts
+#     PWRI                 the same weights as PowerInfer GGUF (ffn_down_t + predictors; for routed experts the
+#                          expert model with its per-expert predictors) for powerinfer-ts
 #   options:
 #     --limit-share X      memory limit as a share of GGUF's size (default 0.5)
 #     --limit-bytes N      memory limit in bytes (instead of --limit-share)
 #     --budget-gib G       our --ram-budget (default: the limit minus --overhead-mib)
 #     --overhead-mib M     memory kept for the process itself, the KV cache and the arena (default 200)
-#     -n N                 tokens generated (default 16)
+#     -n N                 tokens decoded per repetition (llama-bench tgN: random token ids; default 16)
+#     -r R                 counted repetitions, after one uncounted that warms the caches (default 2)
 #     -t T                 threads (default 2)
+#     --sparse MODE        our FFN mode (default predictor; off for a dense-expert MoE such as Qwen3-MoE)
 #     --with-mmap          also run powerinfer-ts without --ram-budget under the limit (mapped, as llama.cpp)
 #     --no-llama-cpp       skip llama.cpp
 #
@@ -28,10 +31,10 @@ bin="$here/../dist/bin.js"
 llama_bench=${LLAMA_BENCH:-$HOME/.cache/powerinfer-ts/llama.cpp/v0.5.0/build/bin/llama-bench}
 
 die() { echo "bench-ram-budget: $*" >&2; exit 1; }
-[ $# -ge 2 ] || die "usage: bench-ram-budget.sh GGUF PWRI [--limit-share X] [--budget-gib G] [-n N] [-t T] [--with-mmap] [--no-llama-cpp]"
+[ $# -ge 2 ] || die "usage: bench-ram-budget.sh GGUF PWRI [--limit-share X] [--budget-gib G] [-n N] [-r R] [-t T] [--sparse MODE] [--with-mmap] [--no-llama-cpp]"
 gguf=$1 pwri=$2
 shift 2
-share=0.5 limit="" budget="" overhead=200 n=16 threads=2 with_mmap=0 llama=1
+share=0.5 limit="" budget="" overhead=200 n=16 threads=2 with_mmap=0 llama=1 reps=2 sparse=predictor
 while [ $# -gt 0 ]; do
   case $1 in
     --limit-share) share=$2; shift ;;
@@ -40,6 +43,8 @@ while [ $# -gt 0 ]; do
     --overhead-mib) overhead=$2; shift ;;
     -n) n=$2; shift ;;
     -t) threads=$2; shift ;;
+    -r) reps=$2; shift ;;
+    --sparse) sparse=$2; shift ;;
     --with-mmap) with_mmap=1 ;;
     --no-llama-cpp) llama=0 ;;
     *) die "unknown option $1" ;;
@@ -83,56 +88,56 @@ echo "== memory group limit: $limit bytes ($(python3 -c "print(f'{$limit/2**30:.
 disk=$(python3 "$here/disk-speed.py" "$pwri" 3)
 echo "== disk (O_DIRECT): $disk"
 
-prompt="once upon a time there was a little girl who"
+# Both engines decode the same protocol: llama-bench's tgN of random token ids, one repetition first
+# that is not counted (it fills the page cache / the neuron cache), then -r counted ones; the median.
 llama_tps=""
 if [ "$llama" = 1 ]; then
   ooms=$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")
-  out=$(in_group "$llama_bench" -m "$gguf" -p 0 -n "$n" -t "$threads" -r 1 --no-warmup -o json 2>/dev/null) || true
+  out=$(in_group "$llama_bench" -m "$gguf" -p 0 -n "$n" -t "$threads" -r $((reps + 1)) --no-warmup -o json 2>/dev/null) || true
   if [ "$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")" != "$ooms" ]; then
     echo "== llama.cpp was killed by the OOM killer in the group (its anonymous allocations, e.g. repacked weights, exceed the limit)"
   fi
-  llama_tps=$(printf '%s' "$out" | python3 -c "import json,sys
+  llama_tps=$(printf '%s' "$out" | python3 -c "import json,sys,statistics
 try:
-  rows=json.load(sys.stdin); print(round(rows[0]['avg_ts'],3))
+  rows=json.load(sys.stdin); print(round(statistics.median(rows[0]['samples_ts'][1:]),3))
 except Exception: print('')")
-  echo "== llama.cpp (llama-bench tg$n, mmap) under the limit: ${llama_tps:-failed} tokens/s; peak $(cat "$group/memory.max_usage_in_bytes") bytes"
+  echo "== llama.cpp (llama-bench tg$n, mmap, median of $reps after one uncounted) under the limit: ${llama_tps:-failed} tokens/s; peak $(cat "$group/memory.max_usage_in_bytes") bytes"
 fi
 
-# ours: tokens/s from the "eval time" line, counters from the "neuron cache" line
+# ours: `powerinfer bench` JSON (tokens/s and the neuron cache's counters over the counted repetitions)
 ours() {
-  local log=$1
-  python3 - "$log" "$disk" <<'EOF'
-import json, re, sys
-log = open(sys.argv[1]).read()
+  python3 - "$1" "$disk" <<'EOF'
+import json, sys
+rows = json.load(open(sys.argv[1]))
+rows = rows if isinstance(rows, list) else rows["rows"]
 disk = json.loads(sys.argv[2])
-m = re.search(r"eval time =.*?([\d.]+) tokens per second", log.split("prompt eval time")[-1])
-tps = float(m.group(1)) if m else float("nan")
-c = re.search(r"neuron cache over (\d+) tokens: ([\d.]+) MiB read per token in ([\d.]+) reads, hit rate ([\d.]+) %, read time hidden ([\d.]+) %", log)
-line = f"{tps:.3f} tokens/s"
+r = [x for x in rows if x["engine"] == "powerinfer-ts"][0]
+line = f"{r['median_ts']:.3f} tokens/s"
+c = r.get("neuron_cache")
 if c:
-    mib, reads = float(c.group(2)), float(c.group(3))
+    mib, reads = c["mib_per_token"], c["reads_per_token"]
     bound = disk["rand_iops_qd8"] / reads if reads > 0 else float("inf")
     seq = disk["seq_mb_s"] * 1e6 / (mib * 2**20) if mib > 0 else float("inf")
-    line += (f"; {mib:.2f} MiB and {reads:.0f} reads per token, hit rate {c.group(4)} %, read time hidden {c.group(5)} %;"
-             f" the disk allows {bound:.2f} tokens/s at this many 4 KiB-class random reads (QD8), {seq:.2f} at its sequential speed")
+    line += (f"; {mib:.2f} MiB and {reads:.0f} reads per token, hit rate {100*c['hit_rate']:.1f} %, read time hidden {100*c['hidden']:.1f} %;"
+             f" the disk allows {bound:.2f} tokens/s at this many random reads (QD8, 4 KiB-class), {seq:.2f} at its sequential speed")
 print(line)
 EOF
 }
 log=$(mktemp)
-trap 'rm -f "$log"; cleanup' EXIT
-args=(run -m "$pwri" -p "$prompt" -n "$n" --temp 0 --ignore-eos -t "$threads" -c 256)
-if ! in_group node "$bin" "${args[@]}" --ram-budget "$budget" >/dev/null 2>"$log"; then
+json=$(mktemp)
+trap 'rm -f "$log" "$json"; cleanup' EXIT
+args=(bench -m "$pwri" -p 0 -n "$n" -r "$reps" -t "$threads" --sparse "$sparse" --no-llama-cpp --bandwidth-mib 0 --json -q)
+if ! in_group node "$bin" "${args[@]}" --ram-budget "$budget" >"$json" 2>"$log"; then
   tail -5 "$log" >&2
   die "powerinfer-ts with --ram-budget failed"
 fi
 peak=$(cat "$group/memory.max_usage_in_bytes")
-grep -a "ram budget" "$log" | head -1
-echo "== powerinfer-ts --ram-budget $budget under the limit: $(ours "$log"); peak $peak bytes"
-limited=$(ours "$log" | cut -d' ' -f1)
+echo "== powerinfer-ts --ram-budget $budget (bench tg$n, --sparse $sparse) under the limit: $(ours "$json"); peak $peak bytes"
+limited=$(ours "$json" | cut -d' ' -f1)
 
 if [ "$with_mmap" = 1 ]; then
-  if in_group node "$bin" "${args[@]}" >/dev/null 2>"$log"; then
-    echo "== powerinfer-ts mapped (no --ram-budget) under the limit: $(ours "$log")"
+  if in_group node "$bin" "${args[@]}" >"$json" 2>"$log"; then
+    echo "== powerinfer-ts mapped (no --ram-budget) under the limit: $(ours "$json")"
   else
     echo "== powerinfer-ts mapped (no --ram-budget) under the limit failed: $(tail -1 "$log")"
   fi
@@ -140,8 +145,8 @@ fi
 
 # unlimited: page cache warm (read once), no group
 cat "$pwri" > /dev/null
-node "$bin" "${args[@]}" >/dev/null 2>"$log"
-unlimited=$(ours "$log" | cut -d' ' -f1)
+node "$bin" "${args[@]}" >"$json" 2>"$log"
+unlimited=$(ours "$json" | cut -d' ' -f1)
 echo "== powerinfer-ts unlimited (warm page cache, no group): $unlimited tokens/s"
 python3 - "$limited" "$unlimited" "${llama_tps:-nan}" <<'EOF'
 import sys

@@ -3,7 +3,8 @@
  * With any budget the greedy ids must equal the unlimited run's (the cached ops compute every output
  * exactly as the mapped ones): the shared ReLU model (oracle mode; up and ffn_down_t cached) and a
  * generated PowerInfer model with predictors (up, gate and ffn_down_t cached), at the resident part plus
- * 30 %, 60 % and 100 % of the FFN bytes; a budget below the resident part is refused before loading;
+ * 30 %, 60 % and 100 % of the FFN bytes; routed-expert models (SiLU, ReGLU with predictors, dReLU Q8_0) with
+ * their expert stacks cached one expert per row, likewise; a budget below the resident part is refused before loading;
  * and the CLI under a cgroup v1 memory limit (root only; skipped with the reason otherwise).
  */
 import { spawnSync } from "node:child_process";
@@ -15,7 +16,9 @@ import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import { argmax, DEFAULT_HOT_SHARE, EngineError, Model, planRamBudget, type SparseMode } from "@powerinfer/engine";
 import { openGgufModel, parseModelConfig, readTensorBytes } from "@powerinfer/gguf";
+import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
@@ -103,6 +106,66 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       }
     }, 120_000);
   }
+
+  // Routed experts: the stacks cached one expert per row (experts the unit of caching); an F16/F32 down
+  // stack in a sparse mode transposed as it is read (the unlimited sparse run's neuron-major copy), a
+  // quantized one run densely as stored — so every case computes what the unlimited run computes.
+  const moeCases: [string, Parameters<typeof generateSyntheticMoeModel>[1], SparseMode][] = [
+    ["llama-moe SiLU F16 (dense experts)", { arch: "llama-moe", shape: TINY_MOE_SHAPE, dtype: "F16" }, "off"],
+    [
+      "smallthinker F16 with predictors (down transposed on read)",
+      { arch: "smallthinker", shape: TINY_MOE_SHAPE, design: {}, predictors: {}, dtype: "F16" },
+      "predictor",
+    ],
+    ["smallthinker F32, oracle", { arch: "smallthinker", shape: TINY_MOE_SHAPE, design: {}, predictors: {} }, "oracle"],
+    [
+      "llama-moe dReLU Q8_0 with predictors (quantized down as stored)",
+      { arch: "llama-moe", shape: TINY_MOE_SHAPE, upActivation: "relu", design: {}, predictors: {}, dtype: "Q8_0" },
+      "predictor",
+    ],
+  ];
+  for (const [what, opts, sparse] of moeCases) {
+    it(`routed experts, ${what}: greedy ids at resident + 30/60/100 % of the expert bytes equal the unlimited run's`, async () => {
+      const path = join(dir, `${what.replace(/\W+/g, "-")}.gguf`);
+      generateSyntheticMoeModel(path, opts);
+      const prompt = [1, 20, 30, 40, 50, 60, 70];
+      const full = await Model.load(path, { backend, sparse });
+      const want = greedy(full, prompt, 16);
+      full.dispose();
+      for (const share of [0.3, 0.6, 1]) {
+        const before: NeuronCacheStats = backend.neuronCacheStats!();
+        const m = await Model.load(path, { backend, sparse, ramBudget: budgetFor(path, sparse, share) });
+        try {
+          const roles = m.ramPlan!.tensors.map((t) => t.role);
+          expect(roles.filter((r) => r.endsWith("_exps")).length).toBe(3 * m.config.n_layer);
+          expect(m.ramPlan!.tensors.every((t) => t.rows === m.config.moe!.n_expert)).toBe(true);
+          expect(greedy(m, prompt, 16)).toEqual(want);
+          const after = backend.neuronCacheStats!();
+          expect(after.ioErrors - before.ioErrors).toBe(0);
+          if (share < 1) expect(after.misses - before.misses).toBeGreaterThan(0);
+          else expect(after.misses - before.misses).toBe(0);
+        } finally {
+          m.dispose();
+        }
+      }
+    }, 120_000);
+  }
+
+  it("routed experts: a budget below the resident part plus one token's experts is RAM_BUDGET naming the expert cache", async () => {
+    const path = join(dir, "moe-small-budget.gguf");
+    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: TINY_MOE_SHAPE, dtype: "F16" });
+    const file = openGgufModel(path);
+    const cfg = parseModelConfig(file);
+    const p = planRamBudget(file, cfg, Number.MAX_SAFE_INTEGER, "off");
+    const expertBytes = p.tensors[0]!.rowBytes;
+    // the minimum: the resident part and n_expert_used experts of each stack
+    const min = p.residentBytes + 3 * cfg.n_layer * cfg.moe!.n_expert_used * expertBytes;
+    expect(() => planRamBudget(file, cfg, min, "off")).not.toThrow();
+    const err = await Model.load(path, { backend, sparse: "off", ramBudget: min - 1 }).catch((e) => e);
+    expect(err).toBeInstanceOf(EngineError);
+    expect((err as EngineError).code).toBe("RAM_BUDGET");
+    expect((err as EngineError).message).toMatch(/routers and predictors take .*; the expert cache needs at least/);
+  });
 
   it("the bundled layout (convert --bundle): same greedy ids, fewer reads, inspect names it, convert --to pwri restores the tensors", async () => {
     const bundled = join(dir, "gen.bundle.gguf");

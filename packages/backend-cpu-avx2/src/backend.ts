@@ -42,7 +42,8 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
   }
 
   /**
-   * A file-backed sparse FFN weight: its rows are read on demand (O_DIRECT, or pread +
+   * A file-backed sparse FFN weight (or, `cache.expertRows`, a stacked expert tensor cached one expert per
+   * row): its rows are read on demand (O_DIRECT, or pread +
    * posix_fadvise(DONTNEED) where O_DIRECT is refused) into a neuron cache of `cache.hot` pinned rows
    * and `cache.coldRows` LRU rows, by a pool of reader threads (POWERINFER_IO_THREADS, default 16). Counts 0
    * toward `allocatedBytes`; its slots are reported by {@link neuronCacheStats}.
@@ -57,8 +58,13 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
   ): TensorHandle {
     this.check();
     const bytes = this.shape(dtype, ne);
-    if (ne.length !== 2)
-      throw new BackendError("BAD_TENSOR", `cpu: a cached tensor is 2-d (rows = neurons), got [${ne.join(", ")}]`);
+    if (cache.expertRows ? ne.length !== 3 : ne.length !== 2)
+      throw new BackendError(
+        "BAD_TENSOR",
+        cache.expertRows
+          ? `cpu: a cached expert stack is 3-d (rows = experts), got [${ne.join(", ")}]`
+          : `cpu: a cached tensor is 2-d (rows = neurons), got [${ne.join(", ")}]`,
+      );
     if (!Number.isInteger(cache.coldRows) || cache.coldRows < 0)
       throw new BackendError("BAD_TENSOR", `cpu: coldRows must be an integer ≥ 0, got ${cache.coldRows}`);
     let id: number;

@@ -36,6 +36,8 @@ export interface NativeCpuBackend extends NativeBackendInstance {
       coldRows: number;
       group?: number;
       pool?: number;
+      expertRows?: boolean;
+      transposeRows?: number;
       recordBytes?: number;
       bucketRows?: number;
       bucketStride?: number;

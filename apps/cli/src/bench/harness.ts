@@ -20,7 +20,7 @@ import { existsSync, statSync } from "node:fs";
 import { availableParallelism, freemem, loadavg, totalmem } from "node:os";
 import { basename, dirname } from "node:path";
 import { cpuBackend, cpuModelName, loadAddon } from "@powerinfer/backend-cpu-avx2";
-import type { Backend } from "@powerinfer/core";
+import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import {
   defaultGpuIndexPath,
   defaultStatsPath,
@@ -30,6 +30,7 @@ import {
   type SparseMode,
 } from "@powerinfer/engine";
 import { loadDeviceBackend } from "../backends.js";
+import { cacheDelta, hiddenShare } from "../commands/common.js";
 import {
   type GgufFile,
   getOptionalNumber,
@@ -149,6 +150,13 @@ export interface BenchRow {
   bandwidth_fraction: number | null;
   /** median_ts / llama.cpp's median_ts for the same model, threads and test. */
   vs_llama_cpp: number | null;
+  /**
+   * With --ram-budget (tg rows): the neuron/expert cache over the measured repetitions — MiB read from the
+   * file per token, read calls per token, hit rate (rows or experts asked for that were in memory) and the
+   * share of read time hidden behind compute (1 − compute threads' wait per thread ÷ time with a read in
+   * flight); else absent.
+   */
+  neuron_cache?: { mib_per_token: number; reads_per_token: number; hit_rate: number; hidden: number };
 }
 
 /** Sparse decode vs llama.cpp: the speed-up and what the bytes read predict. */
@@ -285,7 +293,10 @@ interface Engine {
   depth?: boolean;
   /** `depth`: tokens evaluated first, untimed (llama-bench `-d`); their count is the test's depth. */
   pp(tokens: number[], depth: number[]): Promise<{ ms: number; active?: number }>;
-  tg(tokens: number[], depth: number[]): Promise<{ ms: number; active?: number; rowsPerToken?: number[] }>;
+  tg(
+    tokens: number[],
+    depth: number[],
+  ): Promise<{ ms: number; active?: number; rowsPerToken?: number[]; cache?: NeuronCacheStats }>;
   dispose(): Promise<void>;
 }
 
@@ -351,10 +362,14 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
       session.reset();
       if (depth.length > 0) await evaluate(session, depth);
       const s0 = snapshot(session);
+      // --ram-budget: the cache counters' change over the timed tokens
+      const c0 = model.ramPlan ? model.backend.neuronCacheStats?.() : undefined;
       const t0 = performance.now();
       for (const t of tokens) await evaluate(session, [t]);
       const ms = performance.now() - t0;
-      return { ms, ...delta(session, s0) };
+      const c1 = c0 ? model.backend.neuronCacheStats?.() : undefined;
+      const cache = c0 && c1 ? cacheDelta(c0, c1) : undefined;
+      return { ms, ...delta(session, s0), ...(cache ? { cache } : {}) };
     },
     async dispose() {
       for (const s of sessions.values()) s.dispose();
@@ -362,6 +377,20 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
       model.dispose();
       device?.dispose();
     },
+  };
+}
+
+/** Cache counters over a test's repetitions, per token (see BenchRow.neuron_cache). */
+function cacheSummary(cs: NeuronCacheStats[], tokens: number, threads: number): NonNullable<BenchRow["neuron_cache"]> {
+  const sum = (k: "hits" | "misses" | "reads" | "bytesRead" | "stallMs" | "ioBusyMs") =>
+    cs.reduce((x, c) => x + c[k], 0);
+  const n = tokens * cs.length;
+  const asked = sum("hits") + sum("misses");
+  return {
+    mib_per_token: sum("bytesRead") / 2 ** 20 / n,
+    reads_per_token: sum("reads") / n,
+    hit_rate: asked > 0 ? sum("hits") / asked : 1,
+    hidden: hiddenShare({ ...cs[0]!, stallMs: sum("stallMs"), ioBusyMs: sum("ioBusyMs") }, threads),
   };
 }
 
@@ -646,7 +675,9 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             // dense runs the GGUF twin when there is one (the file llama.cpp runs)
             const path = mode === "off" && m.twin ? m.twin : m.path;
             try {
-              const budget = mode === "off" ? undefined : o.ramBudget;
+              // a dense FFN cannot be served from the file; routed experts can in every mode
+              const experts = file.tensors.some((t) => t.name.endsWith(".ffn_gate_exps.weight"));
+              const budget = mode === "off" && !experts ? undefined : o.ramBudget;
               const statsPath = defaultStatsPath(path);
               const model = await Model.load(path, {
                 backend,
@@ -681,7 +712,12 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             notes.push(`${name}: ${e.label} cannot run depth (-d) tests; only its depth-0 rows ran`);
         }
         const samples = engines.map(() =>
-          tests.map(() => ({ ms: [] as number[], active: [] as number[], rows: [] as number[][] })),
+          tests.map(() => ({
+            ms: [] as number[],
+            active: [] as number[],
+            rows: [] as number[][],
+            cache: [] as NeuronCacheStats[],
+          })),
         );
         for (let rep = 0; rep <= o.repetitions; rep++) {
           for (let ti = 0; ti < tests.length; ti++) {
@@ -692,7 +728,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               const e = engines[ei]!;
               if (rep === 0 && e.selfWarming) continue;
               if (t.d > 0 && !e.depth) continue;
-              let r: { ms: number; active?: number; rowsPerToken?: number[] };
+              let r: { ms: number; active?: number; rowsPerToken?: number[]; cache?: NeuronCacheStats };
               try {
                 r = t.kind === "pp" ? await e.pp(t.tokens, t.depth) : await e.tg(t.tokens, t.depth);
               } catch (err) {
@@ -708,6 +744,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               s.ms.push(r.ms);
               if (r.active !== undefined) s.active.push(r.active);
               if (r.rowsPerToken) s.rows.push(r.rowsPerToken);
+              if (r.cache) s.cache.push(r.cache);
             }
           }
         }
@@ -755,6 +792,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               bytes_per_token: bpt,
               bandwidth_fraction: bpt !== null && bw ? (bpt * avgTs) / (bw * 1e9) : null,
               vs_llama_cpp: null,
+              ...(s.cache.length ? { neuron_cache: cacheSummary(s.cache, t.n, threads) } : {}),
             });
           });
         });

@@ -197,7 +197,7 @@ export function register(program: Command): void {
     .option("--seed <n>", "seed of the random token ids", int("seed", { min: 0, max: 2 ** 32 - 1 }), 1)
     .option(
       "--ram-budget <GiB>",
-      "our sparse modes: GiB held for weights + the neuron cache (rows beyond it are read from the file on demand; see run --ram-budget); the dense mode runs without it",
+      "our sparse modes (and every mode of a routed-expert model): GiB held for weights + the neuron/expert cache (rows beyond it are read from the file on demand; see run --ram-budget); a dense FFN runs without it",
       float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option(

@@ -281,6 +281,10 @@ export function describeRamPlan(model: Model): string {
     : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
+  if (p.tensors.some((t) => t.role.endsWith("_exps"))) {
+    const experts = p.tensors.reduce((s, t) => s + t.hot.length, 0);
+    return `ram budget ${budget}: resident ${gib(p.residentBytes)} + expert cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${gib(hot)})${p.fromStats ? " by profile selection counts" : ""}) — whole experts read from the file on demand (${io}); the KV cache is not counted`;
+  }
   return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
 }
 

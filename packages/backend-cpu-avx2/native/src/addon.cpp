@@ -306,7 +306,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     return Napi::Number::New(env, t->id);
   }
 
-  // mapTensorCached(dtype, ne[], path, fileOffset, byteLength, { rowStride, hot: Int32Array, coldRows, group }) → id
+  // mapTensorCached(dtype, ne[], path, fileOffset, byteLength, { rowStride, hot: Int32Array, coldRows, group, pool, expertRows }) → id
   Napi::Value MapTensorCached(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();
     State& s = live(env);
@@ -333,8 +333,19 @@ class Backend : public Napi::ObjectWrap<Backend> {
       pi::TensorPtr t = guarded(env, [&] { return s.store.share_cached(dt, ne, with, static_cast<size_t>(part)); });
       return Napi::Number::New(env, t->id);
     }
-    spec.n_rows = ne[1];
-    spec.row_bytes = bytes / static_cast<size_t>(ne[1]);
+    // expertRows: a stacked expert tensor {n_embd, n_ff_exp, n_expert} cached one expert per row
+    spec.expert_rows = o.Has("expertRows") && o.Get("expertRows").ToBoolean().Value();
+    if (spec.expert_rows && bundled) throw_error(env, "BAD_TENSOR", "expertRows cannot be combined with a bundled layout");
+    if (o.Has("transposeRows") && !o.Get("transposeRows").IsUndefined()) {
+      // neuron-major expert rows from llama.cpp's {n_ff_exp, n_embd} down stack: transposed on read
+      spec.transpose_rows = static_cast<int64_t>(whole(o.Get("transposeRows"), "transposeRows"));
+      spec.elem_bytes = dt == pi::DT_F16 ? 2 : dt == pi::DT_F32 ? 4 : 0;
+      if (!spec.expert_rows || spec.elem_bytes == 0 || spec.transpose_rows < 1) {
+        throw_error(env, "BAD_TENSOR", "transposeRows needs expertRows and an f16 or f32 tensor");
+      }
+    }
+    spec.n_rows = spec.expert_rows ? ne[2] : ne[1];
+    spec.row_bytes = bytes / static_cast<size_t>(spec.n_rows);
     if (o.Has("recordBytes") && !o.Get("recordBytes").IsUndefined()) spec.row_bytes = whole(o.Get("recordBytes"), "recordBytes");
     if (o.Has("bucketRows") && !o.Get("bucketRows").IsUndefined()) spec.bucket_rows = static_cast<int64_t>(whole(o.Get("bucketRows"), "bucketRows"));
     if (o.Has("bucketStride") && !o.Get("bucketStride").IsUndefined()) spec.bucket_stride = whole(o.Get("bucketStride"), "bucketStride");
@@ -379,7 +390,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     Napi::Uint8Array out = Napi::Uint8Array::New(env, t->bytes);
     if (t->cache) {
       guarded(env, [&] {
-        t->cache->read_all(out.Data(), t->cache_part, t->bytes / static_cast<size_t>(t->ne[1]));
+        t->cache->read_all(out.Data(), t->cache_part, t->bytes / static_cast<size_t>(t->cache->n_rows()));
         return 0;
       });
     } else if (t->bytes) {

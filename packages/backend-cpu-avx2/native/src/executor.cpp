@@ -83,6 +83,8 @@ void run_graph(void* ctx, int ith, int nth) {
   const std::vector<NodeExec>& nodes = *rc->nodes;
   for (size_t i = 0; i < nodes.size(); i++) {
     const NodeExec& n = nodes[i];
+    // the previous node's output is complete here (one thread, or after its barrier)
+    if (ith == 0 && i > 0 && nodes[i - 1].n_prefetch) prefetch_experts(nodes[i - 1]);
     if (!rc->pool) {
       exec_node(n, 0, 1);
       continue;
@@ -198,14 +200,21 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
         n.src[s].cache_counts = st.handle->cache_counts;
       }
       // a dense Q4_0/Q4_K product (mul_mat, mul_mat_id) reads its weight in the repacked layout (made at first use)
-      if (s == 0 && (c.op == OP_MUL_MAT || c.op == OP_MUL_MAT_ID) && repack_ && st.handle && st.dtype >= 0 && st.dtype < DT_TABLE &&
+      if (s == 0 && (c.op == OP_MUL_MAT || c.op == OP_MUL_MAT_ID) && repack_ && st.handle && !st.handle->cache && st.dtype >= 0 && st.dtype < DT_TABLE &&
           kernels_->packed_tile[st.dtype]) {
         n.src[s].packed = store_.packed(st.handle);
       }
-      // file-backed weights (neuron caches) are read only by the sparse ops, as their weight
-      if (n.src[s].cache && (s != 0 || (c.op != OP_MUL_MAT_SPARSE && c.op != OP_AXPY_SPARSE))) {
-        bad("node " + std::to_string(ni) + " (" + op_name(c.op) + "): tensor " + std::to_string(st.handle->id) +
-            " is file-backed (neuron cache) and only mul_mat_sparse/axpy_sparse can read it");
+      // file-backed weights (neuron caches) are read only as the weight of the sparse ops (one row per
+      // neuron) or of the routed-expert ops (one row per expert)
+      if (n.src[s].cache) {
+        const bool experts = n.src[s].cache->expert_rows();
+        const bool ok = s == 0 && (experts ? (c.op == OP_MUL_MAT_ID || c.op == OP_MUL_MAT_ID_SPARSE || c.op == OP_AXPY_ID_SPARSE)
+                                           : (c.op == OP_MUL_MAT_SPARSE || c.op == OP_AXPY_SPARSE));
+        if (!ok) {
+          bad("node " + std::to_string(ni) + " (" + op_name(c.op) + "): tensor " + std::to_string(st.handle->id) +
+              (experts ? " is file-backed one expert per row (expert cache) and only mul_mat_id/mul_mat_id_sparse/axpy_id_sparse can read it"
+                       : " is file-backed (neuron cache) and only mul_mat_sparse/axpy_sparse can read it"));
+        }
       }
     }
     const TInfo& dt = ts[static_cast<size_t>(c.dst)];
@@ -213,6 +222,18 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     n.dst.dtype = dt.dtype;
     for (int d = 0; d < 4; d++) n.dst.ne[d] = dt.ne[d];
     n.dst.nel = dt.nel;
+  }
+  // a top_k whose ids route file-backed expert stacks queues their chosen experts as soon as it is done
+  // (before the predictors run, and before attention when the router runs first: SmallThinker)
+  for (size_t ni = 0; ni < nn; ni++) {
+    const NodeExec& n = ex[ni];
+    if ((n.op != OP_MUL_MAT_ID && n.op != OP_MUL_MAT_ID_SPARSE && n.op != OP_AXPY_ID_SPARSE) || !n.src[0].cache) continue;
+    const int prod = ts[static_cast<size_t>(src_of[ni * MAX_SRC + 2])].producer;
+    if (prod < 0 || ex[static_cast<size_t>(prod)].op != OP_TOP_K) continue;
+    NodeExec& k = ex[static_cast<size_t>(prod)];
+    bool have = false;
+    for (int i = 0; i < k.n_prefetch; i++) have = have || k.prefetch[i] == n.src[0].cache;
+    if (!have && k.n_prefetch < 4) k.prefetch[k.n_prefetch++] = n.src[0].cache;
   }
 
   std::lock_guard<std::mutex> lk(mu_);

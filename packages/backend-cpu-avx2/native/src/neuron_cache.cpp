@@ -41,7 +41,10 @@ int64_t pread_full(int fd, uint8_t* buf, size_t len, uint64_t off) {
 }  // namespace
 
 size_t bounce_bytes_for(size_t row_bytes, uint64_t stride) {
-  return static_cast<size_t>((15 * stride + row_bytes + 2 * kBlock) / kBlock * kBlock);
+  const size_t full = static_cast<size_t>((15 * stride + row_bytes + 2 * kBlock) / kBlock * kBlock);
+  // a 1 MiB piece of a row starts anywhere in a 4 KiB block: two more blocks keep it one read
+  const size_t cap = kMaxBounce + 2 * kBlock;
+  return full < cap ? full : cap;
 }
 
 // ---- reader pool ----------------------------------------------------------------------------
@@ -98,13 +101,23 @@ void ReaderPool::loop() {
       if (!bounce) counters_->last_errno.store(ENOMEM);
       counters_->io_errors.fetch_add(1);
       for (int i = 0; i < job.count; i++) {
-        std::memset(const_cast<uint8_t*>(job.cache->slot_data(job.slots[i])), 0, job.cache->row_bytes_);
+        uint8_t* d = const_cast<uint8_t*>(job.cache->slot_data(job.slots[i]));
+        if (job.part_len) {
+          std::memset(d + job.part_off, 0, static_cast<size_t>(job.part_len));  // (transposed: garbage, reported)
+        } else {
+          std::memset(d, 0, job.cache->row_bytes_);
+        }
       }
     }
+    int done = 0;
     for (int i = 0; i < job.count; i++) {
-      job.cache->slots_->state_[static_cast<size_t>(job.slots[i])].store(NeuronCache::READY, std::memory_order_release);
+      const size_t si = static_cast<size_t>(job.slots[i]);
+      // a piece: the row is ready when its last piece has landed
+      if (job.part_len && job.cache->slots_->left_[si].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+      job.cache->slots_->state_[si].store(NeuronCache::READY, std::memory_order_release);
+      done++;
     }
-    job.cache->in_flight_.fetch_sub(job.count, std::memory_order_acq_rel);
+    if (done) job.cache->in_flight_.fetch_sub(done, std::memory_order_acq_rel);
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (--in_flight_ == 0) counters_->io_busy_ns.fetch_add(now_ns() - busy_since_ns_);
@@ -128,6 +141,9 @@ int32_t SlotPool::add(int64_t n, bool pinned) {
     throw BackendErr("OUT_OF_MEMORY", "neuron cache: cannot allocate " + std::to_string(static_cast<size_t>(n) * slot_bytes_) +
                                           " bytes of slots");
   }
+  // touch the pages now (load time): the slots are the budget's memory, and a first touch while decoding
+  // would page-fault inside the readers' copies
+  std::memset(p, 0, static_cast<size_t>(n) * slot_bytes_);
   chunks_.push_back(p);
   for (int64_t i = 0; i < n; i++) {
     ptr_.push_back(static_cast<uint8_t*>(p) + static_cast<size_t>(i) * slot_bytes_);
@@ -138,6 +154,7 @@ int32_t SlotPool::add(int64_t n, bool pinned) {
     fresh_.push_back(0);
     pinned_.push_back(pinned ? 1 : 0);
     state_.emplace_back(NeuronCache::EMPTY);
+    left_.emplace_back(0);
   }
   return first;
 }
@@ -146,7 +163,10 @@ int32_t SlotPool::add(int64_t n, bool pinned) {
 
 NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, std::shared_ptr<SlotPool> slots,
                          CacheCounters* counters)
-    : file_offset_(s.file_offset),
+    : expert_rows_(s.expert_rows),
+      tr_rows_(s.transpose_rows),
+      tr_elem_(s.elem_bytes),
+      file_offset_(s.file_offset),
       row_stride_(s.row_stride ? s.row_stride : s.row_bytes),
       bucket_rows_(s.bucket_rows > 0 ? s.bucket_rows : 1),
       bucket_stride_(s.bucket_stride ? s.bucket_stride : (s.row_stride ? s.row_stride : s.row_bytes) * (s.bucket_rows > 0 ? s.bucket_rows : 1)),
@@ -162,6 +182,14 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, s
     throw BackendErr("BAD_TENSOR", "neuron cache: bucket stride below the bucket's rows");
   }
   if (s.cold_slots < 0) throw BackendErr("BAD_TENSOR", "neuron cache: negative cold slot count");
+  if (tr_rows_ != 0 && (!expert_rows_ || (tr_elem_ != 2 && tr_elem_ != 4) || tr_rows_ < 0 ||
+                        row_bytes_ % (static_cast<uint64_t>(tr_rows_) * static_cast<uint64_t>(tr_elem_)) != 0 ||
+                        file_offset_ % static_cast<uint64_t>(tr_elem_) != 0 || row_stride_ != row_bytes_)) {
+    throw BackendErr("BAD_TENSOR", "neuron cache: transpose on read needs F16/F32 expert rows of whole source rows");
+  }
+  // a job's rows are read together: keep a job within one bounce buffer where rows allow (an expert's
+  // matrix is larger: it is one job, read in kMaxBounce pieces)
+  max_job_rows_ = static_cast<int>(std::min<uint64_t>(16, std::max<uint64_t>(1, kMaxBounce / std::max(row_stride_, uint64_t{1}))));
   fd_ = open(s.path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   direct_ = fd_ >= 0;
   if (fd_ < 0) {
@@ -217,7 +245,7 @@ NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, s
   }
   for (size_t i = 0; i < hot.size();) {
     ReaderPool::Job job{this, hot[i], 0, {}};
-    while (i < hot.size() && job.count < 16 && hot[i] == job.first_row + job.count) {
+    while (i < hot.size() && job.count < max_job_rows_ && hot[i] == job.first_row + job.count) {
       const int32_t slot = hot0 + static_cast<int32_t>(i);
       job.slots[job.count++] = slot;
       slot_of_[static_cast<size_t>(hot[i])] = slot;
@@ -256,30 +284,106 @@ void NeuronCache::release() {
 }
 
 bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes) {
-  const uint64_t first = row_off(job.first_row);
-  const uint64_t last_end = row_off(job.first_row + job.count - 1) + row_bytes_;
+  // the job's span of whole 4 KiB blocks, read in pieces of at most bounce_bytes (a multiple of 4 KiB);
+  // each piece's overlap with each row is copied into the row's slot
+  // the job's file bytes [first, last_end): whole rows, or one piece of a row
+  const uint64_t first = row_off(job.first_row) + job.part_off;
+  const uint64_t last_end = job.part_len ? first + job.part_len : row_off(job.first_row + job.count - 1) + row_bytes_;
   const uint64_t a0 = first / kBlock * kBlock;
   const uint64_t a1 = (last_end + kBlock - 1) / kBlock * kBlock;
-  if (a1 - a0 > bounce_bytes) {
+  const uint64_t piece = bounce_bytes / kBlock * kBlock;
+  if (piece == 0) {
     counters_->last_errno.store(EOVERFLOW);
     return false;
   }
-  const int64_t got = pread_full(fd_, bounce, static_cast<size_t>(a1 - a0), a0);
-  counters_->reads.fetch_add(1, std::memory_order_relaxed);
-  if (got < 0 || static_cast<uint64_t>(got) < last_end - a0) {
-    counters_->last_errno.store(got < 0 ? static_cast<int>(-got) : EIO);
-    return false;
-  }
-  counters_->bytes_read.fetch_add(got, std::memory_order_relaxed);
-  if (!direct_) {
-    // keep the file out of the page cache (advisory: a failure leaves the pages to normal reclaim)
-    (void)posix_fadvise(fd_, static_cast<off_t>(a0), static_cast<off_t>(a1 - a0), POSIX_FADV_DONTNEED);
-  }
-  for (int i = 0; i < job.count; i++) {
-    const uint64_t off = row_off(job.first_row + i) - a0;
-    std::memcpy(slots_->ptr_[static_cast<size_t>(job.slots[i])], bounce + off, row_bytes_);
+  for (uint64_t pos = a0; pos < a1; pos += piece) {
+    const uint64_t len = std::min(piece, a1 - pos);
+    const int64_t got = pread_full(fd_, bounce, static_cast<size_t>(len), pos);
+    counters_->reads.fetch_add(1, std::memory_order_relaxed);
+    const uint64_t need = std::min(len, last_end - pos);  // the file may end inside the last block
+    if (got < 0 || static_cast<uint64_t>(got) < need) {
+      counters_->last_errno.store(got < 0 ? static_cast<int>(-got) : EIO);
+      return false;
+    }
+    counters_->bytes_read.fetch_add(got, std::memory_order_relaxed);
+    if (!direct_) {
+      // keep the page cache from holding the file (the reason this cache exists)
+      (void)posix_fadvise(fd_, static_cast<off_t>(pos), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
+    }
+    const uint64_t p1 = pos + static_cast<uint64_t>(got);
+    for (int i = 0; i < job.count; i++) {
+      const uint64_t r0 = row_off(job.first_row + i), r1 = r0 + row_bytes_;
+      const uint64_t c0 = std::max({r0, pos, first}), c1 = std::min({r1, p1, last_end});
+      if (c0 >= c1) continue;
+      uint8_t* slot = slots_->ptr_[static_cast<size_t>(job.slots[i])];
+      if (tr_rows_) {
+        // pieces start 4 KiB aligned and rows at multiples of the element size: no element straddles
+        scatter_transposed(slot, bounce + (c0 - pos), c0 - r0, c1 - r0);
+      } else {
+        std::memcpy(slot + (c0 - r0), bounce + (c0 - pos), static_cast<size_t>(c1 - c0));
+      }
+    }
   }
   return true;
+}
+
+namespace {
+
+/// dst[c·rows + r] = src[(r − r_base)·cols + c] for rows [ra, rb) and columns [c0, c1), in 16 × 16 tiles
+/// (each tile's writes are 16 runs of 16 contiguous elements).
+template <typename T>
+void transpose_block(T* dst, const T* src, uint64_t rows, uint64_t cols, uint64_t r_base, uint64_t ra, uint64_t rb,
+                     uint64_t c0, uint64_t c1) {
+  for (uint64_t r = ra; r < rb; r += 16) {
+    const uint64_t re = std::min(rb, r + 16);
+    for (uint64_t c = c0; c < c1; c += 16) {
+      const uint64_t ce = std::min(c1, c + 16);
+      for (uint64_t cc = c; cc < ce; cc++) {
+        T* d = dst + cc * rows;
+        const T* sp = src + (r - r_base) * cols + cc;
+        for (uint64_t rr = r; rr < re; rr++) d[rr] = sp[(rr - r) * cols];
+      }
+    }
+  }
+}
+
+template <typename T>
+void scatter_t(uint8_t* dst8, const uint8_t* src8, uint64_t rows, uint64_t cols, uint64_t k0, uint64_t k1) {
+  T* dst = reinterpret_cast<T*>(dst8);
+  // src holds source elements [k0, k1): element k is (row k / cols, column k % cols)
+  const T* src = reinterpret_cast<const T*>(src8);
+  uint64_t k = k0;
+  // a partial first row
+  if (k % cols != 0) {
+    const uint64_t r = k / cols, c0 = k % cols, c1 = std::min(cols, c0 + (k1 - k));
+    for (uint64_t c = c0; c < c1; c++) dst[c * rows + r] = src[k - k0 + (c - c0)];
+    k += c1 - c0;
+  }
+  // whole rows, tiled
+  const uint64_t ra = k / cols, rb = k1 / cols;
+  if (rb > ra) {
+    transpose_block(dst, src + (k - k0), rows, cols, ra, ra, rb, 0, cols);
+    k = rb * cols;
+  }
+  // a partial last row
+  if (k < k1) {
+    const uint64_t r = k / cols;
+    for (uint64_t c = 0; c < k1 - k; c++) dst[c * rows + r] = src[k - k0 + c];
+  }
+}
+
+}  // namespace
+
+void NeuronCache::scatter_transposed(uint8_t* dst, const uint8_t* src, uint64_t b0, uint64_t b1) const {
+  // source: tr_rows_ rows of `cols` elements; destination: `cols` rows of tr_rows_ elements
+  const uint64_t es = static_cast<uint64_t>(tr_elem_);
+  const uint64_t cols = row_bytes_ / es / static_cast<uint64_t>(tr_rows_);
+  const uint64_t rows = static_cast<uint64_t>(tr_rows_);
+  if (es == 2) {
+    scatter_t<uint16_t>(dst, src, rows, cols, b0 / es, b1 / es);
+  } else {
+    scatter_t<uint32_t>(dst, src, rows, cols, b0 / es, b1 / es);
+  }
 }
 
 int32_t NeuronCache::victim() {
@@ -352,7 +456,17 @@ int64_t NeuronCache::request(const int32_t* rows, int64_t n, int stride, int32_t
     if (own) misses++;
     if (slot_out) slot_out[e] = s;
     ReaderPool::Job* last = jobs_.empty() ? nullptr : &jobs_.back();
-    if (last && last->count < 16 && last->first_row + last->count == r) {
+    if (row_bytes_ > kRowPiece) {
+      // a large row (an expert): pieces that several readers fetch at once
+      const uint64_t np = (row_bytes_ + kRowPiece - 1) / kRowPiece;
+      P.left_[si].store(static_cast<int32_t>(np), std::memory_order_relaxed);
+      for (uint64_t k = 0; k < np; k++) {
+        ReaderPool::Job j{this, r, 1, {s}};
+        j.part_off = k * kRowPiece;
+        j.part_len = std::min<uint64_t>(kRowPiece, row_bytes_ - j.part_off);
+        jobs_.push_back(j);
+      }
+    } else if (last && last->part_len == 0 && last->count < max_job_rows_ && last->first_row + last->count == r) {
       last->slots[last->count++] = s;
     } else {
       jobs_.push_back(ReaderPool::Job{this, r, 1, {s}});
@@ -387,8 +501,11 @@ void NeuronCache::read_all(uint8_t* dst, size_t part_off, size_t part_bytes) con
   // a plain descriptor: O_DIRECT would need aligned destination buffers
   const int fd = open(("/proc/self/fd/" + std::to_string(fd_)).c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw BackendErr("IO", std::string("neuron cache: cannot reopen the model file: ") + std::strerror(errno));
+  std::vector<uint8_t> tmp(tr_rows_ ? part_bytes : 0);
   for (int64_t r = 0; r < n_rows_; r++) {
-    const int64_t got = pread_full(fd, dst + static_cast<size_t>(r) * part_bytes, part_bytes, row_off(r) + part_off);
+    uint8_t* d = dst + static_cast<size_t>(r) * part_bytes;
+    const int64_t got = pread_full(fd, tr_rows_ ? tmp.data() : d, part_bytes, row_off(r) + part_off);
+    if (got == static_cast<int64_t>(part_bytes) && tr_rows_) scatter_transposed(d, tmp.data(), 0, part_bytes);
     if (got != static_cast<int64_t>(part_bytes)) {
       close(fd);
       throw BackendErr("IO", std::string("neuron cache: reading the model file failed: ") +

@@ -6,8 +6,11 @@
 //   (bundled layout: gate, up and down rows of a neuron together; see apps/cli/src/commands/convert.ts).
 // - Slots: a pinned hot region (rows chosen by the caller, read at bind time, never evicted) and a cold
 //   region managed by CLOCK (an LRU approximation with a reference bit).
+// - Rows are neurons (a sparse FFN weight) or, for routed experts, whole experts (CacheSpec::expert_rows:
+//   row e of a stacked {n_embd, n_ff_exp, n_expert} tensor is expert e's matrix, contiguous in the file).
 // - Reads: the file is opened with O_DIRECT; each read covers whole 4 KiB blocks into a reader's
-//   aligned bounce buffer and the row is copied into its slot. Where O_DIRECT is refused (tmpfs, some
+//   aligned bounce buffer (at most kMaxBounce = 1 MiB) and the row is copied into its slot. A row larger
+//   than kRowPiece (an expert) is queued as 1 MiB pieces that several readers fetch at once. Where O_DIRECT is refused (tmpfs, some
 //   overlay file systems) the file is read with pread and the range is dropped from the page cache
 //   with posix_fadvise(POSIX_FADV_DONTNEED) after each read; `direct()` says which is in use.
 // - Reader pool: `io_threads` pread threads fed from one queue (io_uring is not used). A request is
@@ -58,6 +61,10 @@ class ReaderPool {
     int64_t first_row;  ///< first of `count` adjacent rows
     int count;
     int32_t slots[16];  ///< slot of each row
+    /// A piece of one large row (count 1): bytes [part_off, part_off + part_len) of it; 0: whole rows.
+    /// A row read in pieces is READY when its last piece lands (SlotPool::left_).
+    uint64_t part_off = 0;
+    uint64_t part_len = 0;
   };
   void submit(const Job* jobs, size_t n);
   int size() const { return static_cast<int>(threads_.size()); }
@@ -102,6 +109,7 @@ class SlotPool {
   std::vector<uint8_t> fresh_;       // read by a prefetch, not yet asked for by its own op
   std::vector<uint8_t> pinned_;
   std::deque<std::atomic<uint8_t>> state_;
+  std::deque<std::atomic<int32_t>> left_;  // pieces of the slot's row still being read
   uint32_t gen_ = 1;
   int64_t hand_ = 0;
 };
@@ -117,6 +125,15 @@ struct CacheSpec {
   int64_t n_rows = 0;
   std::vector<int32_t> hot;   ///< rows pinned in memory (read at bind time)
   int64_t cold_slots = 0;     ///< LRU slots
+  /// One row per expert (a stacked expert tensor {n_embd, n_ff_exp, n_expert}: row e is expert e's whole
+  /// matrix): read by the routed-expert ops (mul_mat_id, mul_mat_id_sparse, axpy_id_sparse). False: one
+  /// row per neuron, read by mul_mat_sparse/axpy_sparse.
+  bool expert_rows = false;
+  /// Transpose on read (expert rows of F16/F32 only): the file holds each expert as `transpose_rows`
+  /// rows of row_bytes / (transpose_rows · elem_bytes) elements (llama.cpp's {n_ff_exp, n_embd} down
+  /// projection) and the slot receives the transpose (neuron-major {n_embd, n_ff_exp}). 0: as stored.
+  int64_t transpose_rows = 0;
+  int elem_bytes = 0;  ///< 2 (F16) or 4 (F32) with transpose_rows
 };
 
 class NeuronCache {
@@ -149,8 +166,8 @@ class NeuronCache {
   const uint8_t* wait(int32_t slot);
   const uint8_t* slot_data(int32_t slot) const { return slots_->ptr_[static_cast<size_t>(slot)]; }
 
-  /// Copies bytes [part_off, part_off + part_bytes) of every row (bind-time tools: readTensor).
-  /// @throws BackendErr IO.
+  /// Copies bytes [part_off, part_off + part_bytes) of every row, as a slot holds it (transposed when
+  /// the cache transposes on read) (bind-time tools: readTensor). @throws BackendErr IO.
   void read_all(uint8_t* dst, size_t part_off, size_t part_bytes) const;
   /// File offset of row r.
   uint64_t row_off(int64_t r) const {
@@ -164,6 +181,8 @@ class NeuronCache {
   /// Bytes of slot memory this cache added to its pool (pinned + its share of the LRU region).
   size_t resident_bytes() const { return static_cast<size_t>(n_slots_) * slots_->slot_bytes(); }
   bool direct() const { return direct_; }
+  /// Whether a row is an expert (CacheSpec::expert_rows).
+  bool expert_rows() const { return expert_rows_; }
 
   /// Other caches of the same FFN (gate/up/down): their rows are prefetched with this one's list.
   std::vector<NeuronCache*> siblings;
@@ -172,12 +191,18 @@ class NeuronCache {
   friend class ReaderPool;
   /// Reads a run of rows into their slots (reader thread). Returns false on an I/O error.
   bool load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes);
+  /// Transpose on read: scatters source bytes [b0, b1) of a row (element aligned) from `src` into `dst`.
+  void scatter_transposed(uint8_t* dst, const uint8_t* src, uint64_t b0, uint64_t b1) const;
   int32_t victim();
   /// Waits for reads in flight, closes the file and frees the slots (destructor, failed constructor).
   void release();
 
   int fd_ = -1;
   bool direct_ = false;
+  bool expert_rows_ = false;
+  int64_t tr_rows_ = 0;  ///< transpose on read: source rows per expert (0: none)
+  int tr_elem_ = 0;
+  int max_job_rows_ = 16;  ///< adjacent rows per read job (fewer for rows near the bounce size)
   uint64_t file_offset_, row_stride_;
   int64_t bucket_rows_;
   uint64_t bucket_stride_;
@@ -191,7 +216,13 @@ class NeuronCache {
   std::vector<ReaderPool::Job> jobs_;  // reused by request()
 };
 
-/// Bytes a reader's bounce buffer needs for a job of up to 16 rows of `row_bytes` with `stride`.
+/// Bytes of a reader's bounce buffer for jobs of up to 16 rows of `row_bytes` with `stride`, at most
+/// kMaxBounce: a longer job (an expert's matrix is megabytes) is read in pieces of that size.
 size_t bounce_bytes_for(size_t row_bytes, uint64_t stride);
+/// Largest bounce buffer (and so the largest single read), less two 4 KiB blocks: 1 MiB.
+constexpr size_t kMaxBounce = size_t{1} << 20;
+/// A row larger than this (an expert) is queued as pieces of this many bytes, read by several reader
+/// threads at once.
+constexpr uint64_t kRowPiece = uint64_t{1} << 20;
 
 }  // namespace pi

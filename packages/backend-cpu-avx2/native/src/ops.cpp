@@ -956,6 +956,10 @@ struct ExpertLayout {
   int32_t* pairs = nullptr;  // U·T pair indices (t·U + u), grouped by expert
   int32_t* used = nullptr;   // experts with at least one pair, in id order
   int64_t* n_used = nullptr;
+  // file-backed stack (expert cache, one row per expert) only
+  int32_t* slot = nullptr;   // cache slot of used[j]
+  int32_t* slot_of = nullptr;  // axpy_id_sparse: slot of expert e in the current round (−1: not in it)
+  int64_t* round = nullptr;  // end of the current round (used[j0, round[0]) hold slots)
 };
 
 ExpertLayout expert_layout(const NodeExec& n, Bump& b) {
@@ -970,7 +974,52 @@ ExpertLayout expert_layout(const NodeExec& n, Bump& b) {
   l.pairs = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(P)));
   l.used = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(E)));
   l.n_used = static_cast<int64_t*>(b.take(sizeof(int64_t)));
+  if (W.cache) {
+    l.slot = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(E)));
+    l.slot_of = static_cast<int32_t*>(b.take(sizeof(int32_t) * static_cast<size_t>(E)));
+    l.round = static_cast<int64_t*>(b.take(sizeof(int64_t)));
+  }
   return l;
+}
+
+// A file-backed expert stack (expert cache: one row per expert, see neuron_cache.h) is computed in
+// rounds of used experts: thread 0 asks the cache for slots of as many of them as fit (queuing reads for
+// the missing ones, and on the first round the same experts of the layer's other stacks, so gate, up and
+// down are read together), puts the experts already loaded first, and every thread waits only for the
+// expert it computes. Each output element is computed exactly as on the mapped path.
+
+/// Thread 0: slots for used[j0..); returns the end of the round.
+int64_t expert_cache_round(const NodeExec& n, const ExpertLayout& l, int64_t j0, int64_t nu) {
+  NeuronCache* c = n.src[0].cache;
+  const bool counts = n.src[0].cache_counts;
+  c->begin();
+  int64_t got = c->request(l.used + j0, nu - j0, 1, l.slot + j0, counts);
+  if (got == 0 && nu > j0) {
+    c->begin();
+    got = c->request(l.used + j0, 1, 1, l.slot + j0, counts);
+  }
+  if (j0 == 0) {
+    for (NeuronCache* sib : c->siblings) sib->request(l.used, nu, 1, nullptr, false);
+  }
+  const int64_t j1 = j0 + got;
+  // experts already in memory first (a stable partition: the order of the rest is the queue's)
+  int32_t tmp_e[64], tmp_s[64];
+  int64_t k = j0;
+  for (int64_t a = j0; a < j1; a += 64) {
+    const int64_t b = a + 64 < j1 ? a + 64 : j1;
+    int nt = 0;
+    for (int64_t j = a; j < b; j++) {
+      if (c->ready(l.slot[j])) {
+        l.used[k] = l.used[j], l.slot[k] = l.slot[j], k++;
+      } else {
+        tmp_e[nt] = l.used[j], tmp_s[nt] = l.slot[j], nt++;
+      }
+    }
+    // pending ones of this block go after the ready ones found so far; later blocks' ready ones follow
+    for (int i = 0; i < nt; i++) l.used[k + i] = tmp_e[i], l.slot[k + i] = tmp_s[i];
+    k += nt;
+  }
+  return j1;
 }
 
 /// Thread 0: pairs grouped by expert (counting sort, pairs in order within an expert).
@@ -1062,69 +1111,84 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
     }
     return;
   }
-  // items: (used expert, chunk of rows)
+  // items: (used expert, chunk of rows); one round over every used expert unless the stack is
+  // file-backed (expert_cache_round)
+  NeuronCache* c = W.cache;
   const int64_t rows_chunk = logits ? 64 : 16;
   const int64_t per_expert = (M + rows_chunk - 1) / rows_chunk;
-  const int64_t items = nu * per_expert;
   int64_t read = 0;
-  int64_t i0, i1;
-  const int64_t chunk = chunk_size(items, nth, 1);
-  while (next_chunk(n, items, chunk, &i0, &i1)) {
-    for (int64_t it = i0; it < i1; it++) {
-      const int32_t e = l.used[it / per_expert];
-      const int64_t r0 = (it % per_expert) * rows_chunk;
-      const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
-      const uint8_t* we = W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
-      if (logits && l.start[e + 1] - l.start[e] == 1) {
-        // one (slot, token) on this expert (decode), sparse: the chunk's active rows four at a time as
-        // concurrent streams, the next four prefetched (as mul_mat_sparse's decode); only active rows are read
-        const int64_t p = l.pairs[l.start[e]];
-        const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
-        const float* lg = logits + p * M;
-        int32_t act[64];
-        int na = 0;
+  for (int64_t j0 = 0; j0 < nu;) {
+    if (c) {
+      if (ith == 0) {
+        l.round[0] = expert_cache_round(n, l, j0, nu);
+        n.chunk->store(0, std::memory_order_relaxed);
+      }
+      sync(n);
+    }
+    const int64_t j1 = c ? l.round[0] : nu;
+    const int64_t items = (j1 - j0) * per_expert;
+    int64_t i0, i1;
+    const int64_t chunk = chunk_size(items, nth, 1);
+    while (next_chunk(n, items, chunk, &i0, &i1)) {
+      for (int64_t it = i0; it < i1; it++) {
+        const int64_t j = j0 + it / per_expert;
+        const int32_t e = l.used[j];
+        const int64_t r0 = (it % per_expert) * rows_chunk;
+        const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
+        const uint8_t* we = c ? c->wait(l.slot[j]) + W.cache_part : W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
+        if (logits && l.start[e + 1] - l.start[e] == 1) {
+          // one (slot, token) on this expert (decode), sparse: the chunk's active rows four at a time as
+          // concurrent streams, the next four prefetched (as mul_mat_sparse's decode); only active rows are read
+          const int64_t p = l.pairs[l.start[e]];
+          const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+          const float* lg = logits + p * M;
+          int32_t act[64];
+          int na = 0;
+          for (int64_t r = r0; r < r1; r++) {
+            if (lg[r] >= thr) act[na++] = static_cast<int32_t>(r);
+          }
+          for (int i = 0; i < na; i += 4) {
+            const int nr = na - i < 4 ? na - i : 4;
+            for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
+            const uint8_t* w[4];
+            float out[4];
+            for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
+            tile(K, nr, 1, w, &xp, out);
+            for (int r = 0; r < nr; r++) y[p * M + act[i + r]] = out[r];
+          }
+          read += na;
+          continue;
+        }
+        if (!logits && l.start[e + 1] - l.start[e] == 1) {
+          // one (slot, token) on this expert (decode): four rows at a time as concurrent streams, as the
+          // dense matrix × vector does; a tile computes each output exactly as dot does
+          const int64_t p = l.pairs[l.start[e]];
+          const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
+          for (int64_t r = r0; r < r1; r += 4) {
+            const int nr = r + 4 <= r1 ? 4 : static_cast<int>(r1 - r);
+            const uint8_t* w[4];
+            for (int i = 0; i < nr; i++) w[i] = we + (r + i) * wrb;
+            tile(K, nr, 1, w, &xp, y + p * M + r);
+          }
+          read += r1 - r0;
+          continue;
+        }
         for (int64_t r = r0; r < r1; r++) {
-          if (lg[r] >= thr) act[na++] = static_cast<int32_t>(r);
-        }
-        for (int i = 0; i < na; i += 4) {
-          const int nr = na - i < 4 ? na - i : 4;
-          for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
-          const uint8_t* w[4];
-          float out[4];
-          for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
-          tile(K, nr, 1, w, &xp, out);
-          for (int r = 0; r < nr; r++) y[p * M + act[i + r]] = out[r];
-        }
-        read += na;
-        continue;
-      }
-      if (!logits && l.start[e + 1] - l.start[e] == 1) {
-        // one (slot, token) on this expert (decode): four rows at a time as concurrent streams, as the
-        // dense matrix × vector does; a tile computes each output exactly as dot does
-        const int64_t p = l.pairs[l.start[e]];
-        const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
-        for (int64_t r = r0; r < r1; r += 4) {
-          const int nr = r + 4 <= r1 ? 4 : static_cast<int>(r1 - r);
-          const uint8_t* w[4];
-          for (int i = 0; i < nr; i++) w[i] = we + (r + i) * wrb;
-          tile(K, nr, 1, w, &xp, y + p * M + r);
-        }
-        read += r1 - r0;
-        continue;
-      }
-      for (int64_t r = r0; r < r1; r++) {
-        const uint8_t* w = we + r * wrb;
-        if (r + 1 < r1) prefetch_row(w + wrb, wrb);
-        for (int32_t q = l.start[e]; q < l.start[e + 1]; q++) {
-          const int64_t p = l.pairs[q];  // t·U + u
-          const int64_t o = p * M + r;
-          if (logits && !(logits[o] >= thr)) continue;
-          const int64_t c = per_slot ? p : p / U;
-          y[o] = dot(K, w, xq + c * xrb);
-          read++;
+          const uint8_t* w = we + r * wrb;
+          if (r + 1 < r1) prefetch_row(w + wrb, wrb);
+          for (int32_t q = l.start[e]; q < l.start[e + 1]; q++) {
+            const int64_t p = l.pairs[q];  // t·U + u
+            const int64_t o = p * M + r;
+            if (logits && !(logits[o] >= thr)) continue;
+            const int64_t col = per_slot ? p : p / U;
+            y[o] = dot(K, w, xq + col * xrb);
+            read++;
+          }
         }
       }
     }
+    if (c) sync(n);
+    j0 = j1;
   }
   if (sparse) n.rows_read[ith] += read;
 }
@@ -1151,49 +1215,79 @@ void op_axpy_id_sparse(const NodeExec& n, int ith, int nth) {
   const AxpyRowsFn axpy_rows = n.k->axpy_rows[W.dtype];
   const int64_t items = P * npieces;
   int64_t read = 0;
-  int64_t i0, i1;
-  const int64_t chunk = chunk_size(items, nth, 1);
-  while (next_chunk(n, items, chunk, &i0, &i1)) {
-    for (int64_t it = i0; it < i1; it++) {
-      const int64_t p = it / npieces, pc = it % npieces;
-      const int64_t off = pc * piece;
-      const int64_t len = off + piece <= D ? piece : D - off;
-      const uint8_t* we = W.data + static_cast<size_t>(ids[p]) * static_cast<size_t>(M) * wrb + static_cast<size_t>(pc) * piece_bytes;
-      float* yc = y + p * D + off;
-      std::memset(yc, 0, sizeof(float) * static_cast<size_t>(len));
-      const float* ac = a + p * M;
-      const float* lc = logits ? logits + p * M : nullptr;
-      // four active rows per pass over the piece (same per-element operations as four axpy calls); the
-      // piece of the active row four ahead is prefetched (rows are scattered: no hardware prefetch)
-      float av[4];
-      const uint8_t* wr[4];
-      int nr = 0;
-      int64_t ahead = 0, nahead = 0;  // next row to look at for prefetching; active rows prefetched ahead
-      for (int64_t i = 0; i < M; i++) {
-        if (lc && !(lc[i] >= thr)) continue;
-        if (pc == 0) read++;
-        if (ahead <= i) ahead = i + 1, nahead = 0;
-        else nahead--;
-        while (nahead < 4 && ahead < M) {
-          if (!lc || lc[ahead] >= thr) {
-            prefetch_head(we + ahead * wrb, piece_bytes);
-            nahead++;
-          }
-          ahead++;
-        }
-        av[nr] = ac[i];
-        wr[nr] = we + i * wrb;
-        if (++nr == 4) {
-          axpy_rows(len, 4, av, wr, yc);
-          nr = 0;
-        }
+  // a file-backed stack (expert cache) is summed in rounds of used experts (expert_cache_round); a
+  // column whose expert is not in the round waits for its round
+  NeuronCache* c = W.cache;
+  ExpertLayout l;
+  int64_t nu = 1;
+  if (c) {
+    Bump b(n.scratch);
+    l = expert_layout(n, b);
+    if (ith == 0) group_by_expert(n, l);
+    sync(n);
+    nu = *l.n_used;
+  }
+  for (int64_t j0 = 0; j0 < nu;) {
+    if (c) {
+      if (ith == 0) {
+        const int64_t j1 = expert_cache_round(n, l, j0, nu);
+        for (int64_t e = 0; e < W.ne[2]; e++) l.slot_of[e] = -1;
+        for (int64_t j = j0; j < j1; j++) l.slot_of[l.used[j]] = l.slot[j];
+        l.round[0] = j1;
+        n.chunk->store(0, std::memory_order_relaxed);
       }
-      if (nr == 1) {
-        axpy(len, av[0], wr[0], yc);
-      } else if (nr > 1) {
-        axpy_rows(len, nr, av, wr, yc);
+      sync(n);
+    }
+    const int64_t j1 = c ? l.round[0] : nu;
+    int64_t i0, i1;
+    const int64_t chunk = chunk_size(items, nth, 1);
+    while (next_chunk(n, items, chunk, &i0, &i1)) {
+      for (int64_t it = i0; it < i1; it++) {
+        const int64_t p = it / npieces, pc = it % npieces;
+        if (c && l.slot_of[ids[p]] < 0) continue;
+        const int64_t off = pc * piece;
+        const int64_t len = off + piece <= D ? piece : D - off;
+        const uint8_t* we = (c ? c->wait(l.slot_of[ids[p]]) + W.cache_part
+                               : W.data + static_cast<size_t>(ids[p]) * static_cast<size_t>(M) * wrb) +
+                            static_cast<size_t>(pc) * piece_bytes;
+        float* yc = y + p * D + off;
+        std::memset(yc, 0, sizeof(float) * static_cast<size_t>(len));
+        const float* ac = a + p * M;
+        const float* lc = logits ? logits + p * M : nullptr;
+        // four active rows per pass over the piece (same per-element operations as four axpy calls); the
+        // piece of the active row four ahead is prefetched (rows are scattered: no hardware prefetch)
+        float av[4];
+        const uint8_t* wr[4];
+        int nr = 0;
+        int64_t ahead = 0, nahead = 0;  // next row to look at for prefetching; active rows prefetched ahead
+        for (int64_t i = 0; i < M; i++) {
+          if (lc && !(lc[i] >= thr)) continue;
+          if (pc == 0) read++;
+          if (ahead <= i) ahead = i + 1, nahead = 0;
+          else nahead--;
+          while (nahead < 4 && ahead < M) {
+            if (!lc || lc[ahead] >= thr) {
+              prefetch_head(we + ahead * wrb, piece_bytes);
+              nahead++;
+            }
+            ahead++;
+          }
+          av[nr] = ac[i];
+          wr[nr] = we + i * wrb;
+          if (++nr == 4) {
+            axpy_rows(len, 4, av, wr, yc);
+            nr = 0;
+          }
+        }
+        if (nr == 1) {
+          axpy(len, av[0], wr[0], yc);
+        } else if (nr > 1) {
+          axpy_rows(len, nr, av, wr, yc);
+        }
       }
     }
+    if (c) sync(n);
+    j0 = j1;
   }
   n.rows_read[ith] += read;
 }
@@ -1604,6 +1698,21 @@ void op_slice(const NodeExec& n, int ith, int nth) {
 
 }  // namespace
 
+void prefetch_experts(const NodeExec& n) {
+  const int32_t* ids = n.dst.i32();
+  const int64_t P = n.dst.nel;
+  int32_t list[1024];
+  uint8_t seen[1024] = {};
+  int64_t nu = 0;
+  for (int64_t p = 0; p < P; p++) {
+    const int32_t e = ids[p];
+    if (e < 0 || e >= 1024) return;  // more experts than this list holds: the ops request them themselves
+    if (!seen[e]) seen[e] = 1, list[nu++] = e;
+  }
+  std::sort(list, list + nu);  // adjacent experts become one read
+  for (int i = 0; i < n.n_prefetch; i++) n.prefetch[i]->request(list, nu, 1, nullptr, false);
+}
+
 size_t node_scratch_bytes(const NodeExec& n, int nth) {
   Bump b(nullptr);
   switch (n.op) {
@@ -1614,6 +1723,9 @@ size_t node_scratch_bytes(const NodeExec& n, int nth) {
     case OP_ATTENTION_SWA: attn_layout(n, nth, b); break;
     case OP_MUL_MAT_ID:
     case OP_MUL_MAT_ID_SPARSE: expert_layout(n, b); break;
+    case OP_AXPY_ID_SPARSE:
+      if (n.src[0].cache) expert_layout(n, b);
+      break;
     default: break;
   }
   return align_up(b.off);

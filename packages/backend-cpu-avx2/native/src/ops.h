@@ -27,7 +27,15 @@ struct NodeExec {
   std::atomic<int64_t>* chunk = nullptr;
   const KernelTable* k = nullptr;
   ThreadPool* pool = nullptr;   // null: the graph runs on the calling thread alone
+  /// top_k whose ids route file-backed expert stacks (expert caches): once its output is complete, the
+  /// chosen experts of these caches are queued for reading (prefetch_experts), before the expert ops run.
+  NeuronCache* prefetch[4] = {nullptr, nullptr, nullptr, nullptr};
+  int n_prefetch = 0;
 };
+
+/// Thread 0, after node `n` (a top_k with NodeExec::prefetch) is complete: queues the reads of the experts
+/// its ids name in each cache (a prefetch: counted as misses when their op asks for them).
+void prefetch_experts(const NodeExec& n);
 
 /// Scratch bytes the node needs when run with nth threads.
 size_t node_scratch_bytes(const NodeExec& n, int nth);

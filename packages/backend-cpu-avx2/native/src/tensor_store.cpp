@@ -130,9 +130,13 @@ CacheCounters& TensorStore::counters() {
 
 TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpec& spec, int group, int pool_id) {
   const size_t bytes = tensor_bytes(dtype, ne);
-  if (ne[2] != 1 || ne[3] != 1) throw BackendErr("BAD_TENSOR", "mapTensorCached: only 2-d tensors (one row per neuron)");
-  const size_t rb = bytes / static_cast<size_t>(ne[1]);
-  if (spec.row_bytes < rb || spec.n_rows != ne[1]) {
+  // one row per neuron (2-d) or, for a stacked expert tensor, one row per expert (3-d, ne[2] experts)
+  if (ne[3] != 1 || (!spec.expert_rows && ne[2] != 1)) {
+    throw BackendErr("BAD_TENSOR", "mapTensorCached: only 2-d tensors (one row per neuron) or 3-d expert stacks (expertRows)");
+  }
+  const int64_t rows = spec.expert_rows ? ne[2] : ne[1];
+  const size_t rb = bytes / static_cast<size_t>(rows);
+  if (spec.row_bytes < rb || spec.n_rows != rows) {
     throw BackendErr("BAD_TENSOR", "mapTensorCached: row size/count differ from the tensor's shape");
   }
   char resolved[PATH_MAX];

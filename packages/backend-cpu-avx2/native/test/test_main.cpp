@@ -1013,6 +1013,106 @@ void test_experts() {
   for (size_t r = 1; r < runs.size(); r++) CHECK(runs[r] == runs[0], "expert run %zu differs", r);
 }
 
+/// Expert stacks served from a file one expert per row (expert cache): mul_mat_id, mul_mat_id_sparse and
+/// axpy_id_sparse (its stack transposed on read from llama.cpp's down layout) equal the in-memory stacks' bit
+/// for bit, with experts larger than one 1 MiB read (pieces read by several readers), a single LRU slot
+/// (a round per expert) and top_k's prefetch; every thread count.
+void test_expert_cache() {
+  constexpr int K = 1024, M = 640, E = 4, U = 2, T = 3;  // F16: 1.25 MiB per expert
+  TensorStore store{SIZE_MAX};
+  const int64_t wne[4] = {K, M, E, 1};
+  const std::vector<uint8_t> wb = random_row(DT_F16, int64_t{K} * M * E);  // gate stack [K, M, E]
+  const std::vector<uint8_t> db = random_row(DT_F16, int64_t{K} * M * E);  // down as stored: [M, K, E]
+  std::vector<uint8_t> dt(db.size());                                       // its neuron-major transpose [K, M, E]
+  for (int e = 0; e < E; e++)
+    for (int r = 0; r < K; r++)
+      for (int c = 0; c < M; c++)
+        std::memcpy(&dt[(static_cast<size_t>(e) * M * K + static_cast<size_t>(c) * K + r) * 2],
+                    &db[(static_cast<size_t>(e) * K * M + static_cast<size_t>(r) * M + c) * 2], 2);
+  char path[] = "/tmp/pi-expert-cache-XXXXXX";
+  const int fd = mkstemp(path);
+  CHECK(fd >= 0, "temp file");
+  if (fd < 0) return;
+  std::vector<uint8_t> head(96, 0);
+  bool wrote = write(fd, head.data(), head.size()) == 96 &&
+               write(fd, wb.data(), wb.size()) == static_cast<ssize_t>(wb.size()) &&
+               write(fd, db.data(), db.size()) == static_cast<ssize_t>(db.size());
+  close(fd);
+  CHECK(wrote, "temp file written");
+  TensorPtr wm = store.create(DT_F16, wne);
+  std::memcpy(wm->data, wb.data(), wb.size());
+  TensorPtr dm = store.create(DT_F16, wne);
+  std::memcpy(dm->data, dt.data(), dt.size());
+  std::vector<float> x(K * T), router(E * T), a(M * U * T);
+  for (auto& v : x) v = uni(-1, 1);
+  for (auto& v : router) v = uni(-2, 2);
+  for (auto& v : a) v = uni(0, 1);
+  for (const int cold : {1, 3}) {
+    CacheSpec gs;
+    gs.path = path;
+    gs.file_offset = 96;
+    gs.row_bytes = wb.size() / E;
+    gs.row_stride = gs.row_bytes;
+    gs.n_rows = E;
+    gs.cold_slots = cold;
+    gs.expert_rows = true;
+    if (cold == 3) gs.hot = {2};
+    CacheSpec ds = gs;
+    ds.file_offset = 96 + wb.size();
+    ds.transpose_rows = K;
+    ds.elem_bytes = 2;
+    TensorPtr wc, dc;
+    try {
+      wc = store.map_cached(DT_F16, wne, gs, 7, 0);
+      dc = store.map_cached(DT_F16, wne, ds, 7, 0);
+    } catch (const BackendErr& e) {
+      CHECK(false, "map_cached: %s", e.what());
+      continue;
+    }
+    std::vector<std::vector<float>> runs;
+    for (int threads : {1, 2, 3}) {
+      Executor ex(store, threads, false);
+      ex.set_serial_work_bytes(0);
+      std::vector<float> out[2][3];
+      for (int v = 0; v < 2; v++) {
+        GraphBuilder b;
+        const int hw = b.tensor(2, DT_F16, {K, M, E}, v ? wc->id : wm->id);
+        const int hd = b.tensor(2, DT_F16, {K, M, E}, v ? dc->id : dm->id);
+        const int xi = b.input(DT_F32, {K, T}, x.data(), x.size() * 4);
+        const int ri = b.input(DT_F32, {E, T}, router.data(), router.size() * 4);
+        const int ai = b.input(DT_F32, {M, U, T}, a.data(), a.size() * 4);
+        const int ids = b.tensor(0, DT_I32, {U, T});
+        b.node_to(OP_TOP_K, ids, {ri}, {U});
+        const int g = b.node(OP_MUL_MAT_ID, {M, U, T}, {hw, xi, ids}, {});
+        const int sp = b.node(OP_MUL_MAT_ID_SPARSE, {M, U, T}, {hw, xi, ids, g}, {1.401298464324817e-45});
+        const int d = b.node(OP_AXPY_ID_SPARSE, {K, U, T}, {hd, ai, ids, g}, {1.401298464324817e-45});
+        out[v][0].resize(M * U * T);
+        out[v][1].resize(M * U * T);
+        out[v][2].resize(K * U * T);
+        b.output(g, out[v][0].data(), out[v][0].size() * 4);
+        b.output(sp, out[v][1].data(), out[v][1].size() * 4);
+        b.output(d, out[v][2].data(), out[v][2].size() * 4);
+        std::vector<double> rows;
+        try {
+          ex.compute(b.view(), rows);
+        } catch (const BackendErr& e) {
+          CHECK(false, "expert cache graph (cold %d, threads %d): %s", cold, threads, e.what());
+        }
+      }
+      for (int o = 0; o < 3; o++) {
+        CHECK(out[0][o] == out[1][o], "expert cache output %d equals the in-memory stack's (cold %d, threads %d)", o, cold,
+              threads);
+      }
+    }
+    CHECK(store.counters().io_errors.load() == 0, "expert cache: no read failed");
+    store.release(wc->id);
+    store.release(dc->id);
+  }
+  store.release(wm->id);
+  store.release(dm->id);
+  unlink(path);
+}
+
 bool throws_bad_graph(Executor& ex, const GraphBuilder& b) {
   std::vector<double> rows;
   try {
@@ -1153,6 +1253,7 @@ int main() {
   test_tensor_store();
   test_executor();
   test_experts();
+  test_expert_cache();
   test_bad_graphs();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

@@ -175,9 +175,23 @@ export interface NeuronCacheOptions {
   coldRows: number;
   /**
    * Tensors with the same group > 0 are the weights of one FFN: the active list of the first sparse op
-   * queues the reads of all of them.
+   * queues the reads of all of them (expert stacks: the experts the first expert op uses).
    */
   group?: number;
+  /**
+   * A stacked expert tensor ne = [n_embd, n_ff_exp, n_expert] (or [n_ff_exp, n_embd, n_expert]) cached one
+   * expert per row: row e is expert e's whole matrix (contiguous in the file), `hot` and `coldRows` count
+   * experts, and only the routed-expert ops (mul_mat_id, mul_mat_id_sparse, axpy_id_sparse) read it.
+   * Not combinable with the bundled-layout options.
+   */
+  expertRows?: boolean;
+  /**
+   * With expertRows, F16/F32 only: the file holds each expert as `transposeRows` rows (llama.cpp's down
+   * stack {n_ff_exp, n_embd, n_expert}: n_embd rows of n_ff_exp) and the tensor (ne = [n_embd, n_ff_exp,
+   * n_expert], neuron-major) receives each expert transposed as it is read, so axpy_id_sparse reads only
+   * the active neurons' rows. readTensor returns the transposed bytes.
+   */
+  transposeRows?: number;
 }
 
 /** Counters of a backend's neuron caches, monotonic since the backend was created (take differences). */
@@ -279,7 +293,8 @@ export interface Backend {
   /**
    * Optional: a weight whose rows stay in the file and are read on demand into a neuron cache (pinned
    * hot rows + an LRU region), bypassing the page cache. Only the sparse ops (mul_mat_sparse,
-   * axpy_sparse, without a row list) may read it; any other use is a BAD_GRAPH error at compute.
+   * axpy_sparse, without a row list) may read it — or, cached one expert per row
+   * ({@link NeuronCacheOptions.expertRows}), the routed-expert ops; any other use is a BAD_GRAPH error at compute.
    */
   mapTensorCached?(
     dtype: DType,

@@ -249,7 +249,10 @@ export class Model {
       weights.layers.forEach((L, l) => {
         const x = L.experts!;
         const t = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
-        if (x.downExps && t && expertDownNeuronMajor(t.type)) {
+        // an expert stack served from the file (--ram-budget) stays as stored: down runs densely over the
+        // sparse activations of each loaded expert
+        const cached = ramPlan?.tensors.some((c) => c.layer === l && c.role === "down_exps");
+        if (x.downExps && t && expertDownNeuronMajor(t.type) && !cached) {
           opts.onProgress?.(
             l / config.n_layer,
             `experts' down projections neuron-major: layer ${l + 1}/${config.n_layer}`,

@@ -124,6 +124,24 @@ export type MoeSparsity =
   | { mode: "predictor"; x: TensorId; threshold: number };
 
 /**
+ * The router: p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid) and
+ * the n_expert_used largest per column. r [n_embd, T] → probs [n_expert, T] (f32), ids [n_expert_used, T] (i32).
+ * SmallThinker's router reads the layer input, so its graph computes this before attention: a backend
+ * that fetches experts from storage starts reading them while attention runs.
+ */
+export function routeExperts(
+  g: Graph,
+  cfg: ModelConfig,
+  W: ExpertWeights,
+  routerInput: TensorId,
+): { probs: TensorId; ids: TensorId } {
+  const moe = cfg.moe!;
+  const logits = g.mulMat(g.handle(W.gateInp), routerInput);
+  const probs = moe.gating === "softmax" ? g.softmax(logits) : g.sigmoid(logits);
+  return { probs, ids: g.topK(probs, moe.n_expert_used) };
+}
+
+/**
  * Routed experts (Shazeer et al. 2017; Mixtral, Jiang et al. 2024; llama.cpp's `build_moe_ffn`):
  * p = gating(W_gate_inp·r) over the n_expert experts (softmax, or an independent sigmoid), the
  * n_expert_used largest chosen per token, each chosen expert's FFN act(W_gate_e·h) ⊙ (W_up_e·h) (dReLU:
@@ -139,6 +157,8 @@ export type MoeSparsity =
  * Sparse ("predictor"): each chosen expert's predictor fc2_e·ReLU(fc1_e·x) (PowerInfer's form, per expert)
  * gives a logit per neuron [n_ff_exp, n_expert_used, T]; gate and up read only the neurons whose logit is
  * ≥ the threshold (the others' activations are 0), then down as in oracle mode.
+ * `routed`: the router's result when already computed ({@link routeExperts}; SmallThinker computes it
+ * before attention).
  * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
  *   pre-activations [n_ff_exp, n_expert_used, T] (predictor mode: only predicted rows are computed, the
  *   others are 0) and the graph node indices of the sparse expert ops (empty when dense; up first — in
@@ -151,11 +171,10 @@ export function moeFfn(
   h: TensorId,
   routerInput: TensorId,
   sparsity: MoeSparsity,
+  routed?: { probs: TensorId; ids: TensorId },
 ): { out: TensorId; probs: TensorId; gate: TensorId; sparseNodes: number[] } {
   const moe = cfg.moe!;
-  const logits = g.mulMat(g.handle(W.gateInp), routerInput);
-  const probs = moe.gating === "softmax" ? g.softmax(logits) : g.sigmoid(logits);
-  const ids = g.topK(probs, moe.n_expert_used);
+  const { probs, ids } = routed ?? routeExperts(g, cfg, W, routerInput);
   const act = (t: TensorId) =>
     cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
   let down: TensorId;

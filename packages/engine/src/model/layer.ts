@@ -64,6 +64,11 @@ export interface LayerContext {
   /** Its weights on the main backend (which hold every FFN row). */
   mainLayer?: LlamaLayerWeights;
   /**
+   * The layer's router result when it was computed before attention (a router on the layer input,
+   * SmallThinker's, in a layer without a device split): see {@link routeExperts}.
+   */
+  earlyRoute?: { probs: TensorId; ids: TensorId };
+  /**
    * The columns whose logits are wanted (i32), when not all: the last layer selects them after attention
    * (llama.cpp's `inp_out_ids`) so its FFN runs on those columns only. See {@link lastLayerRows}.
    */
@@ -381,7 +386,7 @@ function layerFfn(ctx: LayerContext, L: LlamaLayerWeights, h: TensorId, ffnInp: 
       mode === "predictor"
         ? { mode, x: ffnInp, threshold: opts.threshold ?? cfg.sparse_threshold }
         : { mode: mode === "oracle" ? "oracle" : "off" };
-    const r = moeFfn(g, cfg, L.experts, h, routerIn, sparsity);
+    const r = moeFfn(g, cfg, L.experts, h, routerIn, sparsity, ctx.earlyRoute);
     down = r.out;
     if (opts.capture) {
       captures.push({

@@ -11,6 +11,12 @@
  * and an LRU region filled on demand. The KV cache and the process's own memory are not part of the
  * budget (they are reported beside it).
  *
+ * Routed experts (any mode): the expert is the unit of caching (SmallThinker's engine; PowerInfer-2 reads
+ * neurons). Each layer's `ffn_{gate,up,down}_exps` stack is cached one whole expert per row (contiguous in
+ * a GGUF); the most often selected experts (`expert_selection_count` of the statistics) are pinned. In a
+ * sparse mode an F16/F32 down stack is transposed as it is read (neuron-major, as the unlimited run's
+ * in-memory copy), so the computation is the unlimited run's.
+ *
  * Tiers with a device (`--vram-budget`): the device holds the planner's hot neurons; the RAM budget
  * applies to what stays on the CPU backend, so the three tiers are VRAM (hottest) → RAM budget (resident
  * + neuron cache) → storage (the model file, read on demand).
@@ -20,19 +26,28 @@ import type { Backend, TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { LlamaWeights } from "./llama.js";
 import { type BundleLayout, bundleLayout, isBundled } from "./bundle.js";
-import { dtypeOfTensor } from "./weights.js";
+import { dtypeOfTensor, expertDownNeuronMajor } from "./weights.js";
 
 /** One FFN tensor served from the file. */
 export interface CachedTensorPlan {
   layer: number;
-  /** "up" | "gate" | "down_t", or "bundle": a layer's neuron records (bundled layout, all parts). */
-  role: "up" | "gate" | "down_t" | "bundle";
+  /**
+   * "up" | "gate" | "down_t", "bundle": a layer's neuron records (bundled layout, all parts), or a stacked
+   * expert tensor cached one expert per row ("gate_exps" | "up_exps" | "down_exps").
+   */
+  role: "up" | "gate" | "down_t" | "bundle" | "gate_exps" | "up_exps" | "down_exps";
   /** The bundle's layout (role "bundle"). */
   bundle?: BundleLayout;
   name: string;
+  /** Neurons, or experts for an expert stack (a row is then one expert's whole matrix). */
   rows: number;
   rowBytes: number;
-  /** Rows pinned (the hottest by profile counts). */
+  /**
+   * An F16/F32 expert down stack in a sparse mode: cached neuron-major, each expert transposed as it is
+   * read (NeuronCacheOptions.transposeRows), so the sparse down reads only active neurons.
+   */
+  transposed?: boolean;
+  /** Rows pinned (the hottest by profile counts; experts: the most selected). */
   hot: Int32Array;
   /** LRU rows. */
   coldRows: number;
@@ -83,6 +98,9 @@ export function planRamBudget(
   let ffnBytes = 0;
   let extra = 0; // resident copies made at load (down transposed in memory)
   const cacheable = sparse !== "off" && !cfg.moe && cfg.ffn.activation === "relu";
+  // routed experts are cached one expert per row in any mode (experts are the unit of caching; a
+  // sparse mode then computes only the predicted neurons of each loaded expert): the stacks are
+  // contiguous per expert in a GGUF, and the down stack stays in llama.cpp's layout (not neuron-major)
   const bundled = isBundled(file);
   if (bundled && sparse !== "predictor") {
     throw new EngineError(
@@ -92,6 +110,29 @@ export function planRamBudget(
   }
   for (let l = 0; l < cfg.n_layer; l++) {
     const p = `blk.${l}.`;
+    if (cfg.moe) {
+      const nx = cfg.moe.n_expert;
+      for (const role of ["gate_exps", "up_exps", "down_exps"] as const) {
+        const name = `${p}ffn_${role}.weight`;
+        const t = file.tensorMap.get(name);
+        if (!t) throw new EngineError("BAD_INPUT", `--ram-budget: the model has no ${name}`);
+        dtypeOfTensor(t);
+        const transposed =
+          role === "down_exps" && sparse !== "off" && cfg.ffn.activation === "relu" && expertDownNeuronMajor(t.type);
+        tensors.push({
+          layer: l,
+          role,
+          name,
+          rows: nx,
+          rowBytes: t.byteLength / nx,
+          hot: new Int32Array(0),
+          coldRows: 0,
+          ...(transposed ? { transposed } : {}),
+        });
+        ffnBytes += t.byteLength;
+      }
+      continue;
+    }
     const b = bundleLayout(file, l, cfg.n_embd, cfg.n_ff);
     if (b) {
       tensors.push({
@@ -130,17 +171,18 @@ export function planRamBudget(
     }
   }
   const residentBytes = total + extra - ffnBytes;
-  const minCache = tensors.reduce((s, t) => s + Math.min(t.rows, MIN_ROWS) * t.rowBytes, 0);
+  // an expert stack needs at least one token's experts (n_expert_used); a neuron tensor MIN_ROWS
+  const isExp = (t: CachedTensorPlan) => t.role.endsWith("_exps");
+  const minRows = (t: CachedTensorPlan) => Math.min(t.rows, isExp(t) ? cfg.moe!.n_expert_used : MIN_ROWS);
+  const minCache = tensors.reduce((s, t) => s + minRows(t) * t.rowBytes, 0);
   const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
   if (residentBytes + minCache > budget) {
     const why =
       tensors.length === 0
-        ? cfg.moe
-          ? " (routed experts are not served from the file yet: every weight stays resident)"
-          : sparse === "off"
-            ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
-            : " (no FFN tensor of this model can be served from the file)"
-        : ` (resident: embeddings, attention, norms, output and predictors take ${gib(residentBytes)}; the neuron cache needs at least ${gib(minCache)})`;
+        ? sparse === "off"
+          ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
+          : " (no FFN tensor of this model can be served from the file)"
+        : ` (resident: embeddings, attention, norms, output${cfg.moe ? ", routers" : ""} and predictors take ${gib(residentBytes)}; the ${cfg.moe ? "expert" : "neuron"} cache needs at least ${gib(minCache)})`;
     throw new EngineError(
       "RAM_BUDGET",
       `RAM budget ${gib(budget)} is too small for this model: it needs at least ${gib(residentBytes + minCache)} (${residentBytes + minCache} bytes)${why}`,
@@ -152,13 +194,14 @@ export function planRamBudget(
   // (all layers), and it must hold one layer's working set — the rows one token reads in a layer, every
   // part of the FFN — or the parts of a layer evict each other and are read again within the token. So
   // only what is left above that working set (with a 1.3× margin for mispredicted rows) is pinned.
-  const caps = tensors.map((t) => Math.min(t.rows, Math.max(Math.min(t.rows, MIN_ROWS), Math.floor(share * t.rows))));
+  const caps = tensors.map((t) => Math.min(t.rows, Math.max(minRows(t), Math.floor(share * t.rows))));
   const pools = new Map<number, number[]>(); // row bytes → tensor indices
   tensors.forEach((t, i) => {
     if (!pools.has(t.rowBytes)) pools.set(t.rowBytes, []);
     pools.get(t.rowBytes)!.push(i);
   });
   const activeRows = (l: number): number => {
+    if (cfg.moe) return cfg.moe.n_expert_used; // a token's experts, in every stack of the layer
     const c = stats?.counts[l];
     if (!c || !(stats!.tokenCount > 0)) return 0.15 * cfg.n_ff; // no statistics: assume 15 % fire
     let s = 0;
@@ -177,7 +220,8 @@ export function planRamBudget(
     for (const i of idx) {
       const t = tensors[i]!;
       const cap = caps[i]!;
-      const counts = stats?.counts[t.layer];
+      // experts ranked by how often the router chose them; neurons by how often they fired
+      const counts = isExp(t) ? stats?.selections?.[t.layer] : stats?.counts[t.layer];
       const nHot = cap >= t.rows ? t.rows : counts && slots > 0 ? Math.floor((cap * pinnable) / slots) : 0;
       if (nHot > 0) {
         const order = Int32Array.from({ length: t.rows }, (_, r) => r);
@@ -237,6 +281,29 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
         else if (part === "ffn_gate") L.ffnGate = h;
         else L.ffnDownT = h;
       });
+      continue;
+    }
+    if (t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps") {
+      const X = L.experts!;
+      const key = t.role === "gate_exps" ? "gateExps" : t.role === "up_exps" ? "upExps" : "downExps";
+      const prev = X[key];
+      const src = { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength };
+      const opts = { hot: t.hot, coldRows: t.coldRows, group: groups.get(t.layer), pool, expertRows: true };
+      if (t.transposed) {
+        // an F16/F32 down stack is read neuron-major (transposed as each expert is read), as the
+        // in-memory copy of an unlimited sparse run is: the same axpy_id_sparse, the same results
+        const [nFf, nEmbd, nExp] = [info.shape[0]!, info.shape[1]!, info.shape[2] ?? 1];
+        X.downExpsT = backend.mapTensorCached(dtypeOfTensor(info), [nEmbd, nFf, nExp], src, {
+          ...opts,
+          transposeRows: nEmbd,
+        });
+        if (X.downExps) backend.freeTensor(X.downExps);
+        X.downExps = undefined;
+        continue;
+      }
+      const h = backend.mapTensorCached(dtypeOfTensor(info), prev?.ne ?? info.shape, src, opts);
+      if (prev) backend.freeTensor(prev);
+      X[key] = h;
       continue;
     }
     const old: TensorHandle | undefined = t.role === "up" ? L.ffnUp : t.role === "gate" ? L.ffnGate : L.ffnDownT;

@@ -8,11 +8,18 @@
  */
 import type { TensorId } from "@powerinfer/core";
 import type { LlamaLayerWeights } from "../llama.js";
+import { routeExperts } from "../blocks.js";
 import { feedForward, type LayerContext, lastLayerRows, normed, selfAttention } from "../layer.js";
 
 /** One sequential layer on x [n_embd, T]; returns the layer's output. */
 export function llamaLayer(ctx: LayerContext, l: number, L: LlamaLayerWeights, x: TensorId): TensorId {
-  const { g } = ctx;
+  const { g, cfg } = ctx;
+  // a router on the layer input (SmallThinker) runs first, so a backend that reads experts from storage
+  // has their reads in flight during attention; a layer split with a device routes in its own pieces
+  ctx.earlyRoute =
+    L.experts && cfg.moe?.router_input === "layer_input" && !ctx.offload?.[l]
+      ? routeExperts(g, cfg, L.experts, lastLayerRows(ctx, l, [x])[0]!)
+      : undefined;
   const h = normed(ctx, x, L.attnNorm, L.attnNormB);
   const [attnOut, xr] = lastLayerRows(ctx, l, [selfAttention(ctx, l, L, h, h), x]);
   const ffnInp = g.add(attnOut, xr);
