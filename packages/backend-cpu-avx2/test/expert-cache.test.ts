@@ -180,6 +180,53 @@ describe.skipIf(!usable)("expert cache (file-backed expert stacks)", () => {
     });
   }
 
+  it("a top_k over the same router weight that routes nothing queues its experts too (look-ahead)", () => {
+    const s = { K: 16, M: 64, E: 8 };
+    const src = stackFile("f32", s, "lookahead.bin");
+    // router rows: expert e reads input component e, so x picks the experts it is largest at
+    const wr = new Float32Array(s.K * s.E);
+    for (let e = 0; e < s.E; e++) wr[e * s.K + e] = 1;
+    const router = b.createTensor("f32", [s.K, s.E], wr);
+    const now = new Float32Array(s.K);
+    now[2] = 5;
+    now[3] = 4; // routes experts 2 and 3
+    const guess = new Float32Array(s.K);
+    guess[6] = 5;
+    guess[7] = 4; // the look-ahead guesses 6 and 7
+    const bytes: number[] = [];
+    const outs: Float32Array[] = [];
+    for (const lookAhead of [false, true]) {
+      const t = b.mapTensorCached!("f32", [s.K, s.M, s.E], src, { coldRows: 4, expertRows: true });
+      try {
+        const g = new Graph();
+        const route = (x: Float32Array) =>
+          g.topK(g.softmax(g.mulMat(g.handle(router), g.input("f32", [s.K, 1], x))), U);
+        if (lookAhead) route(guess); // its ids are never read
+        const ids = route(now);
+        const y = g.output(g.mulMatId(g.handle(t), g.input("f32", [s.K, 1], now), ids));
+        const before = b.neuronCacheStats!();
+        b.compute(g);
+        outs.push(y);
+        // the look-ahead's reads may still be in flight: wait for them to land
+        const deadline = Date.now() + 5000;
+        let after = b.neuronCacheStats!();
+        while (lookAhead && after.bytesRead - before.bytesRead < 4 * s.K * s.M * 4 && Date.now() < deadline) {
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+          after = b.neuronCacheStats!();
+        }
+        bytes.push(after.bytesRead - before.bytesRead);
+      } finally {
+        b.freeTensor(t);
+      }
+    }
+    expect(outs[1]).toEqual(outs[0]);
+    // two experts read without the look-ahead, four with it (whole 4 KiB blocks: at least the experts' bytes)
+    expect(bytes[0]).toBeGreaterThanOrEqual(2 * s.K * s.M * 4);
+    expect(bytes[0]).toBeLessThan(4 * s.K * s.M * 4);
+    expect(bytes[1]).toBeGreaterThanOrEqual(4 * s.K * s.M * 4);
+    b.freeTensor(router);
+  });
+
   it("a neuron op over an expert cache is BAD_GRAPH; a 2-d tensor with expertRows is BAD_TENSOR", () => {
     const s = { K: 256, M: 64, E: 8 };
     const src = stackFile("f32", s, "misuse.bin");

@@ -235,6 +235,35 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     for (int i = 0; i < k.n_prefetch; i++) have = have || k.prefetch[i] == n.src[0].cache;
     if (!have && k.n_prefetch < 4) k.prefetch[k.n_prefetch++] = n.src[0].cache;
   }
+  // A top_k whose ids route nothing, over the same router weight (gating(W·r)) as one that routes expert
+  // caches, is a look-ahead guess of that layer's experts (the graph computes a later layer's router on an
+  // earlier input): it queues the same caches.
+  auto router_of = [&](size_t ni) -> int {  // the router weight's handle id, or −1
+    int t = src_of[ni * MAX_SRC + 0];
+    for (int hop = 0; hop < 2 && t >= 0; hop++) {
+      const int p = ts[static_cast<size_t>(t)].producer;
+      if (p < 0) return -1;
+      const int op = ex[static_cast<size_t>(p)].op;
+      if (op == OP_MUL_MAT) {
+        const TInfo& w = ts[static_cast<size_t>(src_of[static_cast<size_t>(p) * MAX_SRC + 0])];
+        return w.handle ? w.handle->id : -1;
+      }
+      if (op != OP_SOFTMAX && op != OP_SIGMOID) return -1;
+      t = src_of[static_cast<size_t>(p) * MAX_SRC + 0];
+    }
+    return -1;
+  };
+  for (size_t ai = 0; ai < nn; ai++) {
+    if (ex[ai].op != OP_TOP_K || ex[ai].n_prefetch) continue;
+    const int r = router_of(ai);
+    if (r < 0) continue;
+    for (size_t bi = 0; bi < nn; bi++) {
+      if (bi == ai || ex[bi].op != OP_TOP_K || !ex[bi].n_prefetch || router_of(bi) != r) continue;
+      for (int i = 0; i < ex[bi].n_prefetch; i++) ex[ai].prefetch[i] = ex[bi].prefetch[i];
+      ex[ai].n_prefetch = ex[bi].n_prefetch;
+      break;
+    }
+  }
 
   std::lock_guard<std::mutex> lk(mu_);
   CacheCounters& cc = store_.counters();

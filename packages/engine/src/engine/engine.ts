@@ -492,7 +492,10 @@ export class Model {
     for (const L of w.layers) {
       const { experts, ...rest } = L;
       for (const t of Object.values(rest)) free(t);
-      if (experts) for (const t of Object.values(experts)) free(t);
+      if (experts) {
+        const { fromFile: _flag, ...stacks } = experts;
+        for (const t of Object.values(stacks)) free(t);
+      }
     }
   }
 }

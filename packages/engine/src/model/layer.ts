@@ -63,6 +63,8 @@ export interface LayerContext {
   home: 0 | 1;
   /** Its weights on the main backend (which hold every FFN row). */
   mainLayer?: LlamaLayerWeights;
+  /** The next layer's weights on the main backend (none after the last). */
+  nextLayer?: LlamaLayerWeights;
   /**
    * The layer's router result when it was computed before attention (a router on the layer input,
    * SmallThinker's, in a layer without a device split): see {@link routeExperts}.

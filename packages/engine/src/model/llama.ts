@@ -468,6 +468,7 @@ export function buildLlamaBatchGraph(
     ctx.layer = l;
     ctx.home = off?.home ?? 0;
     ctx.mainLayer = w.layers[l]!;
+    ctx.nextLayer = w.layers[l + 1];
     const L = off?.home === 1 ? off.deviceWeights! : w.layers[l]!;
     const xin = x;
     x = onBackend(ctx, ctx.home, () => layer(ctx, l, L, xin));

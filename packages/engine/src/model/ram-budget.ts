@@ -285,6 +285,7 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
     }
     if (t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps") {
       const X = L.experts!;
+      X.fromFile = true;
       const key = t.role === "gate_exps" ? "gateExps" : t.role === "up_exps" ? "upExps" : "downExps";
       const prev = X[key];
       const src = { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength };
