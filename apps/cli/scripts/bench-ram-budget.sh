@@ -65,13 +65,39 @@ fi
 size=$(stat -c %s "$gguf")
 [ -n "$limit" ] || limit=$(python3 -c "print(int($size * $share))")
 [ -n "$budget" ] || budget=$(python3 -c "print(round(($limit - $overhead * 2**20) / 2**30, 4))")
+# the smallest budget our engine accepts for this file, checked before anything runs
+need=$(cd "$here/.." && node --input-type=module -e "
+import { planRamBudget } from '@powerinfer/engine';
+import { openGgufModel, parseModelConfig } from '@powerinfer/gguf';
+const f = openGgufModel(process.argv[1]);
+try { planRamBudget(f, parseModelConfig(f), 1, process.argv[2]); console.log(0); }
+catch (e) { const m = /\((\d+) bytes\)/.exec(e.message); console.log(m ? m[1] : -1); }
+" "$pwri" "$sparse") || need=-1
+if [ "$need" = -1 ]; then die "cannot plan a RAM budget for $pwri"; fi
+python3 -c "import sys; sys.exit(0 if $budget * 2**30 >= $need else 1)" ||
+  die "--ram-budget $budget GiB is below the $(python3 -c "print(f'{$need/2**30:.4f}')") GiB this model needs (limit $limit bytes minus --overhead-mib $overhead); raise --limit-share, or lower --overhead-mib / set --budget-gib"
 group="$root/pi-rambench-$$"
 mkdir "$group" || die "cannot create $group"
 cleanup() {
-  # processes have exited by now; the group's page-cache charges move to the parent
+  # stop what still runs in the group (an interrupted run), then remove it; its page-cache charges move
+  # to the parent
+  local pids
+  pids=$(cat "$group/cgroup.procs" 2>/dev/null || true)
+  if [ -n "$pids" ]; then
+    kill $pids 2>/dev/null || true
+    for _ in 1 2 3 4 5 6 7 8 9 10; do
+      [ -z "$(cat "$group/cgroup.procs" 2>/dev/null)" ] && break
+      sleep 0.5
+    done
+    pids=$(cat "$group/cgroup.procs" 2>/dev/null || true)
+    [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+    sleep 0.5
+  fi
   rmdir "$group" 2>/dev/null || echo "bench-ram-budget: could not remove $group" >&2
 }
 trap cleanup EXIT
+# an interrupt ends the whole run (its numbers would be wrong), through the EXIT trap
+trap 'echo "bench-ram-budget: interrupted" >&2; exit 130' INT TERM
 echo "$limit" > "$group/memory.limit_in_bytes"
 
 # runs "$@" inside the group after dropping the page cache
@@ -101,7 +127,7 @@ if [ "$llama" = 1 ]; then
 try:
   rows=json.load(sys.stdin); print(round(statistics.median(rows[0]['samples_ts'][1:]),3))
 except Exception: print('')")
-  echo "== llama.cpp (llama-bench tg$n, mmap, median of $reps after one uncounted) under the limit: ${llama_tps:-failed} tokens/s; peak $(cat "$group/memory.max_usage_in_bytes") bytes"
+  echo "== llama.cpp (llama-bench tg$n, mmap, median of $reps after one uncounted) under the limit: ${llama_tps:-failed} tokens/s; group peak (page cache included) $(cat "$group/memory.max_usage_in_bytes") bytes"
 fi
 
 # ours: `powerinfer bench` JSON (tokens/s and the neuron cache's counters over the counted repetitions)
@@ -116,10 +142,13 @@ line = f"{r['median_ts']:.3f} tokens/s"
 c = r.get("neuron_cache")
 if c:
     mib, reads = c["mib_per_token"], c["reads_per_token"]
-    bound = disk["rand_iops_qd8"] / reads if reads > 0 else float("inf")
     seq = disk["seq_mb_s"] * 1e6 / (mib * 2**20) if mib > 0 else float("inf")
-    line += (f"; {mib:.2f} MiB and {reads:.0f} reads per token, hit rate {100*c['hit_rate']:.1f} %, read time hidden {100*c['hidden']:.1f} %;"
-             f" the disk allows {bound:.2f} tokens/s at this many random reads (QD8, 4 KiB-class), {seq:.2f} at its sequential speed")
+    line += f"; {mib:.2f} MiB and {reads:.0f} reads per token, hit rate {100*c['hit_rate']:.1f} %, read time hidden {100*c['hidden']:.1f} %; the disk allows"
+    # the random-read bound only where reads are small (neuron rows); expert reads are 1 MiB pieces
+    if reads > 0 and mib * 1024 / reads <= 256:
+        line += f" {disk['rand_iops_qd8'] / reads:.2f} tokens/s at this many random reads (QD8, 4 KiB-class),"
+    line += f" {seq:.2f} at its sequential speed"
+
 print(line)
 EOF
 }
@@ -132,7 +161,7 @@ if ! in_group node "$bin" "${args[@]}" --ram-budget "$budget" >"$json" 2>"$log";
   die "powerinfer-ts with --ram-budget failed"
 fi
 peak=$(cat "$group/memory.max_usage_in_bytes")
-echo "== powerinfer-ts --ram-budget $budget (bench tg$n, --sparse $sparse) under the limit: $(ours "$json"); peak $peak bytes"
+echo "== powerinfer-ts --ram-budget $budget (bench tg$n, --sparse $sparse) under the limit: $(ours "$json"); group peak (page cache included) $peak bytes"
 limited=$(ours "$json" | cut -d' ' -f1)
 
 if [ "$with_mmap" = 1 ]; then

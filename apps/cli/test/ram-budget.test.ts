@@ -8,7 +8,16 @@
  * and the CLI under a cgroup v1 memory limit (root only; skipped with the reason otherwise).
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, writeFileSync } from "node:fs";
+import {
+  existsSync,
+  mkdirSync,
+  mkdtempSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  symlinkSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -150,6 +159,37 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       }
     }, 120_000);
   }
+
+  it("routed experts with a device (the CPU standing in): same text with and without --ram-budget; the hot rows are read from the file alone", () => {
+    const path = join(dir, "moe-device.gguf");
+    generateSyntheticMoeModel(path, {
+      arch: "smallthinker",
+      shape: TINY_MOE_SHAPE,
+      design: {},
+      predictors: {},
+      dtype: "F16",
+    });
+    const stats = join(dir, "moe-device.activations.gguf");
+    const text = relu.replace(/\.f32\.gguf$/, ".eval.txt");
+    const p = cli(["profile", "-m", path, "-f", text, "--tokens", "64", "-c", "64", "-o", stats]);
+    expect(p.status, p.stderr).toBe(0);
+    // a profile output that is the model through a symbolic link is refused (the writer follows links)
+    const link = join(dir, "moe-device-link.gguf");
+    symlinkSync(path, link);
+    const bad = cli(["profile", "-m", path, "-f", text, "--tokens", "8", "-o", link, "--force"]);
+    expect(bad.status).not.toBe(0);
+    expect(bad.stderr).toMatch(/is also an input/);
+    const args = ["run", "-m", path, "-p", "once upon a time", "-n", "12", "--temp", "0", "-t", "2", "--stats", stats];
+    const dev = ["--device-backend", "cpu", "--vram-budget", "0.001"];
+    const cpu = cli(args);
+    expect(cpu.status, cpu.stderr).toBe(0);
+    const budget = (budgetFor(path, "predictor", 0.3) / 2 ** 30).toFixed(6);
+    const r = cli([...args, ...dev, "--ram-budget", budget]);
+    expect(r.status, r.stderr).toBe(0);
+    expect(r.stderr).toMatch(/hybrid: \d+ hot \(expert, neuron\) pairs/);
+    expect(r.stderr).toMatch(/expert cache .* experts pinned .* by profile selection counts/);
+    expect(r.stdout).toBe(cpu.stdout);
+  }, 120_000);
 
   it("routed experts: a budget below the resident part plus one token's experts is RAM_BUDGET naming the expert cache", async () => {
     const path = join(dir, "moe-small-budget.gguf");

@@ -14,6 +14,8 @@ export type EngineErrorCode =
   | "NO_STATS"
   /** The backend computed a step but left logits unwritten or NaN. */
   | "BACKEND_FAULT"
+  /** Reading the model file failed (rows read directly for a device copy under --ram-budget). */
+  | "IO"
   | "DISPOSED";
 
 /** Every error the engine throws on purpose; `message` is one line naming the problem. */

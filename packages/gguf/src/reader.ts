@@ -627,11 +627,24 @@ export function getTensor(file: GgufFile, name: string): GgufTensorInfo {
 
 /**
  * The raw bytes of one tensor (`byteLength` bytes at `fileOffset`), read with one ranged read from
- * disk, or a view into the buffer for files from {@link parseGgufBuffer} (do not modify it).
- * @throws GgufError `MISSING_TENSOR` for an unknown name, `IO` / `TRUNCATED` on read failure
+ * disk, or a view into the buffer for files from {@link parseGgufBuffer} (do not modify it). `part`: only
+ * bytes [offset, offset + length) of the tensor (e.g. one expert of a stack).
+ * @throws GgufError `MISSING_TENSOR` for an unknown name, `IO` / `TRUNCATED` on read failure; RangeError
+ *   for a part outside the tensor
  */
-export function readTensorBytes(file: GgufFile, tensor: GgufTensorInfo | string): Uint8Array {
-  const t = typeof tensor === "string" ? getTensor(file, tensor) : tensor;
+export function readTensorBytes(
+  file: GgufFile,
+  tensor: GgufTensorInfo | string,
+  part?: { offset: number; length: number },
+): Uint8Array {
+  const full = typeof tensor === "string" ? getTensor(file, tensor) : tensor;
+  if (part && !(part.offset >= 0 && part.length >= 0 && part.offset + part.length <= full.byteLength)) {
+    throw new RangeError(
+      `bytes [${part.offset}, +${part.length}) are outside tensor "${full.name}" (${full.byteLength} bytes)`,
+    );
+  }
+  // a part: the same read, over the range
+  const t = part ? { ...full, fileOffset: full.fileOffset + part.offset, byteLength: part.length } : full;
   const buf = t.path === undefined ? bufferSources.get(file) : undefined;
   if (buf) return buf.subarray(t.fileOffset, t.fileOffset + t.byteLength);
   const path = t.path ?? file.path;

@@ -32,6 +32,7 @@ import {
 import { loadDeviceBackend } from "../backends.js";
 import { cacheDelta, hiddenShare } from "../commands/common.js";
 import {
+  type ActivationStats,
   type GgufFile,
   getOptionalNumber,
   getOptionalString,
@@ -404,6 +405,7 @@ async function hybridEngine(
   mode: SparseMode,
   d: { backend: string; budgetBytes?: number },
   note: (line: string) => void,
+  ram?: { budget: number; stats?: ActivationStats },
 ): Promise<Engine | undefined> {
   let device: Backend | undefined;
   let model: Model | undefined;
@@ -413,7 +415,8 @@ async function hybridEngine(
       note(`hybrid rows: no device backend is usable (${d.backend})`);
       return undefined;
     }
-    model = await Model.load(path, { backend, sparse: mode });
+    // the CPU side holds what --ram-budget allows, as in the CPU rows
+    model = await Model.load(path, { backend, sparse: mode, ramBudget: ram?.budget, ramStats: ram?.stats });
     // default: 90 % of the device's free memory
     const budgetBytes = d.budgetBytes ?? Math.floor((device.devices[0]?.freeMemory ?? 0) * 0.9);
     const has = existsSync(defaultStatsPath(path)) || existsSync(defaultGpuIndexPath(path));
@@ -674,24 +677,28 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
           for (const mode of modes) {
             // dense runs the GGUF twin when there is one (the file llama.cpp runs)
             const path = mode === "off" && m.twin ? m.twin : m.path;
+            // a dense FFN cannot be served from the file; routed experts can in every mode
+            const experts = file.tensors.some((t) => t.name.endsWith(".ffn_gate_exps.weight"));
+            const budget = mode === "off" && !experts ? undefined : o.ramBudget;
+            const statsPath = defaultStatsPath(path);
+            let ramStats: ActivationStats | undefined;
             try {
-              // a dense FFN cannot be served from the file; routed experts can in every mode
-              const experts = file.tensors.some((t) => t.name.endsWith(".ffn_gate_exps.weight"));
-              const budget = mode === "off" && !experts ? undefined : o.ramBudget;
-              const statsPath = defaultStatsPath(path);
-              const model = await Model.load(path, {
-                backend,
-                sparse: mode,
-                ramBudget: budget,
-                ramStats: budget !== undefined && existsSync(statsPath) ? readActivationStats(statsPath) : undefined,
-              });
+              ramStats = budget !== undefined && existsSync(statsPath) ? readActivationStats(statsPath) : undefined;
+              const model = await Model.load(path, { backend, sparse: mode, ramBudget: budget, ramStats });
               engines.push(ourEngine(model, path, mode));
             } catch (e) {
               const why = (e as Error).message.split("\n")[0];
               notes.push(`${name}: powerinfer-ts --sparse ${mode} cannot run ${basename(path)}: ${why}`);
             }
             if (o.device) {
-              const e = await hybridEngine(backend, path, mode, o.device, (n) => notes.push(`${name}: ${n}`));
+              const e = await hybridEngine(
+                backend,
+                path,
+                mode,
+                o.device,
+                (n) => notes.push(`${name}: ${n}`),
+                budget === undefined ? undefined : { budget, stats: ramStats },
+              );
               if (e) engines.push(e);
             }
           }

@@ -131,7 +131,7 @@ export function modelOptions(cmd: Command): Command {
     )
     .option(
       "--ram-budget <GiB>",
-      "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
+      "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows — or, for routed experts in any --sparse mode, whole experts — are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
       float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option("--no-repack", REPACK_HELP);
@@ -157,6 +157,8 @@ export interface ModelCliOptions {
   stats?: string;
   /** false with --no-repack (commander's default for a --no- option is true). */
   repack?: boolean;
+  /** Set by `profile`: no note that statistics are missing (it is what writes them). */
+  profiling?: boolean;
 }
 
 /**
@@ -225,15 +227,13 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   bar?.start(100, 0, { what: "" });
   const budget = o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined;
   let ramStats: ActivationStats | undefined;
+  let noStats: string | undefined; // the statistics path looked for, when there was none
   if (budget !== undefined) {
     const statsPath = o.stats ?? defaultStatsPath(o.model);
     // a file the user named must be there (the default one is optional)
     if (o.stats !== undefined) checkInputFile(o.stats, "activation statistics file (--stats)");
     if (existsSync(statsPath)) ramStats = readActivationStats(statsPath);
-    else if (!quiet)
-      process.stderr.write(
-        `note: no activation statistics (${statsPath}): the neuron cache is all LRU, no neuron is pinned; run \`powerinfer profile\` first\n`,
-      );
+    else noStats = statsPath;
   } else if (!quiet) {
     const limit = cgroupMemoryLimit();
     const size = statSync(o.model).size;
@@ -260,7 +260,16 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
         `--sparse-threshold applies to the predictor mode; this model runs ${model.sparse === "off" ? "dense (no predictors or not ReLU)" : `--sparse ${model.sparse}`}`,
       );
     }
-    if (model.ramPlan && !quiet) process.stderr.write(`${describeRamPlan(model)}\n`);
+    if (model.ramPlan && !quiet) {
+      // without statistics nothing is pinned by rank (unless everything fits); profile is what makes them
+      if (noStats && model.ramPlan.cachedShare < 1 && !o.profiling) {
+        const experts = model.ramPlan.tensors.some((t) => t.role.endsWith("_exps"));
+        process.stderr.write(
+          `note: no activation statistics (${noStats}): the ${experts ? "expert cache is all LRU, no expert is pinned by how often the router chooses it" : "neuron cache is all LRU, no neuron is pinned"}; run \`powerinfer profile\` first\n`,
+        );
+      }
+      process.stderr.write(`${describeRamPlan(model)}\n`);
+    }
     return { backend, model };
   } finally {
     bar?.stop();
@@ -276,14 +285,18 @@ export function describeRamPlan(model: Model): string {
   const st = model.backend.neuronCacheStats?.();
   const io = st
     ? st.direct
-      ? `O_DIRECT, ${st.ioThreads} reader threads`
-      : `pread + fadvise(DONTNEED), ${st.ioThreads} reader threads`
+      ? `O_DIRECT, ${st.ioThreads} reader thread${st.ioThreads === 1 ? "" : "s"}`
+      : `pread + fadvise(DONTNEED), ${st.ioThreads} reader thread${st.ioThreads === 1 ? "" : "s"}`
     : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
   if (p.tensors.some((t) => t.role.endsWith("_exps"))) {
     const experts = p.tensors.reduce((s, t) => s + t.hot.length, 0);
-    return `ram budget ${budget}: resident ${gib(p.residentBytes)} + expert cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${gib(hot)})${p.fromStats ? " by profile selection counts" : ""}) — whole experts read from the file on demand (${io}); the KV cache is not counted`;
+    const reads =
+      p.cachedShare >= 1
+        ? "every expert pinned at load: nothing is read while generating"
+        : `whole experts read from the file on demand (${io})`;
+    return `ram budget ${budget}: resident ${gib(p.residentBytes)} + expert cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${gib(hot)})${p.fromStats ? " by profile selection counts" : ""}) — ${reads}; the KV cache is not counted`;
   }
   return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
 }
@@ -361,9 +374,19 @@ export function readTextFile(path: string): string {
 
 /** Refuses an output path that is one of the inputs (the input would be lost). */
 export function checkOutputPath(out: string, ...inputs: (string | undefined)[]): void {
+  // the same file by path, or through a symbolic link (the writers follow links) or another hard link
+  const same = (a: string, b: string): boolean => {
+    if (resolve(a) === resolve(b)) return true;
+    try {
+      const x = statSync(a);
+      const y = statSync(b);
+      return x.dev === y.dev && x.ino === y.ino;
+    } catch {
+      return false;
+    }
+  };
   for (const i of inputs) {
-    if (i && resolve(i) === resolve(out))
-      throw new InvalidArgumentError(`output ${out} is also an input; choose another path`);
+    if (i && same(i, out)) throw new InvalidArgumentError(`output ${out} is also an input; choose another path`);
   }
   // where it goes, before any work: a missing folder or a folder in place of the file is one line now, not
   // an ENOENT/EISDIR on a temporary file after the work is done

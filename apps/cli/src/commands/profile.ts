@@ -50,7 +50,7 @@ export function register(program: Command): void {
             }
           }
           const text = readTextFile(o.file);
-          const loaded = await loadModelWithDevice({ ...o, sparse: "off" }, !!o.json);
+          const loaded = await loadModelWithDevice({ ...o, sparse: "off", profiling: true }, !!o.json);
           const { backend, model } = loaded;
           const cfg = model.config;
           const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });

@@ -9,7 +9,17 @@ import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkInputFile, checkModelOptions, choice, float, int, REPACK_HELP, SEED_RULE, TEMP_HELP } from "./common.js";
+import {
+  checkInputFile,
+  checkModelOptions,
+  choice,
+  describeRamPlan,
+  float,
+  int,
+  REPACK_HELP,
+  SEED_RULE,
+  TEMP_HELP,
+} from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 interface ServeOptions extends DeviceCliOptions {
@@ -137,7 +147,7 @@ export function register(program: Command): void {
     .option("--sparse-threshold <x>", "predictor threshold", float("sparse-threshold"))
     .option(
       "--ram-budget <GiB>",
-      "GiB held for weights + the neuron cache (default: no limit); the sparse FFN's other rows are read from the file on demand (see run --ram-budget)",
+      "GiB held for weights + the neuron cache (default: no limit); the sparse FFN's other rows (routed experts: whole experts) are read from the file on demand (see run --ram-budget)",
       float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
     .option("--log", "log every request (JSON lines on stdout)");
@@ -259,6 +269,7 @@ export function register(program: Command): void {
           return;
         }
         for (const w of [...model.config.warnings, ...s.warnings]) process.stderr.write(`warning: ${w}\n`);
+        if (model.ramPlan) process.stderr.write(`powerinfer serve: ${describeRamPlan(model)}\n`);
         process.stderr.write(
           `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} threads)${device ? `, ${(await loaded).summary}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
         );

@@ -30,7 +30,7 @@ import { type Backend, Graph, type TensorHandle } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { FfnPlacement, LayerOffload } from "../model/layer.js";
 import type { LlamaLayerWeights } from "../model/llama.js";
-import { expertDownRows, gatherRows, transposeDown } from "../model/weights.js";
+import { expertDownRows, type FileRows, gatherRows, transposeDown } from "../model/weights.js";
 
 /** The largest finite f32: the mask value that keeps a hot pair out of main's selection. */
 const F32_MAX = 3.4028234663852886e38;
@@ -204,11 +204,13 @@ export class ModelOffload {
       deviceWeights,
       hot: {
         W: {
-          gate: L.ffnGate && this.keep(this.device, gatherRows(main, L.ffnGate, hot, this.device)),
-          up: this.keep(this.device, gatherRows(main, L.ffnUp!, hot, this.device)),
+          gate:
+            L.ffnGate &&
+            this.keep(this.device, gatherRows(main, L.ffnGate, hot, this.device, fileRows(model, l, "gate"))),
+          up: this.keep(this.device, gatherRows(main, L.ffnUp!, hot, this.device, fileRows(model, l, "up"))),
           // the up bias is indexed by neuron id (the op's output is [n_ff]): the whole vector
           upBias: L.bUp && this.copy(main, L.bUp),
-          downT: this.keep(this.device, gatherRows(main, downT, hot, this.device)),
+          downT: this.keep(this.device, gatherRows(main, downT, hot, this.device, fileRows(model, l, "down_t"))),
         },
         rows: ids(this.device, hot),
         n: hot.length,
@@ -250,11 +252,12 @@ export class ModelOffload {
       deviceWeights,
       hot: {
         W: {
-          gate: this.keep(this.device, gatherRows(main, X.gateExps, hot, this.device)),
-          up: this.keep(this.device, gatherRows(main, X.upExps, hot, this.device)),
+          gate: this.keep(this.device, gatherRows(main, X.gateExps, hot, this.device, fileRows(model, l, "gate_exps"))),
+          up: this.keep(this.device, gatherRows(main, X.upExps, hot, this.device, fileRows(model, l, "up_exps"))),
+          // a down stack served from the file is read expert by expert from it (expertDownRows)
           downT: this.keep(
             this.device,
-            X.downExpsT
+            X.downExpsT && !X.fromFile
               ? gatherRows(main, X.downExpsT, hot, this.device)
               : expertDownRows(model.file, this.device, `blk.${l}.ffn_down_exps.weight`, hot),
           ),
@@ -322,4 +325,38 @@ export function measureReadThroughput(b: Backend, bytes = 64 * 2 ** 20, reps = 5
     }
   }
   return undefined;
+}
+
+/**
+ * Where a layer's FFN matrix lies in the model file when `--ram-budget` serves it from there (its hot rows
+ * for a device are then read from the file alone, not through the whole tensor); undefined when it is
+ * resident.
+ */
+function fileRows(
+  model: Model,
+  l: number,
+  role: "up" | "gate" | "down_t" | "gate_exps" | "up_exps",
+): FileRows | undefined {
+  const t = model.ramPlan?.tensors.find((c) => c.layer === l && (c.role === role || c.role === "bundle"));
+  if (!t) return undefined;
+  const info = model.file.tensorMap.get(t.name);
+  if (!info) return undefined;
+  const path = info.path ?? model.file.path;
+  const b = t.bundle;
+  if (b) {
+    // bundled layout: part j of neuron r's record
+    const j = b.parts.indexOf(role === "up" ? "ffn_up" : role === "gate" ? "ffn_gate" : "ffn_down_t");
+    if (j < 0) return undefined;
+    return {
+      path,
+      offset: (r) =>
+        info.fileOffset +
+        Math.floor(r / b.bucketRows) * b.bucketStride +
+        (r % b.bucketRows) * b.recordBytes +
+        j * b.rowBytes,
+    };
+  }
+  // rows (experts' stacks: (expert, neuron) pairs) back to back
+  const rowBytes = info.byteLength / info.shape.slice(1).reduce((a, d) => a * d, 1);
+  return { path, offset: (r) => info.fileOffset + r * rowBytes };
 }

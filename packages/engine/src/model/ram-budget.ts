@@ -185,7 +185,7 @@ export function planRamBudget(
         : ` (resident: embeddings, attention, norms, output${cfg.moe ? ", routers" : ""} and predictors take ${gib(residentBytes)}; the ${cfg.moe ? "expert" : "neuron"} cache needs at least ${gib(minCache)})`;
     throw new EngineError(
       "RAM_BUDGET",
-      `RAM budget ${gib(budget)} is too small for this model: it needs at least ${gib(residentBytes + minCache)} (${residentBytes + minCache} bytes)${why}`,
+      `RAM budget ${gib(budget)} (${Math.floor(budget)} bytes) is too small for this model: it needs at least ${gib(residentBytes + minCache)} (${residentBytes + minCache} bytes)${why}`,
     );
   }
   const cacheBytes = Math.min(ffnBytes, budget - residentBytes);

@@ -1,4 +1,5 @@
 /** Mapping GGUF tensors onto backend tensors. */
+import { closeSync, openSync, readSync } from "node:fs";
 import {
   dequantize,
   GGMLType,
@@ -73,15 +74,64 @@ export class WeightMapper {
  * contiguous runs of whole blocks) into a new tensor on `dst`, in the order given — the compact hot-row
  * copies a device holds. Source bytes are read back from the backend that holds the matrix.
  */
-export function gatherRows(src: Backend, t: TensorHandle, rows: Int32Array, dst: Backend): TensorHandle {
+export function gatherRows(
+  src: Backend,
+  t: TensorHandle,
+  rows: Int32Array,
+  dst: Backend,
+  file?: FileRows,
+): TensorHandle {
   // a stack of experts {K, M, E} is E·M rows of K: pair e·M + i is expert e's row i
   const rowBytes = t.byteLength / t.ne.slice(1).reduce((a, b) => a * b, 1);
-  const bytes = src.readTensor(t);
   const out = new Uint8Array(rows.length * rowBytes);
-  rows.forEach((r, j) => {
-    out.set(bytes.subarray(r * rowBytes, (r + 1) * rowBytes), j * rowBytes);
-  });
+  if (file) {
+    readFileRows(file, rows, rowBytes, out);
+  } else {
+    const bytes = src.readTensor(t);
+    rows.forEach((r, j) => {
+      out.set(bytes.subarray(r * rowBytes, (r + 1) * rowBytes), j * rowBytes);
+    });
+  }
   return dst.createTensor(t.dtype, [t.ne[0]!, Math.max(1, rows.length)], rows.length ? out : new Uint8Array(rowBytes));
+}
+
+/**
+ * Where the rows of a matrix served from the model file (`--ram-budget`) lie: row r's bytes start at
+ * `offset(r)` in `path`. {@link gatherRows} then reads only the rows it copies, not the whole tensor.
+ */
+export interface FileRows {
+  path: string;
+  offset(row: number): number;
+}
+
+/** Reads `rows` (each `rowBytes`) from the file into `out`, in order; adjacent rows in one read. */
+function readFileRows(file: FileRows, rows: Int32Array, rowBytes: number, out: Uint8Array): void {
+  let fd: number;
+  try {
+    fd = openSync(file.path, "r");
+  } catch (e) {
+    throw new EngineError("IO", `cannot open ${file.path}: ${(e as Error).message}`);
+  }
+  try {
+    for (let j = 0; j < rows.length; ) {
+      const at = file.offset(rows[j]!);
+      let k = j + 1;
+      while (k < rows.length && file.offset(rows[k]!) === at + (k - j) * rowBytes && k - j < 256) k++;
+      const len = (k - j) * rowBytes;
+      let got = 0;
+      while (got < len) {
+        const n = readSync(fd, out, j * rowBytes + got, len - got, at + got);
+        if (n === 0) throw new EngineError("IO", `${file.path} ends before byte ${at + len}`);
+        got += n;
+      }
+      j = k;
+    }
+  } catch (e) {
+    if (e instanceof EngineError) throw e;
+    throw new EngineError("IO", `reading rows of ${file.path} failed: ${(e as Error).message}`);
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /**
@@ -100,13 +150,18 @@ export function transposeDown(file: GgufFile, backend: Backend, name: string): T
 }
 
 /** A tensor's elements: F16 as its raw 16-bit values, any other dtype as F32 (dequantized). */
-function floatElements(file: GgufFile, t: GgufTensorInfo): { src: Uint16Array | Float32Array; f16: boolean } {
-  const bytes = readTensorBytes(file, t);
+function floatElements(
+  file: GgufFile,
+  t: GgufTensorInfo,
+  part?: { offset: number; length: number; elements: number },
+): { src: Uint16Array | Float32Array; f16: boolean } {
+  const bytes = part ? readTensorBytes(file, t, part) : readTensorBytes(file, t);
+  const n = part ? part.elements : t.nElements;
   if (t.type === GGMLType.F16) {
     const aligned = bytes.byteOffset % 2 === 0 ? bytes : bytes.slice();
-    return { src: new Uint16Array(aligned.buffer, aligned.byteOffset, t.nElements), f16: true };
+    return { src: new Uint16Array(aligned.buffer, aligned.byteOffset, n), f16: true };
   }
-  return { src: dequantize(t.type, bytes, t.nElements), f16: false };
+  return { src: dequantize(t.type, bytes, n), f16: false };
 }
 
 /**
@@ -120,16 +175,25 @@ export function expertDownRows(file: GgufFile, backend: Backend, name: string, p
   const t = file.tensorMap.get(name);
   if (!t) throw new EngineError("MISSING_TENSOR", `model file lacks tensor ${name}`);
   const [nFf, nEmbd, nExp] = [t.shape[0]!, t.shape[1]!, t.shape[2] ?? 1];
-  const { src, f16 } = floatElements(file, t);
+  const f16 = t.type === GGMLType.F16;
   const n = Math.max(1, pairs.length);
   const out = f16 ? new Uint16Array(n * nEmbd) : new Float32Array(n * nEmbd);
+  // one expert's matrix at a time (a stack can be larger than memory: --ram-budget)
+  const byExpert = new Map<number, number[]>();
   pairs.forEach((p, j) => {
     if (!(p >= 0 && p < nFf * nExp)) throw new RangeError(`pair ${p} outside n_ff_exp × n_expert = ${nFf} × ${nExp}`);
     const e = Math.floor(p / nFf);
-    const i = p % nFf;
-    const base = e * nFf * nEmbd + i;
-    for (let r = 0; r < nEmbd; r++) out[j * nEmbd + r] = src[base + r * nFf]!;
+    if (!byExpert.has(e)) byExpert.set(e, []);
+    byExpert.get(e)!.push(j);
   });
+  const expertBytes = t.byteLength / nExp;
+  for (const [e, js] of byExpert) {
+    const { src } = floatElements(file, t, { offset: e * expertBytes, length: expertBytes, elements: nFf * nEmbd });
+    for (const j of js) {
+      const i = pairs[j]! % nFf;
+      for (let r = 0; r < nEmbd; r++) out[j * nEmbd + r] = src[i + r * nFf]!;
+    }
+  }
   return backend.createTensor(f16 ? "f16" : "f32", [nEmbd, n], out);
 }
 
