@@ -325,6 +325,15 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
     const r = cli(["run", "-m", gen, "-p", "hi", "-n", "2", "--ram-budget", "0.0001", "-t", "1"]);
     expect(r.status).not.toBe(0);
     expect(r.stderr).toMatch(/RAM budget .* is too small for this model: it needs at least/);
+    // a reader-thread count the native side would silently replace
+    for (const bad of ["abc", "0", "1.5", "1000"]) {
+      const e = spawnSync(process.execPath, [bin, "run", "-m", gen, "-p", "hi", "-n", "1", "--ram-budget", "1"], {
+        encoding: "utf8",
+        env: { ...process.env, POWERINFER_IO_THREADS: bad },
+      });
+      expect(e.status, bad).not.toBe(0);
+      expect(e.stderr).toMatch(/POWERINFER_IO_THREADS must be a whole number from 1 to 256/);
+    }
   });
 
   it("the CLI under a cgroup v1 memory limit: greedy text equals the unlimited run's", (ctx) => {

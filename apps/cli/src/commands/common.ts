@@ -180,6 +180,10 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
     throw new InvalidArgumentError(`--threads must be ≥ 1, got ${o.threads}`);
   if (o.ctxSize !== undefined && o.ctxSize < 1)
     throw new InvalidArgumentError(`--ctx-size must be ≥ 1, got ${o.ctxSize}`);
+  // the neuron cache's reader threads (the native side would fall back to 16 without a word)
+  const io = process.env.POWERINFER_IO_THREADS?.trim();
+  if (o.ramBudget !== undefined && io && !(/^\d+$/.test(io) && Number(io) >= 1 && Number(io) <= 256))
+    throw new InvalidArgumentError(`POWERINFER_IO_THREADS must be a whole number from 1 to 256, got "${io}"`);
 }
 
 /**
