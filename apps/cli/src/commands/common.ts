@@ -3,7 +3,7 @@ import { existsSync, readFileSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
-import { defaultStatsPath, type GenerateOptions, Model, type SparseMode } from "@powerinfer/engine";
+import { defaultStatsPath, type GenerateOptions, Model, type SparseMode, servesExperts } from "@powerinfer/engine";
 import { type ActivationStats, type GgufFileKind, ggufFileKind, openGguf, readActivationStats } from "@powerinfer/gguf";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
@@ -267,7 +267,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
     if (model.ramPlan && !quiet) {
       // without statistics nothing is pinned by rank (unless everything fits); profile is what makes them
       if (noStats && model.ramPlan.cachedShare < 1 && !o.profiling) {
-        const experts = model.ramPlan.tensors.some((t) => t.role.endsWith("_exps"));
+        const experts = servesExperts(model.ramPlan);
         process.stderr.write(
           `note: no activation statistics (${noStats}): the ${experts ? "expert cache is all LRU, no expert is pinned by how often the router chooses it" : "neuron cache is all LRU, no neuron is pinned"}; run \`powerinfer profile\` first\n`,
         );
@@ -294,7 +294,7 @@ export function describeRamPlan(model: Model): string {
     : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
-  if (p.tensors.some((t) => t.role.endsWith("_exps"))) {
+  if (servesExperts(p)) {
     const experts = p.tensors.reduce((s, t) => s + t.hot.length, 0);
     const reads =
       p.cachedShare >= 1

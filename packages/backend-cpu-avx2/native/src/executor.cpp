@@ -253,12 +253,16 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
     return -1;
   };
-  for (size_t ai = 0; ai < nn; ai++) {
+  // (only when some top_k routes a cache: the usual graph pays one scan of its nodes)
+  std::vector<std::pair<int, size_t>> routed;  // (router handle, top_k node) of the top_k that route caches
+  for (size_t ni = 0; ni < nn; ni++) {
+    if (ex[ni].op == OP_TOP_K && ex[ni].n_prefetch) routed.emplace_back(router_of(ni), ni);
+  }
+  for (size_t ai = 0; ai < nn && !routed.empty(); ai++) {
     if (ex[ai].op != OP_TOP_K || ex[ai].n_prefetch) continue;
     const int r = router_of(ai);
-    if (r < 0) continue;
-    for (size_t bi = 0; bi < nn; bi++) {
-      if (bi == ai || ex[bi].op != OP_TOP_K || !ex[bi].n_prefetch || router_of(bi) != r) continue;
+    for (const auto& [h, bi] : routed) {
+      if (r < 0 || h != r) continue;
       for (int i = 0; i < ex[bi].n_prefetch; i++) ex[ai].prefetch[i] = ex[bi].prefetch[i];
       ex[ai].n_prefetch = ex[bi].n_prefetch;
       break;

@@ -284,9 +284,9 @@ void NeuronCache::release() {
 }
 
 bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes) {
-  // the job's span of whole 4 KiB blocks, read in pieces of at most bounce_bytes (a multiple of 4 KiB);
-  // each piece's overlap with each row is copied into the row's slot
-  // the job's file bytes [first, last_end): whole rows, or one piece of a row
+  // the job's file bytes [first, last_end) — whole rows, or one piece of a row — as whole 4 KiB blocks,
+  // read in pieces of at most bounce_bytes (a multiple of 4 KiB); each piece's overlap with each row is
+  // copied (or transposed) into the row's slot
   const uint64_t first = row_off(job.first_row) + job.part_off;
   const uint64_t last_end = job.part_len ? first + job.part_len : row_off(job.first_row + job.count - 1) + row_bytes_;
   const uint64_t a0 = first / kBlock * kBlock;

@@ -249,8 +249,8 @@ export class Model {
       weights.layers.forEach((L, l) => {
         const x = L.experts!;
         const t = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
-        // an expert stack served from the file (--ram-budget) stays as stored: down runs densely over the
-        // sparse activations of each loaded expert
+        // a down stack served from the file (--ram-budget) is made neuron-major by its cache as each expert
+        // is read (bindNeuronCaches), not copied here
         const cached = ramPlan?.tensors.some((c) => c.layer === l && c.role === "down_exps");
         if (x.downExps && t && expertDownNeuronMajor(t.type) && !cached) {
           opts.onProgress?.(
@@ -492,10 +492,7 @@ export class Model {
     for (const L of w.layers) {
       const { experts, ...rest } = L;
       for (const t of Object.values(rest)) free(t);
-      if (experts) {
-        const { fromFile: _flag, ...stacks } = experts;
-        for (const t of Object.values(stacks)) free(t);
-      }
+      if (experts) for (const t of Object.values(experts)) free(t);
     }
   }
 }

@@ -257,7 +257,7 @@ export class ModelOffload {
           // a down stack served from the file is read expert by expert from it (expertDownRows)
           downT: this.keep(
             this.device,
-            X.downExpsT && !X.fromFile
+            X.downExpsT && !model.weights.expertsFromFile
               ? gatherRows(main, X.downExpsT, hot, this.device)
               : expertDownRows(model.file, this.device, `blk.${l}.ffn_down_exps.weight`, hot),
           ),

@@ -111,8 +111,6 @@ export interface ExpertWeights {
   downExps?: TensorHandle;
   /** {n_embd, n_ff_exp, n_expert}: each expert's down projection neuron-major (sparse path). */
   downExpsT?: TensorHandle;
-  /** The stacks are served from the model file through an expert cache (`--ram-budget`). */
-  fromFile?: boolean;
   /** Per-expert predictors (`blk.N.fc1_exps.weight` {n_embd, r, n_expert}, `fc2_exps` {r, n_ff_exp, n_expert}). */
   fc1Exps?: TensorHandle;
   fc2Exps?: TensorHandle;

@@ -8,7 +8,7 @@ import type { ModelConfig } from "@powerinfer/gguf";
 import type { Graph, TensorHandle, TensorId } from "@powerinfer/core";
 import { F32_MIN_POSITIVE, type MoeSparsity, moeFfn, sparseFfn } from "./blocks.js";
 import type { BatchForwardOptions, BatchSequence, LayerCapture, LlamaLayerWeights, SparseNodes } from "./llama.js";
-import type { SparseFfnWeights } from "./blocks.js";
+import type { ExpertWeights, SparseFfnWeights } from "./blocks.js";
 
 /** Where one layer's FFN runs with a device: all on main, all on the device, or split by neuron. */
 export type FfnPlacement = "main" | "device" | "split";
@@ -63,8 +63,11 @@ export interface LayerContext {
   home: 0 | 1;
   /** Its weights on the main backend (which hold every FFN row). */
   mainLayer?: LlamaLayerWeights;
-  /** The next layer's weights on the main backend (none after the last). */
-  nextLayer?: LlamaLayerWeights;
+  /**
+   * The next layer's experts when they are served from the file (none after the last layer): the layer
+   * runs their router on its own input as a look-ahead, so their reads start a layer early.
+   */
+  lookAhead?: ExpertWeights;
   /**
    * The layer's router result when it was computed before attention (a router on the layer input,
    * SmallThinker's, in a layer without a device split): see {@link routeExperts}.

@@ -88,6 +88,8 @@ export interface LlamaWeights {
   outputNormB?: TensorHandle;
   output: TensorHandle;
   layers: LlamaLayerWeights[];
+  /** The routed experts' stacks are served from the model file through expert caches (`--ram-budget`). */
+  expertsFromFile?: boolean;
 }
 
 /**
@@ -468,7 +470,7 @@ export function buildLlamaBatchGraph(
     ctx.layer = l;
     ctx.home = off?.home ?? 0;
     ctx.mainLayer = w.layers[l]!;
-    ctx.nextLayer = w.layers[l + 1];
+    ctx.lookAhead = w.expertsFromFile ? w.layers[l + 1]?.experts : undefined;
     const L = off?.home === 1 ? off.deviceWeights! : w.layers[l]!;
     const xin = x;
     x = onBackend(ctx, ctx.home, () => layer(ctx, l, L, xin));

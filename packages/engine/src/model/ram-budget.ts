@@ -70,6 +70,15 @@ export interface RamPlan {
   tensors: CachedTensorPlan[];
 }
 
+/** Whether a plan serves routed experts (its rows are whole experts) rather than neurons. */
+export function servesExperts(plan: RamPlan): boolean {
+  return plan.tensors.some(isExpertStack);
+}
+
+function isExpertStack(t: CachedTensorPlan): boolean {
+  return t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps";
+}
+
 /** Rows each cached tensor needs at the least (an LRU region of a few rows makes every token re-read). */
 const MIN_ROWS = 16;
 
@@ -100,7 +109,7 @@ export function planRamBudget(
   const cacheable = sparse !== "off" && !cfg.moe && cfg.ffn.activation === "relu";
   // routed experts are cached one expert per row in any mode (experts are the unit of caching; a
   // sparse mode then computes only the predicted neurons of each loaded expert): the stacks are
-  // contiguous per expert in a GGUF, and the down stack stays in llama.cpp's layout (not neuron-major)
+  // contiguous per expert in a GGUF; an F16/F32 down stack is transposed as it is read (`transposed`)
   const bundled = isBundled(file);
   if (bundled && sparse !== "predictor") {
     throw new EngineError(
@@ -172,8 +181,7 @@ export function planRamBudget(
   }
   const residentBytes = total + extra - ffnBytes;
   // an expert stack needs at least one token's experts (n_expert_used); a neuron tensor MIN_ROWS
-  const isExp = (t: CachedTensorPlan) => t.role.endsWith("_exps");
-  const minRows = (t: CachedTensorPlan) => Math.min(t.rows, isExp(t) ? cfg.moe!.n_expert_used : MIN_ROWS);
+  const minRows = (t: CachedTensorPlan) => Math.min(t.rows, isExpertStack(t) ? cfg.moe!.n_expert_used : MIN_ROWS);
   const minCache = tensors.reduce((s, t) => s + minRows(t) * t.rowBytes, 0);
   const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
   if (residentBytes + minCache > budget) {
@@ -221,7 +229,7 @@ export function planRamBudget(
       const t = tensors[i]!;
       const cap = caps[i]!;
       // experts ranked by how often the router chose them; neurons by how often they fired
-      const counts = isExp(t) ? stats?.selections?.[t.layer] : stats?.counts[t.layer];
+      const counts = isExpertStack(t) ? stats?.selections?.[t.layer] : stats?.counts[t.layer];
       const nHot = cap >= t.rows ? t.rows : counts && slots > 0 ? Math.floor((cap * pinnable) / slots) : 0;
       if (nHot > 0) {
         const order = Int32Array.from({ length: t.rows }, (_, r) => r);
@@ -283,9 +291,9 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
       });
       continue;
     }
-    if (t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps") {
+    if (isExpertStack(t)) {
       const X = L.experts!;
-      X.fromFile = true;
+      weights.expertsFromFile = true;
       const key = t.role === "gate_exps" ? "gateExps" : t.role === "up_exps" ? "upExps" : "downExps";
       const prev = X[key];
       const src = { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength };

@@ -20,11 +20,9 @@ export function llamaLayer(ctx: LayerContext, l: number, L: LlamaLayerWeights, x
     L.experts && cfg.moe?.router_input === "layer_input" && !ctx.offload?.[l]
       ? routeExperts(g, cfg, L.experts, lastLayerRows(ctx, l, [x])[0]!)
       : undefined;
-  // look-ahead: the next layer's router on this layer's input guesses its experts; when they come from the
-  // file, the CPU backend queues their reads now (its top_k routes nothing and is never read), a layer
-  // ahead of the router that decides
-  const next = ctx.nextLayer?.experts;
-  if (next?.fromFile && ctx.earlyRoute && !ctx.offload?.[l + 1]) routeExperts(g, cfg, next, x);
+  // look-ahead: the next layer's router on this layer's input guesses its experts; the CPU backend queues
+  // their reads now (this top_k routes nothing and is never read), a layer ahead of the router that decides
+  if (ctx.lookAhead && ctx.earlyRoute && !ctx.offload?.[l + 1]) routeExperts(g, cfg, ctx.lookAhead, x);
   const h = normed(ctx, x, L.attnNorm, L.attnNormB);
   const [attnOut, xr] = lastLayerRows(ctx, l, [selfAttention(ctx, l, L, h, h), x]);
   const ffnInp = g.add(attnOut, xr);
