@@ -53,7 +53,7 @@ static inline size_t x_row_bytes(int fmt, int64_t k) {
 
 /// Dot product of one weight row (k elements, weight dtype) with one converted activation row.
 using DotFn = float (*)(int64_t k, const void* w, const void* x);
-/// nr weight rows × nc activation rows (nr, nc ≤ 2; with nc = 1, nr ≤ 4; with nr = 1, nc ≤ 4): out[r·nc + c] = dot(k, w[r], x[c]),
+/// nr weight rows × nc activation rows (nr, nc ≤ 2; with nc = 1, nr ≤ KernelTable::tile_rows; with nr = 1, nc ≤ 4): out[r·nc + c] = dot(k, w[r], x[c]),
 /// each output computed with exactly the operations of DotFn (so results do not depend on the tiling).
 using DotTileFn = void (*)(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out);
 /// Dequantizes k elements (a whole number of blocks) to F32.
@@ -89,6 +89,9 @@ struct KernelTable {
   const char* name;
   DotFn dot[DT_TABLE];          // indexed by weight dtype code
   DotTileFn dot_tile[DT_TABLE]; // indexed by weight dtype code
+  /// Rows of the fastest dot_tile against one activation row (the most it takes with nc = 1): 4, or 8 where the
+  /// table has an 8-row kernel (AVX2 Q4_0: dot_rows8_q4_0). The sparse decode ops take active rows in groups of it.
+  int tile_rows[DT_TABLE];
   /// llama.cpp's prompt-processing GEMM arithmetic (llamafile's tinyBLAS on AVX2, used by ggml for a
   /// matrix product of ≥ 2 columns when k % 8 == 0 and the row count % 4 == 0): per output one 8-lane
   /// FMA accumulator over k in steps of 8 (Q8_0: block by block, scale · the block's 8 int32 lane sums),

@@ -616,6 +616,7 @@ double sum_f32(const float* x, int64_t n) {
 KernelTable make_table() {
   KernelTable t{};
   t.name = "scalar";
+  for (int& r : t.tile_rows) r = 4;
   t.dot[DT_F32] = dot_f32;
   t.dot[DT_F16] = dot_f16;
   t.dot[DT_BF16] = dot_bf16;

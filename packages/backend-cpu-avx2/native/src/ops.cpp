@@ -580,14 +580,15 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
     e0 = nbusy + (j0 - ngroups) * chunk;
     e1 = e0 + chunk < len ? e0 + chunk : len;
     if (T == 1) {
-      // One token: four active rows at a time as concurrent streams (as the dense matrix × vector),
-      // the next four prefetched: a sparse row (Q4_0: 2.3 KB at n_embd 4096) is too short for the
+      // One token: tile_rows active rows at a time (4; 8 for Q4_0) as concurrent streams (as the dense matrix × vector),
+      // the next group prefetched: a sparse row (Q4_0: 2.3 KB at n_embd 4096) is too short for the
       // hardware prefetcher to ramp up on.
-      for (int64_t e = e0; e < e1; e += 4) {
-        const int nr = e + 4 <= e1 ? 4 : static_cast<int>(e1 - e);
-        for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
-        const uint8_t* w[4];
-        float out[4];
+      const int R = n.k->tile_rows[W.dtype];
+      for (int64_t e = e0; e < e1; e += R) {
+        const int nr = e + R <= e1 ? R : static_cast<int>(e1 - e);
+        for (int64_t p = e + R; p < e + 2 * R && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+        const uint8_t* w[8];
+        float out[8];
         for (int r = 0; r < nr; r++) w[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
         tile(K, nr, 1, w, &xq, out);
         for (int r = 0; r < nr; r++) y[l.list[2 * (e + r)]] = out[r];
@@ -1137,8 +1138,8 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
         const int64_t r1 = r0 + rows_chunk < M ? r0 + rows_chunk : M;
         const uint8_t* we = c ? c->wait(l.slot[j]) + W.cache_part : W.data + static_cast<size_t>(e) * static_cast<size_t>(M) * wrb;
         if (logits && l.start[e + 1] - l.start[e] == 1) {
-          // one (slot, token) on this expert (decode), sparse: the chunk's active rows four at a time as
-          // concurrent streams, the next four prefetched (as mul_mat_sparse's decode); only active rows are read
+          // one (slot, token) on this expert (decode), sparse: the chunk's active rows tile_rows at a time as
+          // concurrent streams, the next group prefetched (as mul_mat_sparse's decode); only active rows are read
           const int64_t p = l.pairs[l.start[e]];
           const uint8_t* xp = xq + (per_slot ? p : p / U) * xrb;
           const float* lg = logits + p * M;
@@ -1147,11 +1148,12 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
           for (int64_t r = r0; r < r1; r++) {
             if (lg[r] >= thr) act[na++] = static_cast<int32_t>(r);
           }
-          for (int i = 0; i < na; i += 4) {
-            const int nr = na - i < 4 ? na - i : 4;
-            for (int j = i + 4; j < i + 8 && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
-            const uint8_t* w[4];
-            float out[4];
+          const int R = n.k->tile_rows[W.dtype];
+          for (int i = 0; i < na; i += R) {
+            const int nr = na - i < R ? na - i : R;
+            for (int j = i + R; j < i + 2 * R && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
+            const uint8_t* w[8];
+            float out[8];
             for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
             tile(K, nr, 1, w, &xp, out);
             for (int r = 0; r < nr; r++) y[p * M + act[i + r]] = out[r];

@@ -503,10 +503,12 @@ void test_repack() {
             }
           }
         }
-        const uint8_t* w[4];
-        for (int nr = 1; nr <= 4; nr++) {
+        // up to tile_rows scattered rows against one column (Q4_0: the 8-row transposing kernel)
+        const uint8_t* w[8];
+        for (int nr = 1; nr <= 8; nr++) {
           for (int nc = 1; nc <= 4; nc++) {
-            for (int r = 0; r < nr; r++) w[r] = t->data + (2 + r) * rb;
+            if (nr > 4 && (nc > 1 || nr > kt->tile_rows[dt])) continue;
+            for (int r = 0; r < nr; r++) w[r] = t->data + ((2 + 5 * r) % rows) * rb;
             float out[16];
             kt->dot_tile[dt](k, nr, nc, w, x + 2, out);
             int bad = 0;
