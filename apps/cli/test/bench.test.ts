@@ -50,6 +50,8 @@ describe("bytes of weights per decoded token", () => {
     expect(preds).toBeGreaterThan(0);
     expect(bytesPerToken(f, 2, "predictor", [0, 0])).toBe(dense - ffn + preds);
     expect(bytesPerToken(f, 2, "predictor", [100, 50])).toBe(dense - ffn + preds + 150 * 3 * row);
+    // the engine's own count (Session.stats.sparseBytes: up and down read fewer rows than the gate) replaces it
+    expect(bytesPerToken(f, 2, "predictor", [100, 50], [7000, 3000])).toBe(dense - ffn + preds + 10000);
     const gate = 2 * 1024 * row;
     expect(bytesPerToken(f, 2, "oracle", [100, 50])).toBe(dense - ffn + gate + 150 * 2 * row);
   });

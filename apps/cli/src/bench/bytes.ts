@@ -99,11 +99,23 @@ export function sparseRowBytes(file: GgufFile, nLayer: number, mode: SparseMode)
 
 /**
  * Weight bytes per decoded token.
- * @param activeRowsPerToken per layer, neurons computed per token (sparse modes; from the row counters)
+ * @param activeRowsPerToken per layer, neurons computed per token (sparse modes; from the row counters): each
+ *   counts one row of every matrix the sparse kernels read ({@link sparseRowBytes})
+ * @param sparseBytesPerToken per layer, the bytes the sparse ops read per token as the engine counted them
+ *   (`Session.stats.sparseBytes`: each op's rows × its row bytes); replaces the estimate from
+ *   `activeRowsPerToken` where up and down read fewer rows than the gate (predictor mode)
  */
-export function bytesPerToken(file: GgufFile, nLayer: number, mode: SparseMode, activeRowsPerToken?: number[]): number {
+export function bytesPerToken(
+  file: GgufFile,
+  nLayer: number,
+  mode: SparseMode,
+  activeRowsPerToken?: number[],
+  sparseBytesPerToken?: number[],
+): number {
   let b = fixedBytesPerToken(file, mode);
-  if (mode !== "off") {
+  if (mode !== "off" && sparseBytesPerToken) {
+    for (let l = 0; l < nLayer; l++) b += sparseBytesPerToken[l] ?? 0;
+  } else if (mode !== "off") {
     const rows = sparseRowBytes(file, nLayer, mode);
     rows.forEach((rb, l) => {
       b += rb * (activeRowsPerToken?.[l] ?? 0);

@@ -297,7 +297,13 @@ interface Engine {
   tg(
     tokens: number[],
     depth: number[],
-  ): Promise<{ ms: number; active?: number; rowsPerToken?: number[]; cache?: NeuronCacheStats }>;
+  ): Promise<{
+    ms: number;
+    active?: number;
+    rowsPerToken?: number[];
+    sparseBytesPerToken?: number[];
+    cache?: NeuronCacheStats;
+  }>;
   dispose(): Promise<void>;
 }
 
@@ -324,18 +330,24 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
   const snapshot = (session: Session) => ({
     tokens: session.stats.tokens,
     rows: [...session.stats.activeRows],
+    bytes: [...session.stats.sparseBytes],
     layerTokens: [...session.stats.layerTokens],
   });
   const delta = (session: Session, a: ReturnType<typeof snapshot>) => {
     const b = snapshot(session);
     const n = b.tokens - a.tokens;
     if (n === 0) return {};
-    const rowsPerToken = b.rows.map(
-      (r, l) => (r - (a.rows[l] ?? 0)) / Math.max(1, (b.layerTokens[l] ?? 0) - (a.layerTokens[l] ?? 0)),
-    );
+    const perToken = (x: number[], y: number[]) =>
+      x.map((r, l) => (r - (y[l] ?? 0)) / Math.max(1, (b.layerTokens[l] ?? 0) - (a.layerTokens[l] ?? 0)));
+    const rowsPerToken = perToken(b.rows, a.rows);
+    const bytesPerTokenL = perToken(b.bytes, a.bytes);
     // routed experts: the neurons of the chosen experts (n_expert_used · n_ff_exp per layer)
     const perLayer = cfg.moe ? cfg.moe.n_expert_used * cfg.moe.n_ff_exp : cfg.n_ff;
-    return { active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer), rowsPerToken };
+    return {
+      active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer),
+      rowsPerToken,
+      sparseBytesPerToken: bytesPerTokenL,
+    };
   };
   // with a device each step's pieces run off the JavaScript thread, device and CPU at once
   const evaluate = (s: Session, t: number[]) => (model.placement ? s.evaluateAsync(t) : s.evaluate(t));
@@ -723,6 +735,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             ms: [] as number[],
             active: [] as number[],
             rows: [] as number[][],
+            bytes: [] as number[][],
             cache: [] as NeuronCacheStats[],
           })),
         );
@@ -735,7 +748,13 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               const e = engines[ei]!;
               if (rep === 0 && e.selfWarming) continue;
               if (t.d > 0 && !e.depth) continue;
-              let r: { ms: number; active?: number; rowsPerToken?: number[]; cache?: NeuronCacheStats };
+              let r: {
+                ms: number;
+                active?: number;
+                rowsPerToken?: number[];
+                sparseBytesPerToken?: number[];
+                cache?: NeuronCacheStats;
+              };
               try {
                 r = t.kind === "pp" ? await e.pp(t.tokens, t.depth) : await e.tg(t.tokens, t.depth);
               } catch (err) {
@@ -751,6 +770,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               s.ms.push(r.ms);
               if (r.active !== undefined) s.active.push(r.active);
               if (r.rowsPerToken) s.rows.push(r.rowsPerToken);
+              if (r.sparseBytesPerToken) s.bytes.push(r.sparseBytesPerToken);
               if (r.cache) s.cache.push(r.cache);
             }
           }
@@ -769,7 +789,11 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
                 mode === "off"
                   ? undefined
                   : Array.from({ length: nLayer }, (_, l) => mean(s.rows.map((r) => r[l] ?? 0)));
-              bpt = bytesPerToken(e.file, nLayer, mode, rowsPerToken);
+              const sparseBytes =
+                mode === "off" || s.bytes.length === 0
+                  ? undefined
+                  : Array.from({ length: nLayer }, (_, l) => mean(s.bytes.map((r) => r[l] ?? 0)));
+              bpt = bytesPerToken(e.file, nLayer, mode, rowsPerToken, sparseBytes);
             }
             const bw = result.bandwidth[threads];
             const avgTs = mean(ts);

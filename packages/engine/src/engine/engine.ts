@@ -10,7 +10,7 @@ import {
   openGgufModel,
   parseModelConfig,
 } from "@powerinfer/gguf";
-import { Graph } from "@powerinfer/core";
+import { DTYPE_LAYOUT, Graph } from "@powerinfer/core";
 import type { Backend, DType, OpName, TensorHandle } from "@powerinfer/core";
 import { Tokenizer } from "@powerinfer/tokenizer";
 import {
@@ -533,6 +533,13 @@ export interface SessionOptions {
   nBatch?: number;
 }
 
+/** Bytes of one row (ne[0] elements) of the weight node `n` of `g` reads (its first source). */
+function rowBytes(g: Graph, n: number): number {
+  const t = g.tensors[g.nodes[n]!.src[0]!]!;
+  const { blockSize, typeSize } = DTYPE_LAYOUT[t.dtype];
+  return (t.ne[0] / blockSize) * typeSize;
+}
+
 /** A KV cache plus the position in it. */
 export class Session {
   readonly kv: KvCache;
@@ -545,8 +552,14 @@ export class Session {
   readonly stats = {
     /** Tokens evaluated in sparse mode. */
     tokens: 0,
-    /** Per layer: neurons computed, summed over tokens (rows of W_up read). */
+    /**
+     * Per layer: neurons computed, summed over tokens: the rows its first sparse projection read (W_gate in
+     * predictor mode where the FFN has a gate — the predicted neurons; up and down then read only those of
+     * them whose gate is > 0 — else W_up).
+     */
     activeRows: [] as number[],
+    /** Per layer: weight bytes the sparse ops read (each op's rows read × its weight's row bytes), summed over tokens. */
+    sparseBytes: [] as number[],
     /**
      * Per layer: the tokens its FFN ran on (the last layer of a prompt runs only the tokens whose logits are
      * wanted, as llama.cpp does): neurons per token of layer l = activeRows[l] / layerTokens[l].
@@ -687,6 +700,10 @@ export class Session {
                 (s, ns) => s + ns.reduce((a, x) => a + r.rowsRead[x]!, 0),
                 0,
               );
+              built.sparseNodes.layers.forEach((nodes, l) => {
+                st.sparseBytes[l] =
+                  (st.sparseBytes[l] ?? 0) + nodes.reduce((a, x) => a + r.rowsRead[x]! * rowBytes(built.graph, x), 0);
+              });
             }
             opts.onCapture?.(built.captures, chunk.length);
             self.nPast += chunk.length;

@@ -73,7 +73,9 @@ export interface SparseFfnWeights {
  * (all when absent): y = Σ_i act_i · W_down_t[i] with act = ReLU(gate)·up (ReLU(gate)·ReLU(up) for
  * Bamboo, ReLU(up) without a gate; a non-ReLU activation is applied as given, for dense splits).
  * With compact weights (W.ne[1] == rows.length), W row j holds neuron rows[j]. `sel.gate`, a dense
- * [n_ff, T] gate already computed (oracle mode), replaces the gate projection.
+ * [n_ff, T] gate already computed (oracle mode), replaces the gate projection. With ReLU on a gate and
+ * `logits` (predictor mode), the gate is computed first over the marked neurons and up and down read only
+ * those whose gate is > 0: ReLU(gate)·up is 0 for the others, so the sum is the same with fewer rows.
  */
 export function sparseFfn(
   g: Graph,
@@ -86,6 +88,16 @@ export function sparseFfn(
   const opts = { ...selection, nOut: cfg.n_ff };
   const act = (t: TensorId) =>
     cfg.ffn.activation === "silu" ? g.silu(t) : cfg.ffn.activation === "gelu" ? g.gelu(t) : g.relu(t);
+  if (W.gate && cfg.ffn.activation === "relu" && !denseGate && opts.logits !== undefined) {
+    // ReLU(gate)·up is 0 wherever gate ≤ 0: the gate runs first over the predicted rows, then up and down
+    // read only the rows whose gate is > 0 (a subset of the predicted ones) — the same result, fewer rows
+    const gate = g.mulMatSparse(g.handle(W.gate), h, opts);
+    const fired = { ...opts, logits: gate, threshold: F32_MIN_POSITIVE };
+    let up = g.mulMatSparse(g.handle(W.up), h, fired);
+    if (W.upBias) up = g.add(up, g.handle(W.upBias));
+    if (cfg.ffn.up_activation === "relu") up = g.relu(up);
+    return g.axpySparse(g.handle(W.downT), g.mul(g.relu(gate), up), fired);
+  }
   let up = g.mulMatSparse(g.handle(W.up), h, opts);
   if (W.upBias) up = g.add(up, g.handle(W.upBias));
   let a: TensorId;
@@ -155,8 +167,9 @@ export function routeExperts(
  * down does too when stored neuron-major (`downExpsT`), else (`downExps`, a quantized stack: see
  * expertDownNeuronMajor) it runs densely over the activations, whose skipped entries are 0.
  * Sparse ("predictor"): each chosen expert's predictor fc2_e·ReLU(fc1_e·x) (PowerInfer's form, per expert)
- * gives a logit per neuron [n_ff_exp, n_expert_used, T]; gate and up read only the neurons whose logit is
- * ≥ the threshold (the others' activations are 0), then down as in oracle mode.
+ * gives a logit per neuron [n_ff_exp, n_expert_used, T]; the gate reads only the neurons whose logit is
+ * ≥ the threshold (the others' activations are 0), then up and down only those of them whose gate is > 0,
+ * as in oracle mode.
  * `routed`: the router's result when already computed ({@link routeExperts}; SmallThinker computes it
  * before attention).
  * @returns the FFN output [n_embd, T], the router probabilities [n_expert, T], the chosen experts' gate
@@ -189,16 +202,16 @@ export function moeFfn(
     down = W.downExps ? g.mulMatId(g.handle(W.downExps), a, ids) : g.axpyIdSparse(g.handle(W.downExpsT!), a, ids, {});
   } else {
     // which neurons run: the predictors' logits ≥ the threshold, or (oracle) the dense gate > 0
-    let sel: { logits: TensorId; threshold: number };
     if (sparsity.mode === "predictor") {
       const hid = g.relu(g.mulMatId(g.handle(W.fc1Exps!), sparsity.x, ids));
-      sel = { logits: g.mulMatId(g.handle(W.fc2Exps!), hid, ids), threshold: sparsity.threshold };
-      gate = g.mulMatIdSparse(g.handle(W.gateExps), h, ids, sel);
+      const predicted = { logits: g.mulMatId(g.handle(W.fc2Exps!), hid, ids), threshold: sparsity.threshold };
+      gate = g.mulMatIdSparse(g.handle(W.gateExps), h, ids, predicted);
       sparseNodes.push(g.nodes.length - 1);
     } else {
       gate = g.mulMatId(g.handle(W.gateExps), h, ids);
-      sel = { logits: gate, threshold: F32_MIN_POSITIVE };
     }
+    // up and down: only the rows whose gate is > 0 (in predictor mode a subset of the predicted ones)
+    const sel = { logits: gate, threshold: F32_MIN_POSITIVE };
     const up = g.mulMatIdSparse(g.handle(W.upExps), h, ids, sel);
     sparseNodes.push(g.nodes.length - 1);
     const a = g.mul(g.relu(gate), upAct(up));
