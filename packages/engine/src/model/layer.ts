@@ -347,6 +347,14 @@ function splitExpertFfn(
       threshold: routed.slot ? routed.threshold : F32_MIN_POSITIVE,
       nOut: m * nExpert,
     };
+    if (mode === "predictor") {
+      // the gate over the predicted pairs first; up and down then only over those whose gate is > 0
+      const gate = g.mulMatSparse(g.handle(hot.W.gate!), h, o);
+      upOps.push(g.nodes.length - 1);
+      const fired = { ...o, logits: gate, threshold: F32_MIN_POSITIVE };
+      const up = g.mulMatSparse(g.handle(hot.W.up), h, fired);
+      return g.axpySparse(g.handle(hot.W.downT), g.mul(g.mul(act(gate), upAct(up)), w), fired);
+    }
     const up = g.mulMatSparse(g.handle(hot.W.up), h, o);
     upOps.push(g.nodes.length - 1);
     // oracle: the chosen experts' gate, laid out by expert, is the selection itself
@@ -364,11 +372,14 @@ function splitExpertFfn(
     // without a selection (dense experts) every cold pair of a chosen expert runs: mask ≥ −1
     const sel = { logits: slot ? g.add(slot, mask) : mask, threshold: slot ? routed.threshold : -1 };
     const gate = mode === "oracle" ? slot! : g.mulMatIdSparse(g.handle(X.gateExps), h, ids, sel);
-    const up = g.mulMatIdSparse(g.handle(X.upExps), h, ids, sel);
-    upOps.push(g.nodes.length - 1);
+    if (mode === "predictor") upOps.push(g.nodes.length - 1);
+    // predictor mode: up and down only over the predicted pairs whose gate is > 0
+    const fired = mode === "predictor" ? { logits: gate, threshold: F32_MIN_POSITIVE } : sel;
+    const up = g.mulMatIdSparse(g.handle(X.upExps), h, ids, fired);
+    if (mode !== "predictor") upOps.push(g.nodes.length - 1);
     const a = g.mul(act(gate), upAct(up));
     const down = X.downExpsT
-      ? g.axpyIdSparse(g.handle(X.downExpsT), a, ids, sel)
+      ? g.axpyIdSparse(g.handle(X.downExpsT), a, ids, fired)
       : g.mulMatId(g.handle(X.downExps!), a, ids);
     return g.moeSum(down, probs, ids, { norm: moe.norm_weights, scale: moe.weights_scale });
   });
