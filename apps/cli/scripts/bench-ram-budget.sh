@@ -25,6 +25,8 @@
 # reads per token. The group is removed on exit. Environment: LLAMA_BENCH (path of llama-bench; default
 # ~/.cache/powerinfer-ts/llama.cpp/v0.5.0/build/bin/llama-bench).
 set -euo pipefail
+# the script's own stderr, for the traps' messages (a trap can run inside a command whose stderr is redirected)
+exec 3>&2
 
 here=$(cd "$(dirname "$0")" && pwd)
 bin="$here/../dist/bin.js"
@@ -71,7 +73,7 @@ import { planRamBudget } from '@powerinfer/engine';
 import { openGgufModel, parseModelConfig } from '@powerinfer/gguf';
 const f = openGgufModel(process.argv[1]);
 try { planRamBudget(f, parseModelConfig(f), 1, process.argv[2]); console.log(0); }
-catch (e) { const m = /\((\d+) bytes\)/.exec(e.message); console.log(m ? m[1] : -1); }
+catch (e) { const m = /needs at least [^(]*\((\d+) bytes\)/.exec(e.message); console.log(m ? m[1] : -1); }
 " "$pwri" "$sparse") || need=-1
 if [ "$need" = -1 ]; then die "cannot plan a RAM budget for $pwri"; fi
 python3 -c "import sys; sys.exit(0 if $budget * 2**30 >= $need else 1)" ||
@@ -93,12 +95,25 @@ cleanup() {
     [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
     sleep 0.5
   fi
-  rmdir "$group" 2>/dev/null || echo "bench-ram-budget: could not remove $group" >&2
+  rmdir "$group" 2>/dev/null || echo "bench-ram-budget: could not remove $group" >&3
 }
 trap cleanup EXIT
-# an interrupt ends the whole run (its numbers would be wrong), through the EXIT trap
-trap 'echo "bench-ram-budget: interrupted" >&2; exit 130' INT TERM
+# an interrupt ends the whole run (its numbers would be wrong), through the EXIT trap; the engine running
+# outside the group (the unlimited run) is stopped here, those in the group by cleanup
+bg=""
+trap 'echo "bench-ram-budget: interrupted" >&3; [ -n "$bg" ] && kill "$bg" 2>/dev/null; exit 130' INT TERM
 echo "$limit" > "$group/memory.limit_in_bytes"
+
+# runs "$@" in the background and waits for it: bash runs an INT/TERM trap only once its foreground child
+# has ended, but interrupts `wait` at once; returns the command's exit status
+waited() {
+  "$@" &
+  bg=$!
+  local rc=0
+  wait "$bg" || rc=$?
+  bg=""
+  return "$rc"
+}
 
 # runs "$@" inside the group after dropping the page cache
 in_group() {
@@ -119,7 +134,10 @@ echo "== disk (O_DIRECT): $disk"
 llama_tps=""
 if [ "$llama" = 1 ]; then
   ooms=$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")
-  out=$(in_group "$llama_bench" -m "$gguf" -p 0 -n "$n" -t "$threads" -r $((reps + 1)) --no-warmup -o json 2>/dev/null) || true
+  out_file=$(mktemp)
+  waited in_group "$llama_bench" -m "$gguf" -p 0 -n "$n" -t "$threads" -r $((reps + 1)) --no-warmup -o json >"$out_file" 2>/dev/null || true
+  out=$(cat "$out_file")
+  rm -f "$out_file"
   if [ "$(awk '/^oom_kill /{print $2}' "$group/memory.oom_control")" != "$ooms" ]; then
     echo "== llama.cpp was killed by the OOM killer in the group (its anonymous allocations, e.g. repacked weights, exceed the limit)"
   fi
@@ -156,7 +174,7 @@ log=$(mktemp)
 json=$(mktemp)
 trap 'rm -f "$log" "$json"; cleanup' EXIT
 args=(bench -m "$pwri" -p 0 -n "$n" -r "$reps" -t "$threads" --sparse "$sparse" --no-llama-cpp --bandwidth-mib 0 --json -q)
-if ! in_group node "$bin" "${args[@]}" --ram-budget "$budget" >"$json" 2>"$log"; then
+if ! waited in_group node "$bin" "${args[@]}" --ram-budget "$budget" >"$json" 2>"$log"; then
   tail -5 "$log" >&2
   die "powerinfer-ts with --ram-budget failed"
 fi
@@ -165,7 +183,7 @@ echo "== powerinfer-ts --ram-budget $budget (bench tg$n, --sparse $sparse) under
 limited=$(ours "$json" | cut -d' ' -f1)
 
 if [ "$with_mmap" = 1 ]; then
-  if in_group node "$bin" "${args[@]}" >"$json" 2>"$log"; then
+  if waited in_group node "$bin" "${args[@]}" >"$json" 2>"$log"; then
     echo "== powerinfer-ts mapped (no --ram-budget) under the limit: $(ours "$json")"
   else
     echo "== powerinfer-ts mapped (no --ram-budget) under the limit failed: $(tail -1 "$log")"
@@ -174,7 +192,7 @@ fi
 
 # unlimited: page cache warm (read once), no group
 cat "$pwri" > /dev/null
-node "$bin" "${args[@]}" >"$json" 2>"$log"
+waited node "$bin" "${args[@]}" >"$json" 2>"$log"
 unlimited=$(ours "$json" | cut -d' ' -f1)
 echo "== powerinfer-ts unlimited (warm page cache, no group): $unlimited tokens/s"
 python3 - "$limited" "$unlimited" "${llama_tps:-nan}" <<'EOF'
