@@ -115,6 +115,12 @@ describe("every option is checked before any file is opened", () => {
       ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--drelu"],
       /--drelu: smallthinker-4b-a0\.6b is a smallthinker model; dReLU experts are written for llama-moe presets/,
     ],
+    [
+      ["gen-model", "-o", o, "--preset", "7b", "--layers", "1", "--drelu"],
+      /--drelu: 7b is a dense preset; dReLU experts are written for llama-moe presets/,
+    ],
+    // the vocabulary's source is never the file written, even with --force
+    [["gen-model", "-o", o, "--vocab-from", o, "--force"], /output .*out\.gguf is also an input; choose another path/],
     [["bench", "-m", m, "-r", "0"], /--repetitions must be an integer ≥ 1, got 0/],
     [["bench", "-m", m, "-p", "0", "-n", "0"], /nothing to measure: -p 0 and -n 0 leave no test/],
     [["bench", "-m", m, "--no-llama-cpp", "--no-ours"], /nothing to measure: --no-llama-cpp and --no-ours/],

@@ -330,11 +330,19 @@ export function hiddenShare(d: NeuronCacheStats, threads: number): number {
   return Math.min(1, Math.max(0, 1 - d.stallMs / Math.max(1, threads) / d.ioBusyMs));
 }
 
-/** One line of per-token neuron-cache counters over `tokens` tokens. */
-export function describeCacheStats(d: NeuronCacheStats, tokens: number, threads: number): string {
+/**
+ * One line of per-token neuron-cache counters over `tokens` tokens; `what` names the cache as the RAM plan's
+ * line does ("expert cache" where whole experts are its rows).
+ */
+export function describeCacheStats(
+  d: NeuronCacheStats,
+  tokens: number,
+  threads: number,
+  what: "neuron cache" | "expert cache" = "neuron cache",
+): string {
   const n = Math.max(1, tokens);
   const rows = d.hits + d.misses;
-  return `neuron cache over ${tokens} tokens: ${(d.bytesRead / n / 2 ** 20).toFixed(2)} MiB read per token in ${(d.reads / n).toFixed(1)} reads, hit rate ${rows ? ((d.hits / rows) * 100).toFixed(1) : "100.0"} %, read time hidden ${(hiddenShare(d, threads) * 100).toFixed(1)} % (stall ${(d.stallMs / Math.max(1, threads) / n).toFixed(2)} ms per token per thread, reads in flight ${(d.ioBusyMs / n).toFixed(2)} ms per token)${d.ioErrors ? `, ${d.ioErrors} failed reads` : ""}`;
+  return `${what} over ${tokens} tokens: ${(d.bytesRead / n / 2 ** 20).toFixed(2)} MiB read per token in ${(d.reads / n).toFixed(1)} reads, hit rate ${rows ? ((d.hits / rows) * 100).toFixed(1) : "100.0"} %, read time hidden ${(hiddenShare(d, threads) * 100).toFixed(1)} % (stall ${(d.stallMs / Math.max(1, threads) / n).toFixed(2)} ms per token per thread, reads in flight ${(d.ioBusyMs / n).toFixed(2)} ms per token)${d.ioErrors ? `, ${d.ioErrors} failed reads` : ""}`;
 }
 
 /**

@@ -73,7 +73,7 @@ export function register(program: Command): void {
             );
           if (cfg.moe) {
             throw new InvalidArgumentError(
-              `${input} has routed experts: the bundled layout (and PWRI) holds dense FFNs only; --ram-budget does not serve experts from storage yet`,
+              `${input} has routed experts: the bundled layout (and PWRI) holds dense FFNs only (--ram-budget serves routed experts from the file as it is: whole experts, one read each)`,
             );
           }
           if (isBundled(file)) {

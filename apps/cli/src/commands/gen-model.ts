@@ -440,7 +440,8 @@ export function register(program: Command): void {
     .action(
       action(async (o: GenModelCliOptions) => {
         checkPresetLayers(o);
-        checkOutputPath(o.output);
+        // the vocabulary's source is an input like any other: never the file written, even with --force
+        checkOutputPath(o.output, o.vocabFrom);
         if (o.vocabFrom !== undefined) checkInputFile(o.vocabFrom, "vocabulary file (--vocab-from)");
         if (o.preset in MOE_SHAPE_PRESETS) {
           // the predictor and verification options belong to the dense presets' PWRI files
@@ -459,6 +460,10 @@ export function register(program: Command): void {
         if (o.predictors)
           throw new InvalidArgumentError(
             `--predictors is for the expert presets; ${o.preset} writes its predictors with --format pwri`,
+          );
+        if (o.drelu)
+          throw new InvalidArgumentError(
+            `--drelu: ${o.preset} is a dense preset; dReLU experts are written for llama-moe presets (mixtral-8x7b)`,
           );
         const opts = generatorOptions(o);
         if (existsSync(o.output) && !o.force)

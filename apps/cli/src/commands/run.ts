@@ -1,6 +1,7 @@
 /** `powerinfer run`: generate text from a prompt, streaming it, with llama.cpp-style timings. */
 import { type Command, InvalidArgumentError } from "commander";
 import type { NeuronCacheStats } from "@powerinfer/core";
+import { servesExperts } from "@powerinfer/engine";
 import { action } from "../errors.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 import {
@@ -88,12 +89,17 @@ export function register(program: Command): void {
           process.stderr.write(`\ncontext full (n_ctx ${session.nCtx}): generation stopped\n`);
         process.stderr.write(
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
-            `backend: ${backend.name}, ${backend.threads} threads\n`,
+            `backend: ${backend.name}, ${backend.threads} thread${backend.threads === 1 ? "" : "s"}\n`,
         );
         const cacheEnd = cacheStats();
         if (decodeStart && cacheEnd)
           process.stderr.write(
-            `${describeCacheStats(cacheDelta(decodeStart, cacheEnd), decodeTokens, backend.threads)}\n`,
+            `${describeCacheStats(
+              cacheDelta(decodeStart, cacheEnd),
+              decodeTokens,
+              backend.threads,
+              model.ramPlan && servesExperts(model.ramPlan) ? "expert cache" : "neuron cache",
+            )}\n`,
           );
         if (model.ramPlan) {
           // beside the budget: the KV cache and the whole process (peak resident set; mapped weights included)

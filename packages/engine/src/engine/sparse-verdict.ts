@@ -38,7 +38,7 @@ export function sparseVerdict(
       const ranks = [...new Set(config.predictor_ranks)].join("/");
       return {
         verdict: "sparse",
-        reason: `can run sparse: ReLU-gated experts (${act}) with per-expert predictors in all ${config.n_layer} layers (rank ${ranks}), threshold ${config.sparse_threshold}`,
+        reason: `can run sparse: ReLU-gated experts (${act}) with per-expert predictors in ${config.n_layer === 1 ? "its one layer" : `all ${config.n_layer} layers`} (rank ${ranks}), threshold ${config.sparse_threshold}`,
       };
     }
     return {
@@ -56,7 +56,7 @@ export function sparseVerdict(
     const ranks = [...new Set(config.predictor_ranks)].join("/");
     return {
       verdict: "sparse",
-      reason: `can run sparse: ReLU FFN (${act}) with activation predictors in all ${config.n_layer} layers (rank ${ranks}), threshold ${config.sparse_threshold}`,
+      reason: `can run sparse: ReLU FFN (${act}) with activation predictors in ${config.n_layer === 1 ? "its one layer" : `all ${config.n_layer} layers`} (rank ${ranks}), threshold ${config.sparse_threshold}`,
     };
   }
   return {
