@@ -300,7 +300,6 @@ interface Engine {
   ): Promise<{
     ms: number;
     active?: number;
-    rowsPerToken?: number[];
     sparseBytesPerToken?: number[];
     cache?: NeuronCacheStats;
   }>;
@@ -345,7 +344,6 @@ function ourEngine(model: Model, path: string, sparse: SparseMode, hybrid?: stri
     const perLayer = cfg.moe ? cfg.moe.n_expert_used * cfg.moe.n_ff_exp : cfg.n_ff;
     return {
       active: rowsPerToken.reduce((x, y) => x + y, 0) / (perLayer * cfg.n_layer),
-      rowsPerToken,
       sparseBytesPerToken: bytesPerTokenL,
     };
   };
@@ -734,7 +732,6 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
           tests.map(() => ({
             ms: [] as number[],
             active: [] as number[],
-            rows: [] as number[][],
             bytes: [] as number[][],
             cache: [] as NeuronCacheStats[],
           })),
@@ -751,7 +748,6 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               let r: {
                 ms: number;
                 active?: number;
-                rowsPerToken?: number[];
                 sparseBytesPerToken?: number[];
                 cache?: NeuronCacheStats;
               };
@@ -769,7 +765,6 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               const s = samples[ei]![ti]!;
               s.ms.push(r.ms);
               if (r.active !== undefined) s.active.push(r.active);
-              if (r.rowsPerToken) s.rows.push(r.rowsPerToken);
               if (r.sparseBytesPerToken) s.bytes.push(r.sparseBytesPerToken);
               if (r.cache) s.cache.push(r.cache);
             }
@@ -785,15 +780,12 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
             let bpt: number | null = null;
             if (t.kind === "tg") {
               const mode = e.sparse ?? "off";
-              const rowsPerToken =
+              // the bytes the sparse ops read, as the engine counted them (each op's rows × its row bytes)
+              const sparseBytes =
                 mode === "off"
                   ? undefined
-                  : Array.from({ length: nLayer }, (_, l) => mean(s.rows.map((r) => r[l] ?? 0)));
-              const sparseBytes =
-                mode === "off" || s.bytes.length === 0
-                  ? undefined
                   : Array.from({ length: nLayer }, (_, l) => mean(s.bytes.map((r) => r[l] ?? 0)));
-              bpt = bytesPerToken(e.file, nLayer, mode, rowsPerToken, sparseBytes);
+              bpt = bytesPerToken(e.file, nLayer, mode, undefined, sparseBytes);
             }
             const bw = result.bandwidth[threads];
             const avgTs = mean(ts);

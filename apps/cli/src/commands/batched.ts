@@ -14,6 +14,7 @@ import {
   readTextFile,
   type SamplingCliOptions,
   samplingOptions,
+  plural,
 } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 import { acceptNp } from "./serve.js";
@@ -172,7 +173,7 @@ export function register(program: Command): void {
               `prompt: ${ids.length} tokens in ${promptMs.toFixed(2)} ms (evaluated once, copied to ${o.parallel - 1} more sequence${o.parallel === 2 ? "" : "s"})\n` +
                 `decoded ${generated} tokens in ${(genMs / 1000).toFixed(3)} s, speed: ${rate.toFixed(2)} t/s, ` +
                 `${steps} decode steps of ${(steps > 0 ? seqSteps / steps : 0).toFixed(2)} sequences on average\n` +
-                `backend: ${backend.name}, ${backend.threads} thread${backend.threads === 1 ? "" : "s"}\n`,
+                `backend: ${backend.name}, ${plural(backend.threads, "thread")}\n`,
             );
           }
         } finally {

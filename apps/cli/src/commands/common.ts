@@ -289,8 +289,8 @@ export function describeRamPlan(model: Model): string {
   const st = model.backend.neuronCacheStats?.();
   const io = st
     ? st.direct
-      ? `O_DIRECT, ${st.ioThreads} reader thread${st.ioThreads === 1 ? "" : "s"}`
-      : `pread + fadvise(DONTNEED), ${st.ioThreads} reader thread${st.ioThreads === 1 ? "" : "s"}`
+      ? `O_DIRECT, ${plural(st.ioThreads, "reader thread")}`
+      : `pread + fadvise(DONTNEED), ${plural(st.ioThreads, "reader thread")}`
     : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
@@ -320,6 +320,9 @@ export function cacheDelta(a: NeuronCacheStats, b: NeuronCacheStats): NeuronCach
     direct: b.direct,
   };
 }
+
+/** "1 thread", "2 threads": a count with its noun, plural unless it is 1. */
+export const plural = (n: number, one: string, many = `${one}s`): string => `${n} ${n === 1 ? one : many}`;
 
 /**
  * Share of read time hidden behind computation: 1 − (time compute threads waited, per thread) / (wall

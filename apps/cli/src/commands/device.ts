@@ -22,7 +22,7 @@ import {
 } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadDeviceBackend } from "../backends.js";
-import { choice, float, int, loadModelFromCli, type ModelCliOptions } from "./common.js";
+import { choice, float, int, loadModelFromCli, type ModelCliOptions, plural } from "./common.js";
 
 export interface DeviceCliOptions {
   vramBudget?: number;
@@ -146,7 +146,6 @@ export interface DeviceLoadOptions {
 }
 
 const mib = (b: number) => `${(b / 2 ** 20).toFixed(2)} MiB`;
-const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
 
 /**
  * Loads the model (main backend: the CPU when a device is used and --backend is "auto") and places part of

@@ -14,6 +14,7 @@ import {
   readTextFile,
   type SamplingCliOptions,
   samplingOptions,
+  plural,
 } from "./common.js";
 
 interface RunOptions extends ModelCliOptions, DeviceCliOptions, SamplingCliOptions {
@@ -89,7 +90,7 @@ export function register(program: Command): void {
           process.stderr.write(`\ncontext full (n_ctx ${session.nCtx}): generation stopped\n`);
         process.stderr.write(
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
-            `backend: ${backend.name}, ${backend.threads} thread${backend.threads === 1 ? "" : "s"}\n`,
+            `backend: ${backend.name}, ${plural(backend.threads, "thread")}\n`,
         );
         const cacheEnd = cacheStats();
         if (decodeStart && cacheEnd)

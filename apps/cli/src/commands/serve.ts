@@ -19,6 +19,7 @@ import {
   REPACK_HELP,
   SEED_RULE,
   TEMP_HELP,
+  plural,
 } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
@@ -271,7 +272,7 @@ export function register(program: Command): void {
         for (const w of [...model.config.warnings, ...s.warnings]) process.stderr.write(`warning: ${w}\n`);
         if (model.ramPlan) process.stderr.write(`powerinfer serve: ${describeRamPlan(model)}\n`);
         process.stderr.write(
-          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${backend.threads} thread${backend.threads === 1 ? "" : "s"})${device ? `, ${(await loaded).summary}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
+          `powerinfer serve: ready — ${s.nSlots} slot${s.nSlots > 1 ? "s" : ""} × ${s.nCtx} tokens, ${backend.name} backend (${plural(backend.threads, "thread")})${device ? `, ${(await loaded).summary}` : ""}, FFN ${model.sparse === "off" ? "dense" : `sparse (${model.sparse})`}${apiKey ? ", API key required" : ""}${o.metrics ? ", /metrics on" : ""}\n`,
         );
         await done;
         (await loaded).dispose();
