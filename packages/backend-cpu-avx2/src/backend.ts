@@ -24,7 +24,8 @@ export function toBackendError(e: unknown, fallback: BackendErrorCode = "BAD_GRA
 
 /**
  * A CPU backend instance. Create it with `cpuBackend.load()`. Tensors are allocated 64-byte aligned and
- * counted against `memoryBudget`; `mapTensor` maps the file (read-only, private; zero copy, counted 0).
+ * counted against `memoryBudget`; `mapTensor` maps the file (read-only, private, counted 0) and, within
+ * `hugePageCopyBytes`, copies a tensor of 2 MiB or more into memory backed by transparent huge pages.
  */
 export class CpuBackend extends NativeBackend<NativeCpuBackend> {
   constructor(native: NativeCpuBackend, devices: DeviceInfo[]) {
@@ -78,6 +79,15 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
       throw this.fail(e, "IO");
     }
     return this.track(id, dtype, ne, bytes);
+  }
+
+  /**
+   * Bytes of mapped weights this backend holds as huge-page copies (`hugePageCopyBytes` of
+   * `cpuBackend.load`): 0 when every weight is read through the file mapping.
+   */
+  hugePageCopyBytes(): number {
+    this.check();
+    return this.native.hugePageCopyBytes();
   }
 
   /** Counters of this backend's neuron caches (monotonic since creation). */

@@ -46,6 +46,7 @@ export interface NativeCpuBackend extends NativeBackendInstance {
     },
   ): number;
   cacheStats(): NeuronCacheStats;
+  hugePageCopyBytes(): number;
 }
 
 export interface NativeAddon {
@@ -56,6 +57,8 @@ export interface NativeAddon {
     forceScalar: boolean;
     /** Repack Q4_0/Q4_K weights at first dense use (default true). */
     repack?: boolean;
+    /** Bytes of mapped weights (tensors ≥ 2 MiB) copied into huge-page memory (default 0). */
+    hugePageCopyBytes?: number;
   }) => NativeCpuBackend;
   cpuInfo(): NativeCpuInfo;
   /** Best read bandwidth in bytes/second over `iterations` sums of a `bytes`-sized F32 array. */

@@ -54,3 +54,39 @@ export function physicalCores(): number {
   const smtGuess = (os.arch() === "x64" || os.arch() === "ia32") && avail > 2 && avail % 2 === 0;
   return Math.max(1, smtGuess ? avail / 2 : avail);
 }
+
+/**
+ * Bytes this process can still take before memory runs short: MemAvailable of /proc/meminfo, lowered to the
+ * room left in the process's memory cgroup (v2 `memory.max` − `memory.current`, v1 `memory.limit_in_bytes`
+ * − `memory.usage_in_bytes`) when one limits it. A cgroup's usage counts its page cache, so this errs low.
+ */
+export function availableMemory(): number {
+  let free = systemMemory().free;
+  const groups = read("/proc/self/cgroup") ?? "";
+  for (const line of groups.split("\n")) {
+    const [, controllers, path] = line.split(":");
+    if (path === undefined) continue;
+    const files =
+      controllers === ""
+        ? [`/sys/fs/cgroup${path}/memory.max`, `/sys/fs/cgroup${path}/memory.current`]
+        : controllers!.split(",").includes("memory")
+          ? [`/sys/fs/cgroup/memory${path}/memory.limit_in_bytes`, `/sys/fs/cgroup/memory${path}/memory.usage_in_bytes`]
+          : undefined;
+    if (!files) continue;
+    const limit = Number(read(files[0]!)?.trim());
+    const usage = Number(read(files[1]!)?.trim());
+    // "max" (v2) and v1's 2^63-ish "unlimited" leave MemAvailable as it is
+    if (Number.isFinite(limit) && Number.isFinite(usage) && limit < 2 ** 60)
+      free = Math.min(free, Math.max(0, limit - usage));
+  }
+  return free;
+}
+
+/**
+ * Whether the kernel gives transparent huge pages to memory advised for them (MADV_HUGEPAGE):
+ * /sys/kernel/mm/transparent_hugepage/enabled is `[always]` or `[madvise]`.
+ */
+export function transparentHugePages(): boolean {
+  const v = read("/sys/kernel/mm/transparent_hugepage/enabled");
+  return !!v && /\[(always|madvise)\]/.test(v);
+}

@@ -453,3 +453,87 @@ describe.skipIf(!usable)("malformed graphs throw BackendError 'BAD_GRAPH' and th
     }
   });
 });
+
+describe.skipIf(!usable)("huge-page copies of mapped weights (hugePageCopyBytes)", () => {
+  // Q4_0 rows of 4096 (2,304 bytes); 1,024 rows = 2.25 MiB a tensor, three back to back in one file
+  const k = 4096,
+    rows = 1024,
+    rb = 2304,
+    tb = rb * rows;
+  const dir = mkdtempSync(join(tmpdir(), "pi-hugepage-"));
+  const path = join(dir, "w.bin");
+  const bytes = new Uint8Array(3 * tb);
+  let seed = 99;
+  for (let i = 0; i < bytes.length; i++) {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    bytes[i] = seed >>> 24;
+  }
+  // block scales: small positive F16 (0x2000 ≈ 0.0078) so sums stay finite
+  for (let o = 0; o < bytes.length; o += 18) {
+    bytes[o] = 0x00;
+    bytes[o + 1] = 0x20;
+  }
+  writeFileSync(path, bytes);
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const src = (i: number) => ({ path, fileOffset: i * tb, byteLength: tb });
+  // (a deep toEqual of megabytes is slow)
+  const same = (a: Uint8Array, b: Uint8Array) => Buffer.compare(a, b) === 0;
+  const x = Float32Array.from({ length: k }, (_, i) => Math.sin(i * 0.37));
+  const ids = Int32Array.from([0, 511, 1023, 7]);
+
+  /** get_rows, a dense product (repacks the tensor: the copy goes back to the mapping) and get_rows again. */
+  const outputs = (b: Backend, t: TensorHandle) => {
+    const rowsOf = () => {
+      const g = new Graph();
+      const y = g.output(g.getRows(g.handle(t), g.input("i32", [ids.length], ids)));
+      b.compute(g);
+      return Array.from(y);
+    };
+    const before = rowsOf();
+    const g = new Graph();
+    const y = g.output(g.mulMat(g.handle(t), g.input("f32", [k, 1], x)));
+    b.compute(g);
+    return { before, product: Array.from(y), after: rowsOf(), read: new Uint8Array(b.readTensor(t).buffer) };
+  };
+
+  it("copies tensors of 2 MiB or more within the limit, with the same bytes and results as the mapping", async () => {
+    const plain = await cpuBackend.load({ threads: 2, hugePageCopyBytes: 0 });
+    const copying = await cpuBackend.load({ threads: 2, hugePageCopyBytes: 2 * tb });
+    try {
+      const ref = [0, 1, 2].map((i) => outputs(plain, plain.mapTensor("q4_0", [k, rows], src(i))));
+      expect(plain.hugePageCopyBytes()).toBe(0);
+      const hs = [0, 1, 2].map((i) => copying.mapTensor("q4_0", [k, rows], src(i)));
+      // the third does not fit the limit and stays mapped
+      expect(copying.hugePageCopyBytes()).toBe(2 * tb);
+      hs.forEach((h, i) => {
+        expect(
+          same(new Uint8Array(copying.readTensor(h).buffer), bytes.subarray(i * tb, (i + 1) * tb)),
+          `tensor ${i}`,
+        ).toBe(true);
+      });
+      // the dense product repacks tensor 0: its copy goes back to the file mapping
+      const o0 = outputs(copying, hs[0]!);
+      expect(copying.hugePageCopyBytes()).toBe(tb);
+      expect(o0.before).toEqual(ref[0]!.before);
+      expect(o0.product).toEqual(ref[0]!.product);
+      expect(o0.after).toEqual(ref[0]!.after);
+      expect(same(o0.read, bytes.subarray(0, tb))).toBe(true);
+      expect(o0.product.every(Number.isFinite)).toBe(true);
+      copying.freeTensor(hs[1]!);
+      expect(copying.hugePageCopyBytes()).toBe(0);
+      // written weights: a copy is read-only like the mapping
+      expectBackendError(() => copying.writeTensor(hs[2]!, new Uint8Array(tb)), "BAD_TENSOR", /read-only/);
+    } finally {
+      plain.dispose();
+      copying.dispose();
+    }
+  });
+
+  it("rejects a negative or non-numeric limit", async () => {
+    for (const v of [-1, Number.NaN]) {
+      await expect(cpuBackend.load({ threads: 1, hugePageCopyBytes: v })).rejects.toMatchObject({
+        code: "UNAVAILABLE",
+      });
+    }
+  });
+});

@@ -111,6 +111,11 @@ export interface BenchOptions {
   seed?: number;
   /** CPU backend: repack Q4_0/Q4_K weights at first dense use (BackendLoadOptions.repack). Default true. */
   repack?: boolean;
+  /**
+   * CPU backend: every weight read through the file mapping (BackendLoadOptions.hugePageCopyBytes 0), as
+   * always under `ramBudget`. Default false: weights of 2 MiB or more copied into huge-page memory.
+   */
+  mmap?: boolean;
   /** Progress lines (to stderr). */
   log?: (line: string) => void;
 }
@@ -681,7 +686,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         }
         let backend: Backend | undefined;
         if (ours && probe.usable) {
-          backend = await cpuBackend.load({ threads, repack: o.repack ?? true });
+          const hugePageCopyBytes = o.mmap || o.ramBudget !== undefined ? 0 : undefined;
+          backend = await cpuBackend.load({ threads, repack: o.repack ?? true, hugePageCopyBytes });
           const hasPred = file.tensors.some((t) => /\.fc1(_exps)?\.weight$/.test(t.name));
           const modes: SparseMode[] = o.sparse === "auto" ? (hasPred ? ["off", "predictor"] : ["off"]) : o.sparse;
           for (const mode of modes) {

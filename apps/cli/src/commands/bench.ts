@@ -11,7 +11,7 @@ import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
 import { LLAMA_CPP_DIR_ENV } from "../bench/native-llama-cpp.js";
 import { action } from "../errors.js";
-import { checkInputFile, float, int, REPACK_HELP } from "./common.js";
+import { checkInputFile, float, int, MMAP_HELP, REPACK_HELP } from "./common.js";
 
 /**
  * "512,1024" → [512, 1024] (llama-bench's list syntax); with `none`, "" or "0" → [] (no such tests).
@@ -111,6 +111,8 @@ export interface BenchCliOptions {
   vramBudget?: number;
   /** false with --no-repack. */
   repack?: boolean;
+  /** --mmap. */
+  mmap?: boolean;
 }
 
 export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
@@ -131,6 +133,7 @@ export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): 
     bandwidthMiB: o.bandwidthMib,
     seed: o.seed,
     repack: o.repack ?? true,
+    mmap: o.mmap ?? false,
     ramBudget: o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined,
     device:
       o.deviceBackend !== undefined || o.vramBudget !== undefined
@@ -210,6 +213,7 @@ export function register(program: Command): void {
       float("vram-budget", { min: 0, max: 2 ** 20 }),
     )
     .option("--no-repack", REPACK_HELP)
+    .option("--mmap", MMAP_HELP)
     .option("--json", "print llama-bench-style JSON rows")
     .option("-q, --quiet", "no progress lines on stderr")
     .action(

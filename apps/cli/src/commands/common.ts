@@ -134,12 +134,17 @@ export function modelOptions(cmd: Command): Command {
       "GiB held for weights + the neuron cache (default: no limit); below the model's size the sparse FFN's rows — or, for routed experts in any --sparse mode, whole experts — are read from the file on demand (O_DIRECT), the hottest (from `profile` statistics) pinned; the KV cache is not counted",
       float("ram-budget", { above: 0, max: 2 ** 20 }),
     )
-    .option("--no-repack", REPACK_HELP);
+    .option("--no-repack", REPACK_HELP)
+    .option("--mmap", MMAP_HELP);
 }
 
 /** Help of `--no-repack`, on every command that loads a model for the CPU backend. */
 export const REPACK_HELP =
-  "keep every weight zero-copy (mmap): by default the CPU backend repacks Q4_0 and Q4_K matrices into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)";
+  "keep Q4_0 and Q4_K matrices as the file stores them: by default the CPU backend repacks them into 8-row groups at first use (faster decode and prompt; same results, the copy replaces the mapped pages)";
+
+/** Help of `--mmap`, beside `--no-repack`. */
+export const MMAP_HELP =
+  "read every weight through the model file's mapping (zero-copy; with --no-repack nothing is copied): by default the CPU backend copies weights of 2 MiB or more into transparent-huge-page memory while they fit in 75 % of the available memory (fewer TLB misses for the sparse rows; same results; never with --ram-budget)";
 
 export interface ModelCliOptions {
   model: string;
@@ -157,6 +162,8 @@ export interface ModelCliOptions {
   stats?: string;
   /** false with --no-repack (commander's default for a --no- option is true). */
   repack?: boolean;
+  /** --mmap: no huge-page copies of mapped weights. */
+  mmap?: boolean;
   /** Set by `profile`: no note that statistics are missing (it is what writes them). */
   profiling?: boolean;
 }
@@ -218,7 +225,9 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   checkModelOptions(o);
   checkInputFile(o.model);
   const threads = o.threads ?? availableParallelism();
-  const backend = await loadBackend(o.backend, { threads, repack: o.repack ?? true }, (line) => {
+  // under --ram-budget the weights held stay mapped (page cache, reclaimable) as the budget planned them
+  const hugePageCopyBytes = o.mmap || o.ramBudget !== undefined ? 0 : undefined;
+  const backend = await loadBackend(o.backend, { threads, repack: o.repack ?? true, hugePageCopyBytes }, (line) => {
     if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
   });
   const bar =

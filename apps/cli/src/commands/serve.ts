@@ -16,6 +16,7 @@ import {
   describeRamPlan,
   float,
   int,
+  MMAP_HELP,
   REPACK_HELP,
   SEED_RULE,
   TEMP_HELP,
@@ -140,6 +141,7 @@ export function register(program: Command): void {
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")
     .option("--no-repack", REPACK_HELP)
+    .option("--mmap", MMAP_HELP)
     .option(
       "--sparse <mode>",
       "FFN mode: predictor (default when the model has predictors), oracle or off",

@@ -49,6 +49,7 @@ import {
   float,
   int,
   loadModelFromCli,
+  MMAP_HELP,
   REPACK_HELP,
   readTextFile,
 } from "./common.js";
@@ -181,6 +182,7 @@ export function register(program: Command): void {
     .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1, max: 512 }))
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--no-repack", REPACK_HELP)
+    .option("--mmap", MMAP_HELP)
     .option(
       "--device-backend <name>",
       "backend for the predictors' matrix products (forward and backward passes): \"auto\" = a usable GPU backend, else the model's backend; or a backend name",

@@ -2,11 +2,11 @@
 //
 // Module exports:
 //   cpuInfo() → { avx2, fma, f16c, avx512f, kernel, reason }  (what select_kernels(false) picks)
-//   Backend class: new Backend({ threads, memoryBudget, forceScalar, repack })
+//   Backend class: new Backend({ threads, memoryBudget, forceScalar, repack, hugePageCopyBytes })
 //     createTensor(dtypeCode, ne[], data?) → id
 //     mapTensor(dtypeCode, ne[], path, fileOffset, byteLength) → id
 //     readTensor(id) → Uint8Array, writeTensor(id, view, offset), freeTensor(id)
-//     allocatedBytes(), threads, kernel, kernelReason
+//     allocatedBytes(), hugePageCopyBytes(), threads, kernel, kernelReason
 //     supportsOp(opCode, dtypeCodes[]) → boolean
 //     compute(tensors, nodes, params, inputs[], outputs[]) → { rowsRead: Float64Array, elapsedMs }
 //     computeAsync(...same) → Promise of the same
@@ -228,6 +228,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
                            InstanceMethod<&Backend::WriteTensor>("writeTensor"),
                            InstanceMethod<&Backend::FreeTensor>("freeTensor"),
                            InstanceMethod<&Backend::AllocatedBytes>("allocatedBytes"),
+                           InstanceMethod<&Backend::HugePageCopyBytes>("hugePageCopyBytes"),
                            InstanceMethod<&Backend::SupportsOp>("supportsOp"),
                            InstanceMethod<&Backend::Compute>("compute"),
                            InstanceMethod<&Backend::ComputeAsync>("computeAsync"),
@@ -244,18 +245,24 @@ class Backend : public Napi::ObjectWrap<Backend> {
     double budget = -1;  // unlimited
     bool force_scalar = false;
     bool repack = true;
+    double copy_limit = 0;  // bytes of mapped weights copied into huge-page memory
     if (info.Length() > 0 && info[0].IsObject()) {
       Napi::Object o = info[0].As<Napi::Object>();
       if (o.Has("threads") && !o.Get("threads").IsUndefined()) threads = get_int(o.Get("threads"), "threads");
       if (o.Has("memoryBudget") && o.Get("memoryBudget").IsNumber()) budget = o.Get("memoryBudget").As<Napi::Number>().DoubleValue();
       if (o.Has("forceScalar")) force_scalar = o.Get("forceScalar").ToBoolean().Value();
       if (o.Has("repack") && !o.Get("repack").IsUndefined()) repack = o.Get("repack").ToBoolean().Value();
+      if (o.Has("hugePageCopyBytes") && o.Get("hugePageCopyBytes").IsNumber()) {
+        copy_limit = o.Get("hugePageCopyBytes").As<Napi::Number>().DoubleValue();
+      }
     }
+    if (!(copy_limit >= 0)) throw_error(env, "UNAVAILABLE", "hugePageCopyBytes must be a number >= 0");
     if (threads < 1 || threads > 512) throw_error(env, "UNAVAILABLE", "threads must be in 1..512");
     if (std::isnan(budget)) throw_error(env, "UNAVAILABLE", "memoryBudget must be a number");
     const size_t limit = budget < 0 || budget >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(budget);
     st_ = std::make_shared<State>(limit, threads, force_scalar);
     st_->exec.set_repack(repack);
+    st_->store.set_copy_limit(copy_limit >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(copy_limit));
   }
 
  private:
@@ -430,6 +437,11 @@ class Backend : public Napi::ObjectWrap<Backend> {
   Napi::Value AllocatedBytes(const Napi::CallbackInfo& info) {
     return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env()).store.allocated()));
   }
+  // hugePageCopyBytes() → bytes of mapped weights held as huge-page copies
+  Napi::Value HugePageCopyBytes(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env()).store.copied()));
+  }
+
 
   Napi::Value SupportsOp(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -70,6 +71,63 @@ class OffsetAllocator {
   size_t top_ = 0;
 };
 
+// ---- opt-in per-op timing (POWERINFER_CPU_PROFILE=1): thread 0's wall time per node, from its start to
+// the barrier after it, summed by (op, dtype of its first source) and printed to stderr at exit. For
+// finding where a decode step's time goes; off by default (one getenv at start-up, one branch per node).
+
+constexpr int kProfDtypes = 16;
+struct OpProfile {
+  double ns[OP_COUNT][kProfDtypes] = {};
+  long calls[OP_COUNT][kProfDtypes] = {};
+  double bytes[OP_COUNT][kProfDtypes] = {};  // sparse ops: rows read × row bytes
+};
+OpProfile* g_profile = nullptr;
+
+void print_profile() {
+  if (!g_profile) return;
+  double total = 0;
+  for (int o = 0; o < OP_COUNT; o++) {
+    for (int d = 0; d < kProfDtypes; d++) total += g_profile->ns[o][d];
+  }
+  std::fprintf(stderr, "powerinfer cpu profile (thread 0 wall time per node, %.1f ms in all):\n", total / 1e6);
+  for (int o = 0; o < OP_COUNT; o++) {
+    for (int d = 0; d < kProfDtypes; d++) {
+      const double ns = g_profile->ns[o][d];
+      if (g_profile->calls[o][d] == 0) continue;
+      std::fprintf(stderr, "  %-18s %-5s %9.2f ms %5.1f %% %8ld calls %8.2f us/call", op_name(o), dtype_name(d),
+                   ns / 1e6, 100.0 * ns / total, g_profile->calls[o][d],
+                   ns / 1e3 / static_cast<double>(g_profile->calls[o][d]));
+      if (g_profile->bytes[o][d] > 0) std::fprintf(stderr, " %6.1f GB/s (rows read)", g_profile->bytes[o][d] / ns);
+      std::fprintf(stderr, "\n");
+    }
+  }
+}
+
+bool profile_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("POWERINFER_CPU_PROFILE");
+    if (!e || !*e || std::strcmp(e, "0") == 0) return false;
+    g_profile = new OpProfile();
+    std::atexit(print_profile);
+    return true;
+  }();
+  return on;
+}
+
+void profile_add(const NodeExec& n, std::chrono::steady_clock::time_point t0, int nth) {
+  const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+  const int d = n.has[0] && n.src[0].dtype >= 0 && n.src[0].dtype < kProfDtypes ? n.src[0].dtype : 0;
+  if (n.op > 0 && n.op < OP_COUNT) {
+    g_profile->ns[n.op][d] += ns;
+    g_profile->calls[n.op][d]++;
+    if (n.rows_read && n.has[0]) {
+      int64_t r = 0;
+      for (int t = 0; t < nth; t++) r += n.rows_read[t];
+      g_profile->bytes[n.op][d] += static_cast<double>(r) * static_cast<double>(row_bytes(n.src[0].dtype, n.src[0].ne[0]));
+    }
+  }
+}
+
 struct RunCtx {
   std::vector<NodeExec>* nodes;
   ThreadPool* pool;  // null when the whole graph runs on the calling thread
@@ -81,21 +139,23 @@ struct RunCtx {
 void run_graph(void* ctx, int ith, int nth) {
   RunCtx* rc = static_cast<RunCtx*>(ctx);
   const std::vector<NodeExec>& nodes = *rc->nodes;
+  const bool prof = ith == 0 && g_profile;
+  std::chrono::steady_clock::time_point t0;
   for (size_t i = 0; i < nodes.size(); i++) {
     const NodeExec& n = nodes[i];
+    if (prof) t0 = std::chrono::steady_clock::now();
     // the previous node's output is complete here (one thread, or after its barrier)
     if (ith == 0 && i > 0 && nodes[i - 1].n_prefetch) prefetch_experts(nodes[i - 1]);
     if (!rc->pool) {
       exec_node(n, 0, 1);
-      continue;
-    }
-    if (!n.pool) {
+    } else if (!n.pool) {
       if (ith == 0) exec_node(n, 0, 1);
       if (i + 1 < nodes.size() && nodes[i + 1].pool) rc->pool->barrier();
-      continue;
+    } else {
+      exec_node(n, ith, nth);
+      rc->pool->barrier();
     }
-    exec_node(n, ith, nth);
-    rc->pool->barrier();
+    if (prof) profile_add(n, t0, nth);
   }
 }
 
@@ -149,7 +209,9 @@ void Executor::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
 
 Executor::Executor(TensorStore& store, int threads, bool force_scalar)
     : store_(store), pool_(threads), kernels_(&select_kernels(force_scalar, &reason_)),
-      serial_work_bytes_(serial_work_default()) {}
+      serial_work_bytes_(serial_work_default()) {
+  profile_enabled();
+}
 
 void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   // ---- validate (the shared validator of powerinfer/wire.h), then resolve tensors and nodes ----
@@ -328,6 +390,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   // ---- bind views ----
   for (size_t i = 0; i < nt; i++) {
     if (ts[i].kind == 0) ts[i].data = arena_ + ts[i].arena_off;
+    // a handle's bytes move when packing replaces its huge-page copy (TensorStore::packed, above)
+    if (ts[i].kind == KIND_HANDLE) ts[i].data = ts[i].handle->data;
   }
   for (size_t ni = 0; ni < nn; ni++) {
     NodeExec& n = ex[ni];

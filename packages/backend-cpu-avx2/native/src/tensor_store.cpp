@@ -21,9 +21,37 @@ FileMapping::~FileMapping() {
 }
 
 Tensor::~Tensor() {
-  if (!mapped && data) std::free(data);
+  if ((!mapped || copied) && data) std::free(data);
   std::free(packed);
 }
+
+namespace {
+
+constexpr size_t kHugePage = size_t{2} << 20;
+
+/// Memory for `bytes` of weights: from 2 MiB up, 2 MiB-aligned and advised for transparent huge pages
+/// (one TLB entry per 2 MiB instead of per 4 KiB: the sparse ops read rows scattered over the whole
+/// matrix); smaller, 64-byte aligned. Null when the allocation fails. Free with std::free.
+uint8_t* alloc_weights(size_t bytes) {
+  if (bytes >= kHugePage) {
+    const size_t padded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, padded);
+    if (p) madvise(p, padded, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+    return static_cast<uint8_t*>(p);
+  }
+  return static_cast<uint8_t*>(std::aligned_alloc(64, bytes == 0 ? 64 : (bytes + 63) / 64 * 64));
+}
+
+/// Releases this process's pages of [p, p + bytes) of a file mapping (whole pages inside the range only;
+/// the file refaults them if read again).
+void release_mapped(const uint8_t* p, size_t bytes) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t b0 = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t b1 = (reinterpret_cast<uintptr_t>(p) + bytes) / page * page;
+  if (b1 > b0) madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
+}
+
+}  // namespace
 
 size_t tensor_bytes(int dtype, const int64_t ne[4]) {
   const Layout l = dtype_layout(dtype);
@@ -53,10 +81,9 @@ TensorPtr TensorStore::create(int dtype, const int64_t ne[4]) {
                                           std::to_string(allocated_) + " of the memory budget of " +
                                           std::to_string(budget_) + " bytes are in use");
   }
-  const size_t padded = (bytes + 63) / 64 * 64;
-  void* p = std::aligned_alloc(64, padded == 0 ? 64 : padded);
+  uint8_t* p = alloc_weights(bytes);
   if (!p) throw BackendErr("OUT_OF_MEMORY", "allocation of " + std::to_string(bytes) + " bytes failed");
-  std::memset(p, 0, padded);
+  std::memset(p, 0, bytes);
   auto t = std::make_shared<Tensor>();
   t->id = next_id_++;
   t->dtype = dtype;
@@ -118,6 +145,16 @@ TensorPtr TensorStore::map(int dtype, const int64_t ne[4], const std::string& pa
   t->data = static_cast<uint8_t*>(fm->base) + offset;
   t->mapped = true;
   t->mapping = fm;
+  if (bytes >= kHugePage && copied_ + bytes <= copy_limit_) {
+    if (uint8_t* p = alloc_weights(bytes)) {
+      std::memcpy(p, t->data, bytes);
+      release_mapped(t->data, bytes);
+      t->map_data = t->data;
+      t->data = p;
+      t->copied = true;
+      copied_ += bytes;
+    }
+  }
   tensors_[t->id] = t;
   return t;
 }
@@ -315,7 +352,7 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
     t->pack_refused = true;
     return nullptr;
   }
-  uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+  uint8_t* p = alloc_weights(bytes);
   if (!p) {
     t->pack_refused = true;
     return nullptr;
@@ -326,12 +363,14 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
     for (int r = 0; r < 8; r++) src[r] = t->data + (static_cast<size_t>(g) * 8 + static_cast<size_t>(r)) * rb;
     pack_rows_x8(t->dtype, k, src, p + static_cast<size_t>(g) * gbytes);
   }
-  if (t->mapped) {
-    // give the mapped pages back (whole pages inside the tensor only; the file refaults them if read)
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t b0 = (reinterpret_cast<uintptr_t>(t->data) + page - 1) / page * page;
-    const uintptr_t b1 = (reinterpret_cast<uintptr_t>(t->data) + bytes) / page * page;
-    if (b1 > b0) madvise(reinterpret_cast<void*>(b0), b1 - b0, MADV_DONTNEED);
+  if (t->copied) {
+    // the packed copy replaces the huge-page copy: back to the file mapping for the unpacked readers
+    std::free(t->data);
+    t->data = t->map_data;
+    t->copied = false;
+    copied_ -= t->bytes;
+  } else if (t->mapped) {
+    release_mapped(t->data, t->bytes);  // the copy replaces the mapped pages instead of doubling them
   }
   allocated_ += bytes;
   t->packed = p;
@@ -355,6 +394,7 @@ void TensorStore::release(int id) {
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
+  if (it->second->copied) copied_ -= it->second->bytes;
   if (it->second->packed) allocated_ -= it->second->packed_bytes;
   if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
     // siblings hold plain pointers: unlink before the cache can go
@@ -377,6 +417,17 @@ void TensorStore::clear() {
   pools_.clear();
   files_.clear();
   allocated_ = 0;
+  copied_ = 0;
+}
+
+void TensorStore::set_copy_limit(size_t bytes) {
+  std::lock_guard<std::mutex> lk(mu_);
+  copy_limit_ = bytes;
+}
+
+size_t TensorStore::copied() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return copied_;
 }
 
 size_t TensorStore::allocated() const {

@@ -44,6 +44,10 @@ struct Tensor {
   uint8_t* data = nullptr;
   bool mapped = false;
   std::shared_ptr<FileMapping> mapping;  // keeps a mapped tensor's file mapped
+  /// A mapped tensor whose bytes were copied into huge-page memory at map time (TensorStore::set_copy_limit):
+  /// `data` is the copy (owned), `map_data` the bytes in the file mapping. Still read-only (`mapped`).
+  bool copied = false;
+  uint8_t* map_data = nullptr;
   /// File-backed rows (data == nullptr): only the sparse ops read such a tensor, through the cache.
   std::shared_ptr<NeuronCache> cache;
   size_t cache_part = 0;      ///< byte offset of this tensor's row within a cache row (bundled layout)
@@ -65,7 +69,8 @@ class TensorStore {
 
   /// A zero-filled tensor. @throws BackendErr BAD_TENSOR (shape/dtype), OUT_OF_MEMORY (budget/allocation).
   TensorPtr create(int dtype, const int64_t ne[4]);
-  /// A tensor whose bytes stay in `path` at `offset`. @throws BackendErr BAD_TENSOR, IO.
+  /// A tensor whose bytes stay in `path` at `offset` (or, within the copy limit, are copied from there
+  /// into huge-page memory: see set_copy_limit). @throws BackendErr BAD_TENSOR, IO.
   TensorPtr map(int dtype, const int64_t ne[4], const std::string& path, uint64_t offset, uint64_t byte_length);
   /// A tensor whose rows stay in the file and are read on demand into a neuron cache (see
   /// neuron_cache.h); `group` > 0 links caches of one FFN so that one list prefetches all.
@@ -84,6 +89,15 @@ class TensorStore {
   /// Requires dtype Q4_0 or Q4_K, ne[0] a multiple of the block (32 / 256), rows % 8 == 0 and
   /// data != null (else null).
   const uint8_t* packed(const TensorPtr& t);
+  /// Mapped tensors of at least 2 MiB are copied into memory advised for transparent huge pages
+  /// (MADV_HUGEPAGE, 2 MiB-aligned) while the copies total at most `bytes` (default 0: every weight stays
+  /// mapped). A file's page cache may hold 4 KiB pages (a freshly written or randomly read file): the
+  /// sparse operators' scattered rows then miss the TLB on nearly every row. The copy's mapped pages are
+  /// released from this process (the page cache keeps them, reclaimable); the copy does not count against
+  /// the memory budget (it is the weights).
+  void set_copy_limit(size_t bytes);
+  /// Bytes of mapped tensors held as huge-page copies.
+  size_t copied() const;
   /// Drops a packed copy (after the tensor's bytes changed).
   void drop_packed(Tensor& t);
   /// Counters of all caches (monotonic).
@@ -112,6 +126,8 @@ class TensorStore {
   std::shared_ptr<ReaderPool> readers_;
   size_t budget_;
   size_t allocated_ = 0;
+  size_t copy_limit_ = 0;
+  size_t copied_ = 0;
   int next_id_ = 1;
 };
 

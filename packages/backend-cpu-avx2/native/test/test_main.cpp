@@ -728,6 +728,43 @@ void test_tensor_store() {
   const int64_t bad[4] = {33, 1, 1, 1};
   CHECK(throws([&] { small.create(DT_Q4_0, bad); }, "BAD_TENSOR"), "block size");
   unlink(path);
+
+  // huge-page copies of mapped tensors (set_copy_limit): equal bytes, the limit kept, packing hands the
+  // copy back to the mapping, freeing updates the count
+  {
+    char qpath[] = "/tmp/pi-native-test-XXXXXX";
+    const int qfd = mkstemp(qpath);
+    CHECK(qfd >= 0, "mkstemp");
+    const int64_t k = 4096, rows = 1024;  // Q4_0: 2,304 bytes a row, 2.25 MiB in all
+    const size_t rb = row_bytes(DT_Q4_0, k), tb = rb * static_cast<size_t>(rows);
+    std::vector<uint8_t> q(tb * 3);  // three tensors back to back
+    for (size_t r = 0; r < q.size() / rb; r++) {
+      std::vector<uint8_t> w = random_row(DT_Q4_0, k);
+      std::memcpy(q.data() + r * rb, w.data(), rb);
+    }
+    CHECK(write(qfd, q.data(), q.size()) == static_cast<ssize_t>(q.size()), "write");
+    close(qfd);
+    TensorStore cs(SIZE_MAX);
+    cs.set_copy_limit(2 * tb);
+    const int64_t qn[4] = {k, rows, 1, 1};
+    TensorPtr c0 = cs.map(DT_Q4_0, qn, qpath, 0, tb), c1 = cs.map(DT_Q4_0, qn, qpath, tb, tb),
+              c2 = cs.map(DT_Q4_0, qn, qpath, 2 * tb, tb);
+    CHECK(c0->copied && c1->copied && !c2->copied && cs.copied() == 2 * tb, "copies within the limit: %zu",
+          cs.copied());
+    CHECK(c0->mapped && reinterpret_cast<uintptr_t>(c0->data) % (size_t{2} << 20) == 0, "copy: read-only, 2 MiB-aligned");
+    CHECK(std::memcmp(c0->data, q.data(), tb) == 0 && std::memcmp(c1->data, q.data() + tb, tb) == 0 &&
+              std::memcmp(c2->data, q.data() + 2 * tb, tb) == 0,
+          "copied bytes equal the file's");
+    const uint8_t* pk = cs.packed(c0);
+    CHECK(pk && !c0->copied && c0->data == c0->map_data && cs.copied() == tb &&
+              std::memcmp(c0->data, q.data(), tb) == 0,
+          "packing hands the copy back to the mapping");
+    cs.release(c1->id);
+    CHECK(cs.copied() == 0, "release: %zu copied", cs.copied());
+    const int64_t tiny[4] = {32, 4, 1, 1};
+    CHECK(!cs.map(DT_Q4_0, tiny, qpath, 0, row_bytes(DT_Q4_0, 32) * 4)->copied, "under 2 MiB: mapped");
+    unlink(qpath);
+  }
 }
 
 // ---- graph executor -----------------------------------------------------------------------------

@@ -110,6 +110,13 @@ export interface BackendLoadOptions {
    * way. false keeps every weight zero-copy (`--no-repack`). Default true.
    */
   repack?: boolean;
+  /**
+   * CPU backend: bytes of mapped weights (tensors of 2 MiB or more) it may copy into memory backed by
+   * transparent huge pages (fewer TLB misses for the sparse operators' scattered rows); 0 keeps every weight
+   * mapped from its file (`--mmap`). Default: the backend's choice (75 % of the available memory when the
+   * kernel offers transparent huge pages).
+   */
+  hugePageCopyBytes?: number;
 }
 
 /** What a backend package exports. */
