@@ -537,3 +537,35 @@ describe.skipIf(!usable)("huge-page copies of mapped weights (hugePageCopyBytes)
     }
   });
 });
+
+describe.skipIf(!usable || !existsSync(fileURLToPath(new URL("../dist/index.js", import.meta.url))))(
+  "POWERINFER_CPU_PROFILE",
+  () => {
+    it("prints per-op time and calls at exit, and nothing without it", () => {
+      const dist = fileURLToPath(new URL("../dist/index.js", import.meta.url));
+      const core = fileURLToPath(new URL("../../core/dist/index.js", import.meta.url));
+      // 3 graphs of rms_norm → mul_mat (F32 weight) → relu at 2 threads
+      const script = `Promise.all([import(${JSON.stringify(dist)}), import(${JSON.stringify(core)})]).then(async ([m, c]) => {
+        const b = await m.cpuBackend.load({ threads: 2, hugePageCopyBytes: 0 });
+        const w = b.createTensor("f32", [64, 32], new Float32Array(64 * 32).fill(0.5));
+        for (let i = 0; i < 3; i++) {
+          const g = new c.Graph();
+          g.output(g.relu(g.mulMat(g.handle(w), g.rmsNorm(g.input("f32", [64, 1], new Float32Array(64).fill(1)), 1e-6))));
+          b.compute(g);
+        }
+        b.dispose();
+      });`;
+      const run = (env: Record<string, string>) =>
+        spawnSync(process.execPath, ["-e", script], { env: { ...process.env, ...env }, encoding: "utf8" });
+      const on = run({ POWERINFER_CPU_PROFILE: "1" });
+      expect(on.status, on.stderr).toBe(0);
+      expect(on.stderr).toMatch(/^powerinfer cpu profile \(thread 0 wall time per node, [\d.]+ ms in all\):$/m);
+      for (const op of ["rms_norm", "mul_mat", "relu"]) {
+        expect(on.stderr).toMatch(new RegExp(`^  ${op} +f32 +[\\d.]+ ms +[\\d.]+ % +3 calls +[\\d.]+ us/call$`, "m"));
+      }
+      const off = run({ POWERINFER_CPU_PROFILE: "0" });
+      expect(off.status, off.stderr).toBe(0);
+      expect(off.stderr).not.toMatch(/profile/);
+    });
+  },
+);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
 #include <string>
 
@@ -82,9 +83,11 @@ struct OpProfile {
   double bytes[OP_COUNT][kProfDtypes] = {};  // sparse ops: rows read × row bytes
 };
 OpProfile* g_profile = nullptr;
+std::mutex g_profile_mu;  // backends may compute at once
 
 void print_profile() {
   if (!g_profile) return;
+  std::lock_guard<std::mutex> lk(g_profile_mu);
   double total = 0;
   for (int o = 0; o < OP_COUNT; o++) {
     for (int d = 0; d < kProfDtypes; d++) total += g_profile->ns[o][d];
@@ -117,6 +120,7 @@ bool profile_enabled() {
 void profile_add(const NodeExec& n, std::chrono::steady_clock::time_point t0, int nth) {
   const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
   const int d = n.has[0] && n.src[0].dtype >= 0 && n.src[0].dtype < kProfDtypes ? n.src[0].dtype : 0;
+  std::lock_guard<std::mutex> lk(g_profile_mu);
   if (n.op > 0 && n.op < OP_COUNT) {
     g_profile->ns[n.op][d] += ns;
     g_profile->calls[n.op][d]++;
