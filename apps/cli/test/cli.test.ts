@@ -1,6 +1,6 @@
 /** The built CLI as a user runs it: real processes, real files. */
 import { spawn, spawnSync } from "node:child_process";
-import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -27,6 +27,31 @@ describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
     expect(r.stdout).toBe(`Once upon a time${ref.results[0].greedy_text}\n`);
     expect(r.stderr).toMatch(/prompt eval time = .* 5 tokens/);
     expect(r.stderr).toMatch(/eval time = .* 32 tokens .* tokens per second/);
+  });
+
+  it("-f reads the prompt as llama.cpp does: one final newline dropped; - and pipes are standard input", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-prompt-"));
+    const file = join(dir, "p.txt");
+    writeFileSync(file, "Once upon a time\n");
+    const args = ["-n", "8", "--temp", "0", "-t", "1"];
+    const p = cli("run", "-m", stories, "-p", "Once upon a time", ...args);
+    const f = cli("run", "-m", stories, "-f", file, ...args);
+    expect(p.code, p.stderr).toBe(0);
+    expect(f.code, f.stderr).toBe(0);
+    expect(f.stdout).toBe(p.stdout);
+    // only one newline goes: a prompt that ends in a blank line keeps one
+    writeFileSync(file, "Once upon a time\n\n");
+    expect(cli("run", "-m", stories, "-f", file, ...args).stdout).not.toBe(p.stdout);
+    const piped = spawnSync(process.execPath, [bin, "run", "-m", stories, "-f", "-", ...args], {
+      input: "Once upon a time\n",
+      encoding: "utf8",
+    });
+    expect(piped.status, piped.stderr).toBe(0);
+    expect(piped.stdout).toBe(p.stdout);
+    const zero = cli("run", "-m", stories, "-f", "/dev/zero", ...args);
+    expect(zero.code).toBe(1);
+    expect(zero.stderr).toMatch(/^powerinfer: \/dev\/zero is not a text file \(it contains NUL bytes\)$/m);
+    rmSync(dir, { recursive: true, force: true });
   });
 
   it("Ctrl-C stops generation, prints the timings and exits 130 (as llama.cpp)", async () => {
@@ -209,5 +234,11 @@ describe.skipIf(!probe.usable)("powerinfer perplexity", () => {
     expect(out.tokensScored).toBe(out.chunks * 63); // positions 64..126 of each 128-token chunk predict 65..127
     expect(out.perplexity).toBeGreaterThan(1);
     expect(out.perplexity).toBeLessThan(50);
+    // fewer than 2·n_ctx tokens: refused, as llama.cpp's perplexity refuses it
+    const short = cli("perplexity", "-m", stories, "-f", text, "-c", "4096");
+    expect(short.code).toBe(1);
+    expect(short.stderr).toMatch(
+      /^powerinfer: you need at least 8192 tokens to evaluate perplexity with a context of 4096: .* tokenizes to only \d+ tokens/m,
+    );
   });
 });

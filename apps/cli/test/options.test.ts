@@ -50,6 +50,11 @@ describe("every option is checked before any file is opened", () => {
       /--vram-budget must be a number in \[0, 1048576\], got "0x10"/,
     ],
     [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
+    // decimal digits only (Number() would read these as 16, 10, 3 and 2)
+    [["run", "-m", m, "-p", "x", "-t", "0x10"], /--threads must be an integer in \[1, 512\], got "0x10"/],
+    [["run", "-m", m, "-p", "x", "-t", "1e1"], /--threads must be an integer in \[1, 512\], got "1e1"/],
+    [["run", "-m", m, "-p", "x", "-n", "0b11"], /--n-predict must be an integer .*, got "0b11"/],
+    [["run", "-m", m, "-p", "x", "-c", "2.0"], /--ctx-size must be an integer .*, got "2\.0"/],
     [["gen-model", "-o", o, "--vocab-size", "256"], /--vocab-size must be an integer ≥ 300, got 256/],
     [
       ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--verify", "16"],

@@ -11,7 +11,7 @@ import {
   int,
   type ModelCliOptions,
   modelOptions,
-  readTextFile,
+  readPromptFile,
   type SamplingCliOptions,
   samplingOptions,
   plural,
@@ -39,7 +39,10 @@ export function register(program: Command): void {
       ),
     )
       .option("-p, --prompt <text>", "prompt text")
-      .option("-f, --file <file>", "read the prompt from a file")
+      .option(
+        "-f, --file <file>",
+        "read the prompt from a file (- for standard input; one final newline is dropped, as llama.cpp does)",
+      )
       .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel", { min: 1 }), 4)
       .option(
         "-n, --n-predict <n>",
@@ -55,7 +58,7 @@ export function register(program: Command): void {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
         if (o.parallel < 1) throw new InvalidArgumentError("--parallel must be ≥ 1");
-        const prompt = o.prompt ?? readTextFile(o.file!);
+        const prompt = o.prompt ?? readPromptFile(o.file!);
         const loaded = await loadModelWithDevice(o, !!o.json, {
           kvPositions: (n) => n * o.parallel,
           batchColumns: o.parallel > 1 ? o.parallel : undefined,

@@ -1,5 +1,5 @@
 /** Options and helpers shared by the commands that load a model. */
-import { existsSync, readFileSync, type Stats, statSync } from "node:fs";
+import { closeSync, existsSync, openSync, readFileSync, readSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
@@ -72,7 +72,8 @@ export function int(name: string, rule: NumberRule = {}) {
   return (v: string): number => {
     const n = Number(v);
     const words = describeRule(rule);
-    if (v.trim() === "" || !Number.isInteger(n))
+    // decimal digits only: Number() also reads "0x10", "0b11", "1e1" and "2.0"
+    if (!/^\s*[+-]?\d+\s*$/.test(v) || !Number.isSafeInteger(n))
       throw new InvalidArgumentError(`${dashed(name)} must be an integer${words ? ` ${words}` : ""}, got "${v}"`);
     return checkNumber(dashed(name), n, rule, "an integer");
   };
@@ -311,7 +312,15 @@ export function describeRamPlan(model: Model): string {
         : `whole experts read from the file on demand (${io})`;
     return `ram budget ${budget}: resident ${gib(p.residentBytes)} + expert cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${gib(hot)})${p.fromStats ? " by profile selection counts" : ""}) — ${reads}; the KV cache is not counted`;
   }
-  return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — rows read from the file on demand (${io}); the KV cache is not counted`;
+  if (p.tensors.length === 0) {
+    // a dense FFN (or --sparse off): nothing is served from the file
+    return `ram budget ${budget}: every weight resident (${gib(p.residentBytes)}); no FFN row is read from the file (a dense FFN cannot be); the KV cache is not counted`;
+  }
+  const reads =
+    p.cachedShare >= 1
+      ? "every row fits the cache: nothing is read from the file once it is warm"
+      : `rows read from the file on demand (${io})`;
+  return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — ${reads}; the KV cache is not counted`;
 }
 
 /** Differences of two neuron-cache counter snapshots. */
@@ -385,15 +394,67 @@ export function cgroupMemoryLimit(): number | undefined {
   return undefined;
 }
 
-/** Text files up to 1 GiB; a device, a directory or a larger file is refused with a clear message. */
+const TEXT_MAX = 2 ** 30;
+
+/**
+ * A text file of up to 1 GiB as UTF-8: a regular file, `-` (standard input), or a pipe or character device
+ * (`/dev/stdin`, `<(cmd)`, `/dev/null`), read until its end. A directory, a socket, a larger file or one with
+ * NUL bytes (a binary file, `/dev/zero`) is refused with a clear message.
+ * @throws InvalidArgumentError naming the file and the problem
+ */
 export function readTextFile(path: string): string {
-  const st = statInput(path, "text file");
-  if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file`);
-  if (st.size > 2 ** 30) throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
-  const bytes = readFileSync(path);
-  // a binary file (a model given as the text, say) would tokenize into millions of tokens
-  if (bytes.includes(0)) throw new InvalidArgumentError(`${path} is not a text file (it contains NUL bytes)`);
-  return bytes.toString("utf8");
+  const stdin = path === "-";
+  const st = stdin ? undefined : statInput(path, "text file");
+  if (st?.isDirectory()) throw new InvalidArgumentError(`${path} is a directory, not a text file`);
+  if (st && !st.isFile() && !st.isFIFO() && !st.isCharacterDevice())
+    throw new InvalidArgumentError(`${path} is not a regular file, a pipe or standard input`);
+  const what = stdin ? "standard input" : path;
+  if (st?.isFile() && st.size > TEXT_MAX)
+    throw new InvalidArgumentError(`${path} is ${st.size} bytes; text files up to 1 GiB are read`);
+  // a pipe or device has no size: read it in pieces, up to the same limit
+  const chunks: Buffer[] = [];
+  let total = 0;
+  let fd: number;
+  try {
+    fd = stdin ? 0 : openSync(path, "r");
+  } catch (e) {
+    throw new InvalidArgumentError(`cannot read text file ${path} (${(e as NodeJS.ErrnoException).code ?? String(e)})`);
+  }
+  try {
+    for (;;) {
+      const buf = Buffer.allocUnsafe(1 << 20);
+      let n: number;
+      try {
+        n = readSync(fd, buf, 0, buf.length, null);
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code === "EAGAIN") continue; // a non-blocking standard input: wait for more
+        if (code === "EOF") break;
+        throw new InvalidArgumentError(`cannot read ${what} (${code ?? String(e)})`);
+      }
+      if (n === 0) break;
+      // a binary file (a model given as the text, say) would tokenize into millions of tokens
+      if (buf.subarray(0, n).includes(0))
+        throw new InvalidArgumentError(`${what} is not a text file (it contains NUL bytes)`);
+      total += n;
+      if (total > TEXT_MAX)
+        throw new InvalidArgumentError(`${what} holds more than 1 GiB; text files up to 1 GiB are read`);
+      chunks.push(buf.subarray(0, n));
+    }
+  } finally {
+    if (!stdin) closeSync(fd);
+  }
+  return Buffer.concat(chunks).toString("utf8");
+}
+
+/**
+ * A prompt file as llama.cpp's `-f` reads it ({@link readTextFile}, then one trailing newline removed:
+ * common/arg.cpp's `-f` does `prompt.pop_back()` on a final `\n`), so `-f` and `-p` with the file's line give
+ * the same tokens.
+ */
+export function readPromptFile(path: string): string {
+  const text = readTextFile(path);
+  return text.endsWith("\n") ? text.slice(0, -1) : text;
 }
 
 /** Refuses an output path that is one of the inputs (the input would be lost). */

@@ -18,6 +18,7 @@ import {
   loadModelFromCli,
   type ModelCliOptions,
   modelOptions,
+  readPromptFile,
   readTextFile,
   refuseOverwrite,
 } from "./common.js";
@@ -55,7 +56,10 @@ export function register(program: Command): void {
       ),
   )
     .option("-p, --prompt <text>", "prompt text (BOS added as the model says)")
-    .option("-f, --file <file>", "read the prompt from a file")
+    .option(
+      "-f, --file <file>",
+      "read the prompt from a file (- for standard input; one final newline is dropped, as llama.cpp does)",
+    )
     .option("-o, --out <file>", "write the dump to this file instead of stdout")
     .option("--force", "overwrite the --out file when it exists")
     .option(
@@ -67,7 +71,7 @@ export function register(program: Command): void {
       action(async (o: EvalCallbackCliOptions) => {
         if (o.prompt === undefined && o.file === undefined)
           throw new InvalidArgumentError("give a prompt with -p or -f");
-        const prompt = o.prompt ?? readTextFile(o.file!);
+        const prompt = o.prompt ?? readPromptFile(o.file!);
         if (o.out) {
           checkOutputPath(o.out, o.model, o.file, o.compare);
           refuseOverwrite(o.out, o.force);

@@ -1,13 +1,16 @@
 /** `powerinfer perplexity`: perplexity over a text file (llama.cpp's protocol, or --all-tokens). */
 import { perplexity } from "@powerinfer/engine";
-import type { Command } from "commander";
+import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { type ModelCliOptions, modelOptions, readTextFile } from "./common.js";
+import { type ModelCliOptions, modelOptions, readPromptFile } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 export function register(program: Command): void {
   deviceOptions(modelOptions(program.command("perplexity").description("perplexity of the model over a text file")))
-    .requiredOption("-f, --file <file>", "text file")
+    .requiredOption(
+      "-f, --file <file>",
+      "text file (- for standard input; one final newline is dropped, as llama.cpp does)",
+    )
     .option(
       "--all-tokens",
       "BOS-prefixed chunks of n_ctx−1 tokens, every token scored once (protocol of shared/models/README-relu.md)",
@@ -15,7 +18,7 @@ export function register(program: Command): void {
     .option("--json", "print the result as JSON")
     .action(
       action(async (o: ModelCliOptions & DeviceCliOptions & { file: string; allTokens?: boolean; json?: boolean }) => {
-        const text = readTextFile(o.file);
+        const text = readPromptFile(o.file);
         const loaded = await loadModelWithDevice(o, !!o.json);
         const { backend, model } = loaded;
         const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
@@ -24,6 +27,12 @@ export function register(program: Command): void {
         const tok = model.tokenizer;
         const protocol = o.allTokens ? "all-tokens" : "llama.cpp";
         const ids = tok.tokenize(text, { addSpecial: protocol === "llama.cpp" });
+        if (protocol === "llama.cpp" && ids.length < 2 * session.nCtx) {
+          // llama.cpp's perplexity refuses the same text (tools/perplexity: "you need at least …")
+          throw new InvalidArgumentError(
+            `you need at least ${2 * session.nCtx} tokens to evaluate perplexity with a context of ${session.nCtx}: ${o.file} tokenizes to only ${ids.length} tokens (a smaller -c, or --all-tokens, scores shorter texts)`,
+          );
+        }
         const r = perplexity(session, ids, {
           protocol,
           bosId: tok.bosId,

@@ -11,7 +11,7 @@ import {
   int,
   type ModelCliOptions,
   modelOptions,
-  readTextFile,
+  readPromptFile,
   type SamplingCliOptions,
   samplingOptions,
   plural,
@@ -33,7 +33,10 @@ function perf(label: string, ms: number, n: number): string {
 export function register(program: Command): void {
   samplingOptions(deviceOptions(modelOptions(program.command("run").description("generate text from a prompt"))))
     .option("-p, --prompt <text>", "prompt text")
-    .option("-f, --file <file>", "read the prompt from a file")
+    .option(
+      "-f, --file <file>",
+      "read the prompt from a file (- for standard input; one final newline is dropped, as llama.cpp does)",
+    )
     .option(
       "-n, --n-predict <n>",
       "tokens to generate (-1 = until end of text or context full)",
@@ -47,7 +50,7 @@ export function register(program: Command): void {
           throw new InvalidArgumentError("give a prompt with -p or -f");
         if (o.prompt !== undefined && o.file !== undefined)
           throw new InvalidArgumentError("give the prompt with -p or -f, not both");
-        const prompt = o.prompt ?? readTextFile(o.file!);
+        const prompt = o.prompt ?? readPromptFile(o.file!);
         // hot neurons (and --n-gpu-layers layers) on a device when one is there, the rest on the CPU
         const loaded = await loadModelWithDevice(o);
         const { backend, model } = loaded;

@@ -183,17 +183,26 @@ export function planRamBudget(
   // an expert stack needs at least one token's experts (n_expert_used); a neuron tensor MIN_ROWS
   const minRows = (t: CachedTensorPlan) => Math.min(t.rows, isExpertStack(t) ? cfg.moe!.n_expert_used : MIN_ROWS);
   const minCache = tensors.reduce((s, t) => s + minRows(t) * t.rowBytes, 0);
-  const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
   if (residentBytes + minCache > budget) {
+    const need = residentBytes + minCache;
+    // as many decimals as it takes for the budget and the need to read differently
+    let d = 3;
+    while (d < 9 && (budget / 2 ** 30).toFixed(d) === (need / 2 ** 30).toFixed(d)) d++;
+    const g = (b: number) => `${(b / 2 ** 30).toFixed(d)} GiB`;
+    const parts = `embeddings, attention, norms, output${cfg.moe ? ", routers" : ""}${cfg.has_predictors ? " and predictors" : ""}`;
+    const copy =
+      extra > 0
+        ? `, of which ${g(extra)} is the neuron-major copy of the down projections a plain GGUF needs in sparse mode (\`powerinfer convert IN OUT --to pwri\` stores them so and saves it)`
+        : "";
     const why =
       tensors.length === 0
         ? sparse === "off"
           ? " (the FFN runs dense, so every weight stays resident; a budget below the model needs a sparse FFN: --sparse predictor or oracle on a ReLU model)"
           : " (no FFN tensor of this model can be served from the file)"
-        : ` (resident: embeddings, attention, norms, output${cfg.moe ? ", routers" : ""} and predictors take ${gib(residentBytes)}; the ${cfg.moe ? "expert" : "neuron"} cache needs at least ${gib(minCache)})`;
+        : ` (resident: ${parts} take ${g(residentBytes)}${copy}; the ${cfg.moe ? "expert" : "neuron"} cache needs at least ${g(minCache)})`;
     throw new EngineError(
       "RAM_BUDGET",
-      `RAM budget ${gib(budget)} (${Math.floor(budget)} bytes) is too small for this model: it needs at least ${gib(residentBytes + minCache)} (${residentBytes + minCache} bytes)${why}`,
+      `RAM budget ${g(budget)} (${Math.floor(budget)} bytes) is too small for this model: it needs at least ${g(need)} (${need} bytes)${why}`,
     );
   }
   const cacheBytes = Math.min(ffnBytes, budget - residentBytes);
