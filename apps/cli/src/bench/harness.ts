@@ -655,8 +655,13 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         );
         continue;
       }
-      const ppTokens = new Map(o.nPrompt.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + n)]));
-      const tgTokens = new Map(o.nGen.map((n) => [n, randomTokens(n, nVocab, (o.seed ?? 1) + 7919 * n)]));
+      // a token list per repetition (the warm-up round's too): a repetition must not find the rows of the
+      // tokens it decodes already in a neuron or expert cache (--ram-budget) from the round before
+      const seed = o.seed ?? 1;
+      const perRep = (n: number, base: number) =>
+        Array.from({ length: o.repetitions + 1 }, (_, rep) => randomTokens(n, nVocab, base + 1000003 * rep));
+      const ppTokens = new Map(o.nPrompt.map((n) => [n, perRep(n, seed + n)]));
+      const tgTokens = new Map(o.nGen.map((n) => [n, perRep(n, seed + 7919 * n)]));
       const depthTokens = new Map(depths.map((d) => [d, randomTokens(d, nVocab, (o.seed ?? 1) + 104729 * d)]));
       for (const threads of o.threads) {
         const engines: Engine[] = [];
@@ -758,7 +763,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
                 cache?: NeuronCacheStats;
               };
               try {
-                r = t.kind === "pp" ? await e.pp(t.tokens, t.depth) : await e.tg(t.tokens, t.depth);
+                const tokens = t.tokens[rep]!;
+                r = t.kind === "pp" ? await e.pp(tokens, t.depth) : await e.tg(tokens, t.depth);
               } catch (err) {
                 if (!(err instanceof NativeLlamaCppError)) throw err;
                 notes.push(`${name}: ${e.label} ${testName(t)} failed: ${(err as Error).message.split("\n")[0]}`);
