@@ -428,7 +428,11 @@ export function readTextFile(path: string): string {
         n = readSync(fd, buf, 0, buf.length, null);
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code;
-        if (code === "EAGAIN") continue; // a non-blocking standard input: wait for more
+        if (code === "EAGAIN") {
+          // a non-blocking standard input with nothing yet: wait 10 ms for more
+          Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, 10);
+          continue;
+        }
         if (code === "EOF") break;
         throw new InvalidArgumentError(`cannot read ${what} (${code ?? String(e)})`);
       }
