@@ -215,6 +215,40 @@ describe.skipIf(!usable)("sparse ops", () => {
         });
       }
 
+      it("decode over many active rows (several row groups per work chunk, each fetching the next): mul_mat_sparse equals dense mul_mat bit for bit at the active rows, axpy_sparse the masked reference", async () => {
+        const b = await backend(cfg.opts);
+        const rng = new Rng(4242);
+        for (const dtype of WEIGHT_DTYPES) {
+          const k = oddK(dtype, 1);
+          const nOut = 1200;
+          const w = randomWeights(dtype, k, nOut, rng);
+          const wt = b.createTensor(dtype, [k, nOut], w.bytes);
+          const x = rng.f32(k, -2, 2);
+          const a = rng.f32(nOut, -2, 2);
+          const g = new Graph();
+          const dense = g.output(g.mulMat(g.handle(wt), g.input("f32", [k, 1], x)));
+          b.compute(g);
+          const logits = rng.f32(nOut, -1, 1); // about 55 % active
+          const c: SparseCase = { logits, threshold: -0.1, nOut, T: 1 };
+          const ms = run(b, "mul_mat_sparse", wt, x, c);
+          let active = 0;
+          for (let i = 0; i < nOut; i++) {
+            if (logits[i]! >= -0.1) {
+              active++;
+              expect(ms.y[i], `${dtype} row ${i}`).toBe(dense[i]);
+            } else {
+              expect(Object.is(ms.y[i], 0), `${dtype} inactive ${i} is exactly 0`).toBe(true);
+            }
+          }
+          expect(ms.rowsRead).toBe(active);
+          const as = run(b, "axpy_sparse", wt, a, c);
+          const aref = axpySparseRef(w, k, a, c, nOut);
+          expect(as.rowsRead).toBe(aref.pairs);
+          expectClose(as.y, aref.value, (i) => 1e-5 * aref.scale[i]! + 1e-30, `${dtype} axpy_sparse`);
+          b.freeTensor(wt);
+        }
+      });
+
       for (const op of ["mul_mat_sparse", "axpy_sparse"] as const) {
         it(`${op}: at 10 % active the row counters show ≤ 12 % of rows read`, async () => {
           const b = await backend(cfg.opts);

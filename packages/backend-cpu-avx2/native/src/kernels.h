@@ -99,6 +99,12 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × gemm_cols); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
+  /// dot_tile of 8 rows (tile_rows = 8) × one activation row that also fetches the next 8 rows of a sparse op
+  /// (`next`, any addresses, repeats allowed; null: none) into cache at the rate it reads its own. Results
+  /// equal dot_tile's. Null where absent (the ops then prefetch the next rows' heads themselves).
+  void (*dot_rows8_next[DT_TABLE])(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out, const uint8_t* const* next);
+  /// axpy_rows of 4 rows that also fetches the next 4 rows (`next`, as dot_rows8_next). Null where absent.
+  void (*axpy_rows_next[DT_TABLE])(int64_t k, const float* a, const uint8_t* const* w, float* y, const uint8_t* const* next);
   /// True where gemm_tile gives every output the value dot gives (the AVX2 tables' Q8_0: both are llama.cpp's
   /// AVX2 Q8_0 arithmetic), so that ops may pick either for speed (mul_mat_sparse's busy rows in a batch).
   bool gemm_is_dot[DT_TABLE];

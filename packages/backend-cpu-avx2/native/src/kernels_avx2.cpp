@@ -523,20 +523,47 @@ void dot_pairs_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* const* x,
   for (int j = 0; j < N; j++) out[j] = o[j];
 }
 
+/// Fetches the next N rows of a sparse op (rows at any addresses, each `rb` bytes) into cache while a kernel
+/// computes the current ones, spread over the kernel's nb block iterations at the rate it reads its own rows:
+/// after iteration i, (i + 1)/nb of the next rows' cache lines are asked for, line by line across the rows
+/// (every row's head first). A scattered row (Q4_0: 2.3 KB at n_embd 4096) is too short for the hardware
+/// prefetcher to ramp up on, and asking for whole rows at once overfills the core's miss queue. Measured
+/// here (Zen 4 VM, one thread, 10 % of 88,064 Q4_0 rows of 4096 from DRAM): 9.6 → 13–14.5 GB/s.
+template <int N>
+struct NextRows {
+  const uint8_t* const* rows;
+  int64_t nb;
+  size_t rb;
+  int64_t total, done = 0;
+  NextRows(const uint8_t* const* r, int64_t n_blocks, size_t row_bytes)
+      : rows(r), nb(n_blocks), rb(row_bytes), total(static_cast<int64_t>(N) * static_cast<int64_t>((row_bytes + 63) / 64 + 1)) {}
+  inline void step(int64_t i) {
+    const int64_t target = ((i + 1) * total + nb - 1) / nb;
+    for (; done < target; done++) {
+      size_t off = 64 * static_cast<size_t>(done / N);
+      if (off >= rb) off = rb - 1;  // a row's last line (rows need not start on a line)
+      _mm_prefetch(reinterpret_cast<const char*>(rows[done % N] + off), _MM_HINT_T0);
+    }
+  }
+};
+
 /// 8 Q4_0 rows at any addresses (a sparse decode's active rows) · one activation row: each block's nibbles
 /// are transposed on the fly into the repacked arrangement (BlockQ4_0x8: 32-bit lane r holds 4 bytes of row r),
 /// then packed_tile's arithmetic: per row the exact integer Σ(q − 8)·x of the block in its own lane, acc =
 /// fma(float(that), d_w·d_x, acc) block after block, so every output is bit-identical to dot_pairs_q4_0's and
 /// the unpacked dot's. It needs no horizontal sums: ~3.5× dot_pairs_q4_0<4>'s throughput on rows in cache
 /// (1536-element rows, 2 threads: 15 → 50 GB/s here).
-void dot_rows8_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
+template <bool NEXT>
+void dot_rows8_q4_0_impl(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out, const uint8_t* const* next) {
   const int64_t nb = k / QK;
   const BlockQ4_0* a[8];
   for (int r = 0; r < 8; r++) a[r] = reinterpret_cast<const BlockQ4_0*>(w[r]);
   const XBlockQ8* b = reinterpret_cast<const XBlockQ8*>(x);
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc = _mm256_setzero_ps();
+  NextRows<8> pf(next, nb, static_cast<size_t>(nb) * sizeof(BlockQ4_0));
   for (int64_t i = 0; i < nb; i++) {
+    if constexpr (NEXT) pf.step(i);
     // rows r and r + 4 in the two 128-bit halves, then a 4 × 4 transpose of 32-bit lanes within each half:
     // v[ch] lane r = bytes 4·ch … 4·ch + 3 of row r's nibbles
     __m256i y[4];
@@ -571,6 +598,19 @@ void dot_rows8_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float*
     acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(b[i].d)), acc);
   }
   _mm256_storeu_ps(out, acc);
+}
+
+void dot_rows8_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out) {
+  dot_rows8_q4_0_impl<false>(k, w, x, out, nullptr);
+}
+
+/// KernelTable::dot_rows8_next for Q4_0: dot_rows8_q4_0 while the next 8 rows are fetched.
+void dot_rows8_next_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* x, float* out, const uint8_t* const* next) {
+  if (next) {
+    dot_rows8_q4_0_impl<true>(k, w, x, out, next);
+  } else {
+    dot_rows8_q4_0_impl<false>(k, w, x, out, nullptr);
+  }
 }
 
 /// Q4_0 tiles, any nr × nc: one row against 2–4 columns shares its unpacked nibbles; otherwise the nr·nc
@@ -1372,12 +1412,60 @@ inline void axpy_i8x32(__m256 s, __m256i q, float* y) {
   _mm256_storeu_ps(y + 24, _mm256_fmadd_ps(s, v3, _mm256_loadu_ps(y + 24)));
 }
 
-void axpy_q4_0(int64_t k, float a, const void* w, float* y) {
-  const BlockQ4_0* b = static_cast<const BlockQ4_0*>(w);
-  const __m256i off = _mm256_set1_epi8(8);
+/// y[0..k) += a_r · w_r for NR Q4_0 rows (1–4), y loaded and stored once per block: per element
+/// y = fma(a_r · d_r, float(q − 8), y) row after row (a_r · d_r rounded to F32 first), the scalar kernel's
+/// operations. The nibbles are zero-extended to 32-bit lanes and converted without an integer → float
+/// conversion: with AVX-512 a 16-entry table lookup (vpermps reads an index's low 4 bits only, so the high
+/// nibble needs one shift and no mask), 16 elements per instruction; with AVX2 mask or shift, −8, convert.
+/// Both give exactly float(q − 8). Measured here (Zen 4 VM, one thread, 4096-element rows from L3): 8.3 GB/s
+/// for the previous signed-byte form, 20 GB/s with the table, 9.8 GB/s with the AVX2 form.
+template <int NR, bool NEXT = false>
+void axpy_rows_q4_0_n(int64_t k, const float* a, const uint8_t* const* w, float* y, const uint8_t* const* next = nullptr) {
+  const BlockQ4_0* b[NR];
+  for (int r = 0; r < NR; r++) b[r] = reinterpret_cast<const BlockQ4_0*>(w[r]);
+  NextRows<4> pf(next, k / QK, static_cast<size_t>(k / QK) * sizeof(BlockQ4_0));
+#if defined(PI_KERNELS_VNNI)
+  const __m512 tab = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+  // the zero-masked forms with every lane selected: the unmasked intrinsics of GCC 12 read an
+  // uninitialised pass-through operand (-Wmaybe-uninitialized); the instructions are the same
+  const __mmask16 all = 0xFFFF;
   for (int64_t i = 0; i < k / QK; i++, y += QK) {
-    axpy_i8x32(_mm256_set1_ps(a * h2f(b[i].d)), _mm256_sub_epi8(unpack_nibbles(b[i].qs), off), y);
+    if constexpr (NEXT) pf.step(i);
+    __m512 y0 = _mm512_loadu_ps(y), y1 = _mm512_loadu_ps(y + 16);
+    for (int r = 0; r < NR; r++) {
+      const __m512 s = _mm512_set1_ps(a[r] * h2f(b[r][i].d));
+      const __m512i q = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(b[r][i].qs)));
+      y0 = _mm512_fmadd_ps(s, _mm512_maskz_permutexvar_ps(all, q, tab), y0);                              // elements 0..15
+      y1 = _mm512_fmadd_ps(s, _mm512_maskz_permutexvar_ps(all, _mm512_maskz_srli_epi32(all, q, 4), tab), y1);  // 16..31
+    }
+    _mm512_storeu_ps(y, y0);
+    _mm512_storeu_ps(y + 16, y1);
   }
+#else
+  const __m256i m4 = _mm256_set1_epi32(0x0F), e8 = _mm256_set1_epi32(8);
+  for (int64_t i = 0; i < k / QK; i++, y += QK) {
+    if constexpr (NEXT) pf.step(i);
+    __m256 y0 = _mm256_loadu_ps(y), y1 = _mm256_loadu_ps(y + 8), y2 = _mm256_loadu_ps(y + 16), y3 = _mm256_loadu_ps(y + 24);
+    for (int r = 0; r < NR; r++) {
+      const __m256 s = _mm256_set1_ps(a[r] * h2f(b[r][i].d));
+      const __m256i q0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[r][i].qs)));
+      const __m256i q1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b[r][i].qs + 8)));
+      y0 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(q0, m4), e8)), y0);
+      y1 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_and_si256(q1, m4), e8)), y1);
+      y2 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(q0, 4), e8)), y2);
+      y3 = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_srli_epi32(q1, 4), e8)), y3);
+    }
+    _mm256_storeu_ps(y, y0);
+    _mm256_storeu_ps(y + 8, y1);
+    _mm256_storeu_ps(y + 16, y2);
+    _mm256_storeu_ps(y + 24, y3);
+  }
+#endif
+}
+
+void axpy_q4_0(int64_t k, float a, const void* w, float* y) {
+  const uint8_t* wp = static_cast<const uint8_t*>(w);
+  axpy_rows_q4_0_n<1>(k, &a, &wp, y);
 }
 
 void axpy_q8_0(int64_t k, float a, const void* w, float* y) {
@@ -1539,16 +1627,20 @@ inline void axpy_i8x32_rows(int nr, const __m256* s, const __m256i* q, float* y)
 }
 
 void axpy_rows_q4_0(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
-  const __m256i off = _mm256_set1_epi8(8);
-  __m256 s[4];
-  __m256i q[4];
-  for (int64_t i = 0; i < k / QK; i++, y += QK) {
-    for (int r = 0; r < nr; r++) {
-      const BlockQ4_0& b = reinterpret_cast<const BlockQ4_0*>(w[r])[i];
-      s[r] = _mm256_set1_ps(a[r] * h2f(b.d));
-      q[r] = _mm256_sub_epi8(unpack_nibbles(b.qs), off);
-    }
-    axpy_i8x32_rows(nr, s, q, y);
+  switch (nr) {
+    case 1: return axpy_rows_q4_0_n<1>(k, a, w, y);
+    case 2: return axpy_rows_q4_0_n<2>(k, a, w, y);
+    case 3: return axpy_rows_q4_0_n<3>(k, a, w, y);
+    default: return axpy_rows_q4_0_n<4>(k, a, w, y);
+  }
+}
+
+/// KernelTable::axpy_rows_next for Q4_0: axpy_rows_q4_0 of 4 rows while the next 4 rows are fetched.
+void axpy_rows_next_q4_0(int64_t k, const float* a, const uint8_t* const* w, float* y, const uint8_t* const* next) {
+  if (next) {
+    axpy_rows_q4_0_n<4, true>(k, a, w, y, next);
+  } else {
+    axpy_rows_q4_0_n<4>(k, a, w, y);
   }
 }
 
@@ -1845,6 +1937,8 @@ KernelTable make_table() {
   t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
   t.dot_tile[DT_Q4_0] = dot_tile_q4_0;
   t.tile_rows[DT_Q4_0] = 8;
+  t.dot_rows8_next[DT_Q4_0] = dot_rows8_next_q4_0;
+  t.axpy_rows_next[DT_Q4_0] = axpy_rows_next_q4_0;
   t.packed_tile[DT_Q4_0] = packed_tile<Q4_0x8Kernel>;
   t.packed_tile[DT_Q4_K] = packed_tile<Q4_Kx8Kernel>;
   t.dot_tile[DT_Q4_1] = dot_tile_loop<DT_Q4_1>;

@@ -567,7 +567,9 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
   // work items: groups of busy entries (tiles), then chunks of the quiet ones
   const int64_t gr = bk == BK_PACKED ? 16 : 4;
   const int64_t ngroups = (nbusy + gr - 1) / gr;
-  const int64_t chunk = chunk_size(len - nbusy, nth, 8);
+  // (a whole number of tile_rows groups per chunk, so that every group but a chunk's last is full)
+  const int64_t tr = n.k->tile_rows[W.dtype];
+  const int64_t chunk = (chunk_size(len - nbusy, nth, 8) + tr - 1) / tr * tr;
   const int64_t items = ngroups + (len - nbusy + chunk - 1) / chunk;
   int64_t j0, j1, e0, e1;
   const DotTileFn tile = n.k->dot_tile[W.dtype];
@@ -583,14 +585,24 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
       // One token: tile_rows active rows at a time (4; 8 for Q4_0) as concurrent streams (as the dense matrix × vector),
       // the next group prefetched: a sparse row (Q4_0: 2.3 KB at n_embd 4096) is too short for the
       // hardware prefetcher to ramp up on.
+      // With dot_rows8_next (Q4_0) the kernel fetches the next group while it computes this one.
       const int R = n.k->tile_rows[W.dtype];
+      const auto next_fn = R == 8 ? n.k->dot_rows8_next[W.dtype] : nullptr;
+      for (int64_t p = e0; p < e0 + R && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
       for (int64_t e = e0; e < e1; e += R) {
         const int nr = e + R <= e1 ? R : static_cast<int>(e1 - e);
-        for (int64_t p = e + R; p < e + 2 * R && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
         const uint8_t* w[8];
         float out[8];
         for (int r = 0; r < nr; r++) w[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
-        tile(K, nr, 1, w, &xq, out);
+        if (next_fn && nr == 8) {
+          const uint8_t* nx[8];
+          const int64_t nn = e1 - (e + R) < R ? e1 - (e + R) : R;  // rows of the next group (≤ 0: none)
+          for (int r = 0; r < 8; r++) nx[r] = W.data + static_cast<int64_t>(l.list[2 * (e + R + (r < nn ? r : nn - 1)) + 1]) * wrb;
+          next_fn(K, w, xq, out, nn > 0 ? nx : nullptr);
+        } else {
+          for (int64_t p = e + R; p < e + 2 * R && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+          tile(K, nr, 1, w, &xq, out);
+        }
         for (int r = 0; r < nr; r++) y[l.list[2 * (e + r)]] = out[r];
       }
       read += e1 - e0;
@@ -753,7 +765,10 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
   } else if (T == 1) {
     std::memset(acc, 0, sizeof(float) * static_cast<size_t>(E));
     // Four rows per pass over y: y is loaded and stored once per four rows.
+    // With axpy_rows_next (Q4_0) the kernel fetches the next four rows while it adds these.
     const AxpyRowsFn rows = n.k->axpy_rows[W.dtype];
+    const auto next_fn = n.k->axpy_rows_next[W.dtype];
+    for (int64_t p = e0; p < e0 + 4 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
     for (int64_t e = e0; e < e1; e += 4) {
       const int nr = static_cast<int>(e1 - e < 4 ? e1 - e : 4);
       float av[4];
@@ -762,8 +777,15 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
         av[r] = a[l.list[2 * (e + r)]];
         wr[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
       }
-      for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
-      rows(E, nr, av, wr, acc);
+      if (next_fn && nr == 4) {
+        const uint8_t* nx[4];
+        const int64_t nn = e1 - (e + 4) < 4 ? e1 - (e + 4) : 4;
+        for (int r = 0; r < 4; r++) nx[r] = W.data + static_cast<int64_t>(l.list[2 * (e + 4 + (r < nn ? r : nn - 1)) + 1]) * wrb;
+        next_fn(E, av, wr, acc, nn > 0 ? nx : nullptr);
+      } else {
+        for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
+        rows(E, nr, av, wr, acc);
+      }
     }
     read = e1 - e0;
   } else {
@@ -1149,13 +1171,22 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
             if (lg[r] >= thr) act[na++] = static_cast<int32_t>(r);
           }
           const int R = n.k->tile_rows[W.dtype];
+          const auto next_fn = R == 8 ? n.k->dot_rows8_next[W.dtype] : nullptr;
+          for (int j = 0; j < R && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
           for (int i = 0; i < na; i += R) {
             const int nr = na - i < R ? na - i : R;
-            for (int j = i + R; j < i + 2 * R && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
             const uint8_t* w[8];
             float out[8];
             for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
-            tile(K, nr, 1, w, &xp, out);
+            if (next_fn && nr == 8) {
+              const uint8_t* nx[8];
+              const int nn = na - (i + R) < R ? na - (i + R) : R;
+              for (int r = 0; r < 8; r++) nx[r] = we + static_cast<size_t>(act[i + R + (r < nn ? r : nn - 1)]) * wrb;
+              next_fn(K, w, xp, out, nn > 0 ? nx : nullptr);
+            } else {
+              for (int j = i + R; j < i + 2 * R && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
+              tile(K, nr, 1, w, &xp, out);
+            }
             for (int r = 0; r < nr; r++) y[p * M + act[i + r]] = out[r];
           }
           read += na;

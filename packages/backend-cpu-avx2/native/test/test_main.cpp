@@ -280,6 +280,38 @@ void test_dtype_kernels(const KernelTable& kt) {
       kt.axpy_rows[dt](k, nr, as.data(), ptrs.data(), y2.data());
       CHECK(y1 == y2, "%s %s axpy_rows(%d) differs from axpy", kt.name, dtype_name(dt), nr);
     }
+    // the forms that also fetch the next rows of a sparse op give the same values: dot_rows8_next equals
+    // dot per row, axpy_rows_next successive axpy calls, bit for bit, with next rows and without
+    if (kt.dot_rows8_next[dt] || kt.axpy_rows_next[dt]) {
+      std::vector<std::vector<uint8_t>> rows;
+      for (int r = 0; r < 16; r++) rows.push_back(random_row(dt, k));
+      const uint8_t* w8[8];
+      const uint8_t* n8[8];
+      for (int r = 0; r < 8; r++) {
+        w8[r] = rows[static_cast<size_t>(r)].data();
+        n8[r] = rows[static_cast<size_t>(8 + r % 3)].data();  // repeats allowed
+      }
+      if (kt.dot_rows8_next[dt]) {
+        CHECK(kt.tile_rows[dt] == 8, "%s %s dot_rows8_next without 8-row tiles", kt.name, dtype_name(dt));
+        for (int with = 0; with < 2; with++) {
+          float out[8];
+          kt.dot_rows8_next[dt](k, w8, xc.data(), out, with ? n8 : nullptr);
+          for (int r = 0; r < 8; r++) {
+            CHECK(out[r] == kt.dot[dt](k, w8[r], xc.data()), "%s %s dot_rows8_next row %d (next %d)", kt.name, dtype_name(dt), r, with);
+          }
+        }
+      }
+      if (kt.axpy_rows_next[dt]) {
+        const float as[4] = {uni(-2, 2), uni(-2, 2), 0.0f, uni(-2, 2)};
+        for (int with = 0; with < 2; with++) {
+          std::vector<float> y1(k), y2(k);
+          for (int64_t i = 0; i < k; i++) y1[i] = y2[i] = uni(-1, 1);
+          for (int r = 0; r < 4; r++) kt.axpy[dt](k, as[r], w8[r], y1.data());
+          kt.axpy_rows_next[dt](k, as, w8, y2.data(), with ? n8 : nullptr);
+          CHECK(y1 == y2, "%s %s axpy_rows_next differs from axpy (next %d)", kt.name, dtype_name(dt), with);
+        }
+      }
+    }
     // axpy_gather over slices of 5 rows of 256 (the slice layouts of ops.cpp axpy_batch; the entries in a
     // scrambled order, one row twice) equals successive axpy calls on a zeroed y, bit for bit
     {
