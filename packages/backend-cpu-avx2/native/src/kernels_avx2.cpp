@@ -1485,49 +1485,82 @@ void dequant_q4_K(const void* w, float* y, int64_t k) {
   }
 }
 
-/// y[0..k) += Σ_r a[r] · dequant_q4_K(w[r]) for nr ≤ 4 rows without storing the dequantized rows: per 8
-/// elements acc = fma(a[r], d·sc·q − dmin·m, acc) row after row, the operations of axpy_rows_blocks over
-/// dequant_q4_K (bit-identical), with the scales decoded once per super-block and row.
-void axpy_rows_q4_K(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
+/// y[0..k) += Σ_r a[r] · dequant_q4_K(w[r]) for NR ≤ 4 rows without storing the dequantized rows: per
+/// element acc = fma(a[r], d·sc·q − dmin·m, acc) row after row (d·sc and dmin·m rounded to F32, then the
+/// product and the difference rounded unfused), the operations of axpy_rows_blocks over dequant_q4_K
+/// (bit-identical). On the AVX-512 table each (row, sub-block) gets a 16-entry table of d·sc·q − dmin·m for
+/// q = 0..15, computed with those same two roundings, and the nibbles index it (vpermps), 16 elements per
+/// instruction. One thread, 4096-element rows in L2/L3: 6.1 GB/s for the previous form, 10.0 GB/s with the
+/// table, 6.4 GB/s for the AVX2 form (the previous one kept 64 vectors of scales on the stack).
+template <int NR>
+void axpy_rows_q4_K_n(int64_t k, const float* a, const uint8_t* const* w, float* y) {
   for (int64_t i = 0; i < k / QK_K; i++, y += QK_K) {
-    __m256 dsc[4][8], dmn[4][8];
-    __m256 av[4];
-    for (int r = 0; r < nr; r++) {
+    float dsc[NR][8], dmn[NR][8];
+    for (int r = 0; r < NR; r++) {
       const BlockQ4_K& blk = reinterpret_cast<const BlockQ4_K*>(w[r])[i];
       uint32_t sm[4];
       k4_decode_scales(blk.scales, sm);
       const uint8_t* sc = reinterpret_cast<const uint8_t*>(sm);
       const float d = h2f(blk.d), dmin = h2f(blk.dmin);
       for (int j = 0; j < 8; j++) {
-        dsc[r][j] = _mm256_set1_ps(d * sc[j]);
-        dmn[r][j] = _mm256_set1_ps(dmin * sc[8 + j]);
+        dsc[r][j] = d * sc[j];
+        dmn[r][j] = dmin * sc[8 + j];
       }
-      av[r] = _mm256_set1_ps(a[r]);
     }
+#if defined(PI_KERNELS_VNNI)
+    const __mmask16 all = 0xFFFF;  // zero-masked forms: see axpy_rows_q4_0_n
+    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int j = 0; j < 4; j++) {
-      __m256i lo[4], hi[4];
-      for (int r = 0; r < nr; r++) {
-        const __m256i q = loadu256(reinterpret_cast<const BlockQ4_K*>(w[r])[i].qs + 32 * j);
-        lo[r] = _mm256_and_si256(q, m4);
-        hi[r] = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+      // bytes 32j..32j+31: low nibbles are sub-block 2j (elements 64j..), high nibbles sub-block 2j + 1
+      float* yp = y + 64 * j;
+      __m512 y0 = _mm512_loadu_ps(yp), y1 = _mm512_loadu_ps(yp + 16), y2 = _mm512_loadu_ps(yp + 32), y3 = _mm512_loadu_ps(yp + 48);
+      for (int r = 0; r < NR; r++) {
+        const uint8_t* qs = reinterpret_cast<const BlockQ4_K*>(w[r])[i].qs + 32 * j;
+        const __m512 av = _mm512_set1_ps(a[r]);
+        const __m512 tl = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dsc[r][2 * j]), iota), _mm512_set1_ps(dmn[r][2 * j]));
+        const __m512 th = _mm512_sub_ps(_mm512_mul_ps(_mm512_set1_ps(dsc[r][2 * j + 1]), iota), _mm512_set1_ps(dmn[r][2 * j + 1]));
+        const __m512i q0 = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+        const __m512i q1 = _mm512_maskz_cvtepu8_epi32(all, _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + 16)));
+        y0 = _mm512_fmadd_ps(av, _mm512_maskz_permutexvar_ps(all, q0, tl), y0);  // vpermps reads bits 0..3
+        y1 = _mm512_fmadd_ps(av, _mm512_maskz_permutexvar_ps(all, q1, tl), y1);
+        y2 = _mm512_fmadd_ps(av, _mm512_maskz_permutexvar_ps(all, _mm512_maskz_srli_epi32(all, q0, 4), th), y2);
+        y3 = _mm512_fmadd_ps(av, _mm512_maskz_permutexvar_ps(all, _mm512_maskz_srli_epi32(all, q1, 4), th), y3);
       }
+      _mm512_storeu_ps(yp, y0);
+      _mm512_storeu_ps(yp + 16, y1);
+      _mm512_storeu_ps(yp + 32, y2);
+      _mm512_storeu_ps(yp + 48, y3);
+    }
+#else
+    const __m256i m4 = _mm256_set1_epi32(0x0F);
+    for (int j = 0; j < 4; j++) {
       for (int h = 0; h < 2; h++) {
         float* yp = y + 64 * j + 32 * h;
-        for (int p = 0; p < 4; p++) {
-          __m256 acc = _mm256_loadu_ps(yp + 8 * p);
-          for (int r = 0; r < nr; r++) {
-            const __m256i v = h == 0 ? lo[r] : hi[r];
-            const __m128i half = p < 2 ? _mm256_castsi256_si128(v) : _mm256_extracti128_si256(v, 1);
-            const __m128i bytes = p % 2 == 0 ? half : _mm_srli_si128(half, 8);
-            const __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-            const __m256 wv = _mm256_sub_ps(_mm256_mul_ps(dsc[r][2 * j + h], f), dmn[r][2 * j + h]);
-            acc = _mm256_fmadd_ps(av[r], wv, acc);
+        __m256 v[4];
+        for (int p = 0; p < 4; p++) v[p] = _mm256_loadu_ps(yp + 8 * p);
+        for (int r = 0; r < NR; r++) {
+          const uint8_t* qs = reinterpret_cast<const BlockQ4_K*>(w[r])[i].qs + 32 * j;
+          const __m256 av = _mm256_set1_ps(a[r]);
+          const __m256 ds = _mm256_set1_ps(dsc[r][2 * j + h]), dm = _mm256_set1_ps(dmn[r][2 * j + h]);
+          for (int p = 0; p < 4; p++) {
+            __m256i q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(qs + 8 * p)));
+            q = h == 0 ? _mm256_and_si256(q, m4) : _mm256_srli_epi32(q, 4);
+            v[p] = _mm256_fmadd_ps(av, _mm256_sub_ps(_mm256_mul_ps(ds, _mm256_cvtepi32_ps(q)), dm), v[p]);
           }
-          _mm256_storeu_ps(yp + 8 * p, acc);
         }
+        for (int p = 0; p < 4; p++) _mm256_storeu_ps(yp + 8 * p, v[p]);
       }
     }
+#endif
+  }
+}
+
+void axpy_rows_q4_K(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
+  switch (nr) {
+    case 1: return axpy_rows_q4_K_n<1>(k, a, w, y);
+    case 2: return axpy_rows_q4_K_n<2>(k, a, w, y);
+    case 3: return axpy_rows_q4_K_n<3>(k, a, w, y);
+    default: return axpy_rows_q4_K_n<4>(k, a, w, y);
   }
 }
 
