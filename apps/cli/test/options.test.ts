@@ -51,8 +51,14 @@ describe("every option is checked before any file is opened", () => {
     ],
     [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
     // decimal digits only (Number() would read these as 16, 10, 3 and 2)
-    [["run", "-m", m, "-p", "x", "-t", "0x10"], /--threads must be an integer in \[1, 512\], got "0x10"/],
-    [["run", "-m", m, "-p", "x", "-t", "1e1"], /--threads must be an integer in \[1, 512\], got "1e1"/],
+    [
+      ["run", "-m", m, "-p", "x", "-t", "0x10"],
+      /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "0x10"/,
+    ],
+    [
+      ["run", "-m", m, "-p", "x", "-t", "1e1"],
+      /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "1e1"/,
+    ],
     [["run", "-m", m, "-p", "x", "-n", "0b11"], /--n-predict must be an integer .*, got "0b11"/],
     [["run", "-m", m, "-p", "x", "-c", "2.0"], /--ctx-size must be an integer .*, got "2\.0"/],
     [["gen-model", "-o", o, "--vocab-size", "256"], /--vocab-size must be an integer ≥ 300, got 256/],
@@ -67,8 +73,18 @@ describe("every option is checked before any file is opened", () => {
       ["run", "-m", m, "-p", "x", "--seed", "-2"],
       /--seed must be an integer in \[0, 4294967295\] \(or -1 = random\), got -2/,
     ],
-    [["run", "-m", m, "-p", "x", "-t", "0"], /--threads must be an integer in \[1, 512\], got 0/],
-    [["run", "-m", m, "-p", "x", "-t", "100000"], /--threads must be an integer in \[1, 512\], got 100000/],
+    [
+      ["run", "-m", m, "-p", "x", "-t", "0"],
+      /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "0"/,
+    ],
+    [
+      ["run", "-m", m, "-p", "x", "-t", "-2"],
+      /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "-2"/,
+    ],
+    [
+      ["run", "-m", m, "-p", "x", "-t", "100000"],
+      /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "100000"/,
+    ],
     [["run", "-m", m, "-p", "x", "-c", "0"], /--ctx-size must be an integer ≥ 1, got 0/],
     [["run", "-m", m, "-p", "x", "--kv-type", "f8"], /--kv-type must be f16 or f32, got "f8"/],
     [["run", "-m", m, "-p", "x", "--sparse", "maybe"], /--sparse must be predictor, oracle or off, got "maybe"/],
@@ -246,6 +262,14 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
 
   it("--help says so", () => {
     expect(cli("run", "--help").stdout).toMatch(/--temp <t>\s+temperature \(0 or less = greedy/);
+  });
+
+  it("-t -1 is the default thread count, as in llama.cpp (the same text as -t 1)", () => {
+    const a = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "16", "--temp", "0", "-t", "-1", "-c", "128");
+    const b = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "16", "--temp", "0", "-t", "1", "-c", "128");
+    expect(a.code, a.stderr).toBe(0);
+    expect(a.stdout).toBe(b.stdout);
+    expect(a.stdout.length).toBeGreaterThan("Once upon a time".length + 10);
   });
 
   it("a prompt longer than the context is refused before it is printed", () => {

@@ -25,7 +25,15 @@ import { availableMemory, cpuModelName, physicalCores, systemMemory, transparent
 
 export { CpuBackend } from "./backend.js";
 export { addonPath, loadAddon, type NativeCpuInfo } from "./native.js";
-export { availableMemory, cpuModelName, physicalCores, systemMemory, transparentHugePages } from "./system.js";
+export {
+  availableMemory,
+  cgroupMemory,
+  cgroupMemoryLimit,
+  cpuModelName,
+  physicalCores,
+  systemMemory,
+  transparentHugePages,
+} from "./system.js";
 
 function cpuDevice(): DeviceInfo {
   const mem = systemMemory();

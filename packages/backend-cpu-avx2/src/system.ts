@@ -56,12 +56,13 @@ export function physicalCores(): number {
 }
 
 /**
- * Bytes this process can still take before memory runs short: MemAvailable of /proc/meminfo, lowered to the
- * room left in the process's memory cgroup (v2 `memory.max` − `memory.current`, v1 `memory.limit_in_bytes`
- * − `memory.usage_in_bytes`) when one limits it. A cgroup's usage counts its page cache, so this errs low.
+ * The memory cgroups this process is in that limit memory: for each, the limit and the current usage in
+ * bytes (v2 `memory.max` and `memory.current`; v1 `memory.limit_in_bytes` and `memory.usage_in_bytes`).
+ * A group without a limit ("max", or v1's 2^63-ish "unlimited") is left out; empty when none or unreadable.
+ * A group's usage counts its page cache.
  */
-export function availableMemory(): number {
-  let free = systemMemory().free;
+export function cgroupMemory(): { limit: number; usage: number }[] {
+  const out: { limit: number; usage: number }[] = [];
   const groups = read("/proc/self/cgroup") ?? "";
   for (const line of groups.split("\n")) {
     const [, controllers, path] = line.split(":");
@@ -74,11 +75,27 @@ export function availableMemory(): number {
           : undefined;
     if (!files) continue;
     const limit = Number(read(files[0]!)?.trim());
+    if (!Number.isFinite(limit) || limit <= 0 || limit >= 2 ** 60) continue;
     const usage = Number(read(files[1]!)?.trim());
-    // "max" (v2) and v1's 2^63-ish "unlimited" leave MemAvailable as it is
-    if (Number.isFinite(limit) && Number.isFinite(usage) && limit < 2 ** 60)
-      free = Math.min(free, Math.max(0, limit - usage));
+    out.push({ limit, usage: Number.isFinite(usage) ? usage : 0 });
   }
+  return out;
+}
+
+/** The smallest memory limit of this process's cgroups in bytes ({@link cgroupMemory}), undefined when none. */
+export function cgroupMemoryLimit(): number | undefined {
+  const limits = cgroupMemory().map((g) => g.limit);
+  return limits.length ? Math.min(...limits) : undefined;
+}
+
+/**
+ * Bytes this process can still take before memory runs short: MemAvailable of /proc/meminfo, lowered to the
+ * room left in the process's memory cgroups (limit − usage, {@link cgroupMemory}). A cgroup's usage counts
+ * its page cache, so this errs low.
+ */
+export function availableMemory(): number {
+  let free = systemMemory().free;
+  for (const g of cgroupMemory()) free = Math.min(free, Math.max(0, g.limit - g.usage));
   return free;
 }
 

@@ -1,7 +1,8 @@
 /** Options and helpers shared by the commands that load a model. */
-import { closeSync, existsSync, openSync, readFileSync, readSync, type Stats, statSync } from "node:fs";
+import { closeSync, existsSync, openSync, readSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
+import { cgroupMemoryLimit } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import { defaultStatsPath, type GenerateOptions, Model, type SparseMode, servesExperts } from "@powerinfer/engine";
 import { type ActivationStats, type GgufFileKind, ggufFileKind, openGguf, readActivationStats } from "@powerinfer/gguf";
@@ -79,6 +80,22 @@ export function int(name: string, rule: NumberRule = {}) {
   };
 }
 
+/**
+ * Commander argument parser for -t/--threads: an integer from 1 to 512, or −1 (llama.cpp's default value)
+ * for the default, the number of CPUs this process may use (os.availableParallelism(), at most 512).
+ */
+export function threadsArg(name = "threads") {
+  const parse = int(name, { min: 1, max: 512 });
+  return (v: string): number => {
+    if (/^\s*-1\s*$/.test(v)) return Math.min(512, availableParallelism());
+    try {
+      return parse(v);
+    } catch {
+      throw new InvalidArgumentError(`${dashed(name)} must be an integer in [1, 512] or -1 (the default), got "${v}"`);
+    }
+  };
+}
+
 /** Commander argument parser: a finite number satisfying `rule` (see {@link NumberRule}). */
 export function float(name: string, rule: NumberRule = {}) {
   return (v: string): number => {
@@ -114,7 +131,7 @@ export function modelOptions(cmd: Command): Command {
       "context size in tokens (default: the model's trained context, at most 4096)",
       int("ctx-size", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1, max: 512 }))
+    .option("-t, --threads <n>", "CPU threads (default, or -1: number of cores)", threadsArg())
     .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")
@@ -366,33 +383,8 @@ export function describeCacheStats(
   return `${what} over ${tokens} tokens: ${(d.bytesRead / n / 2 ** 20).toFixed(2)} MiB read per token in ${(d.reads / n).toFixed(1)} reads, hit rate ${rows ? ((d.hits / rows) * 100).toFixed(1) : "100.0"} %, read time hidden ${(hiddenShare(d, threads) * 100).toFixed(1)} % (stall ${(d.stallMs / Math.max(1, threads) / n).toFixed(2)} ms per token per thread, reads in flight ${(d.ioBusyMs / n).toFixed(2)} ms per token)${d.ioErrors ? `, ${d.ioErrors} failed reads` : ""}`;
 }
 
-/**
- * The memory limit of this process's cgroup (v2 memory.max, or v1 memory.limit_in_bytes), undefined when
- * there is none or it cannot be read.
- */
-export function cgroupMemoryLimit(): number | undefined {
-  try {
-    const lines = readFileSync("/proc/self/cgroup", "utf8").split("\n");
-    for (const line of lines) {
-      const [, ctrl, path] = line.split(":");
-      if (path === undefined) continue;
-      const file =
-        ctrl === ""
-          ? `/sys/fs/cgroup${path}/memory.max`
-          : ctrl!.split(",").includes("memory")
-            ? `/sys/fs/cgroup/memory${path}/memory.limit_in_bytes`
-            : undefined;
-      if (!file || !existsSync(file)) continue;
-      const v = readFileSync(file, "utf8").trim();
-      if (v === "max") continue;
-      const n = Number(v);
-      if (Number.isFinite(n) && n > 0 && n < 2 ** 60) return n;
-    }
-  } catch {
-    return undefined;
-  }
-  return undefined;
-}
+/** The memory limit of this process's cgroups (the backend's reader: v2 memory.max, v1 memory.limit_in_bytes). */
+export { cgroupMemoryLimit };
 
 const TEXT_MAX = 2 ** 30;
 

@@ -29,7 +29,7 @@ import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { checkInputFile, checkOutputPath, float, int } from "./common.js";
+import { checkInputFile, checkOutputPath, float, int, threadsArg } from "./common.js";
 
 export interface GenModelCliOptions {
   output: string;
@@ -434,7 +434,7 @@ export function register(program: Command): void {
       "run the written model on N random tokens and measure its activations",
       int("verify", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads for --verify", int("threads", { min: 1, max: 512 }))
+    .option("-t, --threads <n>", "CPU threads for --verify (default, or -1: number of cores)", threadsArg())
     .option("-f, --force", "overwrite the output file")
     .option("--json", "print the report as JSON")
     .action(

@@ -21,6 +21,7 @@ import {
   SEED_RULE,
   TEMP_HELP,
   plural,
+  threadsArg,
 } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
@@ -136,7 +137,7 @@ export function register(program: Command): void {
       64,
     )
     .option("--alias <name>", "model id reported by the API (default: the file name)")
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1, max: 512 }))
+    .option("-t, --threads <n>", "CPU threads (default, or -1: number of cores)", threadsArg())
     .option("-b, --batch-size <n>", "most tokens per decode step", int("batch-size", { min: 1 }), 512)
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--kv-type <type>", "KV cache type: f16 or f32", choice("kv-type", ["f16", "f32"]), "f16")

@@ -52,6 +52,7 @@ import {
   MMAP_HELP,
   REPACK_HELP,
   readTextFile,
+  threadsArg,
 } from "./common.js";
 
 interface TrainPredictorCliOptions {
@@ -179,7 +180,7 @@ export function register(program: Command): void {
       "tokens per evaluation window (default: the model's context, at most 1024)",
       int("ctx-size", { min: 1 }),
     )
-    .option("-t, --threads <n>", "CPU threads (default: number of cores)", int("threads", { min: 1, max: 512 }))
+    .option("-t, --threads <n>", "CPU threads (default, or -1: number of cores)", threadsArg())
     .option("--backend <names>", 'backend: "auto" or a comma-separated list (env POWERINFER_BACKEND overrides)', "auto")
     .option("--no-repack", REPACK_HELP)
     .option("--mmap", MMAP_HELP)
