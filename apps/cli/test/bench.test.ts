@@ -140,6 +140,10 @@ describe("options", () => {
     expect(intList("-d", 0, false)("0-64+32")).toEqual([0, 32, 64]);
     expect(intList("-p")("64-512*2,1000")).toEqual([64, 128, 256, 512, 1000]);
     expect(intList("-t", 1, false, 512)("1-3")).toEqual([1, 2, 3]);
+    // -t -1: the CPU count (clamped to the range), as the other commands' -t -1
+    expect(intList("-t", 1, false, 512, () => 6)("-1,2")).toEqual([6, 2]);
+    expect(intList("-t", 1, false, 512, () => 900)("-1")).toEqual([512]);
+    expect(() => intList("-t", 1, false, 512)("-1")).toThrow(/-t takes integers from 1 to 512/);
     for (const [arg, re] of [
       ["8-4", /runs backwards/],
       ["0-64*2", /does not advance/],

@@ -168,10 +168,10 @@ describe("powerinfer gguf-split", () => {
     expect(one.tensors).toHaveLength(48);
     expect(one.metadata.get("split.count")).toBe(1);
     // a split model rewritten as one file loses the input's split keys
-    const whole = join(dir, "whole.pwri.gguf");
-    expect(cli(["convert", "--to", "pwri", q[0], whole]).code).toBe(0);
+    const whole = join(dir, "whole.gguf");
+    expect(cli(["convert", "--to", "gguf", q[0], whole]).code).toBe(0);
     const w = openGguf(whole);
-    expect(w.format).toBe("PWRI");
+    expect(w.format).toBe("GGUF");
     expect(w.tensors).toHaveLength(48);
     expect([...w.metadata.keys()].filter((k) => k.startsWith("split."))).toEqual([]);
     // existing shards are replaced only with --force; never an input shard

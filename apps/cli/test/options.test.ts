@@ -4,7 +4,7 @@
  * and the fix without the error's class and code (those only with --verbose).
  */
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -318,6 +318,16 @@ describe("outputs that already exist are not replaced unless asked", () => {
   const text = join(dir, "t.txt");
   writeFileSync(text, "Once upon a time there was a cat.\n");
   const model = join(models, "stories260K.gguf");
+
+  it("convert --to pwri of a SiLU model is refused (a PWRI llama file is read as ReLU) and writes nothing", () => {
+    const out = join(dir, "silu.pwri.gguf");
+    const r = cli("convert", model, out);
+    expect(r.code).toBe(1);
+    expect(errorLines(r.stderr)).toEqual([
+      `powerinfer: ${model}: its FFN uses silu(gate)·up, and a PowerInfer (PWRI) llama file is read as ReLU(gate)·up (by PowerInfer and by powerinfer-ts), so the converted file would compute a different model; PWRI is for ReLU models — keep this one as GGUF (--to gguf)`,
+    ]);
+    expect(existsSync(out)).toBe(false);
+  });
 
   it("profile -o onto a model file is refused and leaves it as it was; --force replaces it", () => {
     const victim = join(dir, "victim.gguf");

@@ -162,15 +162,25 @@ describe("powerinfer quantize", () => {
     expect(existsSync(join(dir, "nopred.bundle.gguf"))).toBe(false);
   });
 
-  it("a model whose matrices are all quantized is refused (llama.cpp needs --allow-requantize); an expert router stays F32", () => {
+  it("a model with matrices quantized to another type is refused (llama.cpp needs --allow-requantize); an expert router stays F32", () => {
     const q8 = join(dir, "already-q8.gguf");
     expect(cli("quantize", relu, q8, "Q8_0").code).toBe(0);
     const r = cli("quantize", q8, join(dir, "requant.gguf"), "Q4_0");
     expect(r.code).toBe(1);
     expect(r.stderr.trim().split("\n")).toEqual([
-      `powerinfer: ${q8}'s weight matrices are already quantized (Q8_0): nothing to convert to Q4_0 (requantizing a quantized model loses precision; start from the F32/F16/BF16 model)`,
+      `powerinfer: ${q8}'s weight matrices are already quantized (Q8_0): this command converts F32/F16/BF16 matrices only, so they would stay Q8_0 in a file asked to be Q4_0 (requantizing loses precision, and llama.cpp's llama-quantize refuses it too); start from the F32/F16/BF16 model`,
     ]);
     expect(existsSync(join(dir, "requant.gguf"))).toBe(false);
+    // some matrices quantized, some not (Q8_0 with an F16 down projection): refused for another type, the
+    // float ones converted for the same type
+    const mixed = join(models, "stories260K-Q8_0-ffn_down-F16.gguf");
+    const m4 = cli("quantize", mixed, join(dir, "mixed-q4.gguf"), "Q4_0");
+    expect(m4.code).toBe(1);
+    expect(m4.stderr).toMatch(/already quantized \(Q8_0\) \(\d+ of its \d+ weight matrices\): .* asked to be Q4_0/);
+    const m8 = cli("quantize", mixed, join(dir, "mixed-q8.gguf"), "Q8_0");
+    expect(m8.code, m8.stderr).toBe(0);
+    // its F16 ffn_down rows (172) are not whole Q8_0 blocks: they stay F16, with a note
+    expect(m8.stderr).toMatch(/wrote .*mixed-q8\.gguf \(GGUF, 48 tensors: 32 Q8_0, 11 F32, 5 F16\)/);
     // routed experts: ffn_gate_inp is copied as stored, the expert stacks are quantized
     const st = join(dir, "st-f32.gguf");
     generateSyntheticMoeModel(st, {

@@ -5,6 +5,7 @@
  * The llama.cpp peer is the native build's llama-bench when it has been built (`--llama-cpp-dir`, see
  * native-llama-cpp.ts), else node-llama-cpp's slower prebuilt binary (`--llama-cpp-peer`).
  */
+import { availableParallelism } from "node:os";
 import { EngineError, type SparseMode } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
@@ -23,11 +24,12 @@ const MAX_LIST = 1000;
 /**
  * A llama-bench-style list option: comma-separated values, each a number or a range (llama-bench's
  * syntax: `first-last` in steps of 1, `first-last+step`, or `first-last*mult` — first, first·mult, … up
- * to last), every value in [min, max]; with `none`, "0" or "" means no tests.
+ * to last), every value in [min, max]; with `none`, "0" or "" means no tests; with `minusOne`, "-1" stands for
+ * its value (clamped to [min, max]: -t -1 is the CPU count).
  * @throws InvalidArgumentError naming the option, the rule and the value
  */
-export function intList(name: string, min = 1, none = true, max = Number.MAX_SAFE_INTEGER) {
-  const rule = `${name} takes integers from ${min} to ${max === Number.MAX_SAFE_INTEGER ? "2^53" : max}${none ? " (or 0 for none)" : ""}, comma-separated, or ranges first-last[+step|*mult]`;
+export function intList(name: string, min = 1, none = true, max = Number.MAX_SAFE_INTEGER, minusOne?: () => number) {
+  const rule = `${name} takes integers from ${min} to ${max === Number.MAX_SAFE_INTEGER ? "2^53" : max}${none ? " (or 0 for none)" : ""}, comma-separated, or ranges first-last[+step|*mult]${minusOne ? "; -1 is the CPU count" : ""}`;
   // a repeated option adds to the list, as llama-bench's do (commander passes the previous value; the
   // option's default array is replaced, not extended)
   return (v: string, previous?: number[]): number[] => {
@@ -35,6 +37,10 @@ export function intList(name: string, min = 1, none = true, max = Number.MAX_SAF
     if (none && (v.trim() === "" || v.trim() === "0")) return prior;
     const out = [...prior];
     for (const x of v.split(",")) {
+      if (minusOne && x.trim() === "-1") {
+        out.push(Math.min(max, Math.max(min, minusOne())));
+        continue;
+      }
       const m = /^(\d+)(?:-(\d+)(?:([+*])(\d+))?)?$/.exec(x.trim());
       const nums = m ? [m[1], m[2], m[4]].map((d) => (d === undefined ? undefined : Number(d))) : [];
       const [first, last, by] = nums;
@@ -171,7 +177,12 @@ export function register(program: Command): void {
       intList("--n-depth", 0, false),
       listDefault([0]),
     )
-    .option("-t, --threads <n,…>", "thread counts", intList("--threads", 1, false, 512), listDefault([2]))
+    .option(
+      "-t, --threads <n,…>",
+      "thread counts (-1: the CPU count)",
+      intList("--threads", 1, false, 512, availableParallelism),
+      listDefault([2]),
+    )
     .option("-r, --repetitions <n>", "measured repetitions after one warm-up", int("repetitions", { min: 1 }), 5)
     .option(
       "--sparse <modes>",

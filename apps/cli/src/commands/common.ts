@@ -1,5 +1,5 @@
 /** Options and helpers shared by the commands that load a model. */
-import { closeSync, existsSync, openSync, readSync, type Stats, statSync } from "node:fs";
+import { accessSync, closeSync, constants, existsSync, openSync, readSync, type Stats, statSync } from "node:fs";
 import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import { cgroupMemoryLimit } from "@powerinfer/backend-cpu-avx2";
@@ -479,6 +479,15 @@ export function checkOutputPath(out: string, ...inputs: (string | undefined)[]):
     throw new InvalidArgumentError(`output ${out}: the folder ${dir} does not exist`);
   }
   if (!d.isDirectory()) throw new InvalidArgumentError(`output ${out}: ${dir} is not a folder`);
+  // the writers create a temporary file beside the output: a folder we cannot write is one line now too
+  try {
+    accessSync(dir, constants.W_OK);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new InvalidArgumentError(
+      `output ${out}: cannot write to the folder ${dir} (${code === "EROFS" ? "read-only file system" : "permission denied"})`,
+    );
+  }
   let o: Stats | undefined;
   try {
     o = statSync(out);

@@ -116,8 +116,9 @@ export function register(program: Command): void {
           );
         }
         if (to === "pwri" && cfg.ffn.activation !== "relu") {
-          process.stderr.write(
-            `note: the FFN uses ${cfg.ffn.activation}, not ReLU; PowerInfer reads PWRI llama files as ReLU models\n`,
+          // PowerInfer and this engine read a PWRI llama file's FFN as ReLU(gate)·up: the file would be another model
+          throw new InvalidArgumentError(
+            `${input}: its FFN uses ${cfg.ffn.activation}(gate)·up, and a PowerInfer (PWRI) llama file is read as ReLU(gate)·up (by PowerInfer and by powerinfer-ts), so the converted file would compute a different model; PWRI is for ReLU models — keep this one as GGUF (--to gguf)`,
           );
         }
         // a plain GGUF is for llama.cpp, which refuses tensors it does not know: predictors stay out unless kept

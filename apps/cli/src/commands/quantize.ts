@@ -38,12 +38,16 @@ export function register(program: Command): void {
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         // llama.cpp's llama-quantize refuses to requantize without --allow-requantize; this command converts
-        // float matrices only, so a model whose matrices are all quantized would come out unchanged
+        // float matrices only, so a quantized matrix of another type would be kept as it is and the output
+        // would not be the type asked for
         const matrices = file.tensors.filter(isQuantizableMatrix);
-        if (matrices.length > 0 && !matrices.some((t) => isFloatType(t.type))) {
-          const kinds = [...new Set(matrices.map((t) => ggmlTypeName(t.type)))].join(", ");
+        const other = matrices.filter((t) => !isFloatType(t.type) && t.type !== type);
+        if (other.length > 0) {
+          const kinds = [...new Set(other.map((t) => ggmlTypeName(t.type)))].join(", ");
+          const all =
+            other.length === matrices.length ? "" : ` (${other.length} of its ${matrices.length} weight matrices)`;
           throw new InvalidArgumentError(
-            `${input}'s weight matrices are already quantized (${kinds}): nothing to convert to ${ggmlTypeName(type)} (requantizing a quantized model loses precision; start from the F32/F16/BF16 model)`,
+            `${input}'s weight matrices are already quantized (${kinds})${all}: this command converts F32/F16/BF16 matrices only, so they would stay ${kinds} in a file asked to be ${ggmlTypeName(type)} (requantizing loses precision, and llama.cpp's llama-quantize refuses it too); start from the F32/F16/BF16 model`,
           );
         }
         const t0 = performance.now();

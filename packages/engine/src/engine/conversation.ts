@@ -63,9 +63,11 @@ export class Chat {
     const nCtx = session.nCtx;
     const n = this.ids([...this.messages, { role: "user", content: "" }]).length;
     if (n >= nCtx) {
+      // without a system message the tokens are the template's framing of an empty user turn
+      const what = settings.system ? "the system prompt" : "the chat template's framing of an empty turn";
       throw new EngineError(
         "PROMPT_TOO_LONG",
-        `the system prompt takes ${n} tokens of the ${nCtx}-token context (n_ctx); use a larger -c`,
+        `${what} takes ${n} tokens of the ${nCtx}-token context (n_ctx); use a larger -c`,
       );
     }
     this.reserve = settings.nPredict >= 0 ? Math.min(settings.nPredict, Math.floor(nCtx / 2)) : Math.floor(nCtx / 4);
