@@ -528,7 +528,7 @@ void dot_pairs_q4_0(int64_t k, const uint8_t* const* w, const uint8_t* const* x,
 /// after iteration i, (i + 1)/nb of the next rows' cache lines are asked for, line by line across the rows
 /// (every row's head first). A scattered row (Q4_0: 2.3 KB at n_embd 4096) is too short for the hardware
 /// prefetcher to ramp up on, and asking for whole rows at once overfills the core's miss queue. Measured
-/// here (Zen 4 VM, one thread, 10 % of 88,064 Q4_0 rows of 4096 from DRAM): 9.6 → 13–14.5 GB/s.
+/// here (Zen 4 VM, one thread, 10 % of 88,064 Q4_0 rows of 4096 from DRAM, medians of 5): 10.2 → 13.6 GB/s.
 template <int N>
 struct NextRows {
   const uint8_t* const* rows;
