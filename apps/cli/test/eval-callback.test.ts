@@ -195,6 +195,13 @@ describe.skipIf(!probe.usable)("powerinfer eval-callback", () => {
     const d = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", other);
     expect(d.stdout).toMatch(/first node beyond ±2 in the last printed digit: /);
     expect(d.code).toBe(1);
+    // a dump of another prompt (5 tokens there, 2 here) is refused, not compared on its last column
+    const e = cli("eval-callback", "-m", model, "-p", "Once", "-t", "1", "--compare", ref);
+    expect(e.code).toBe(1);
+    expect(e.stdout).toBe("");
+    expect(e.stderr).toBe(
+      `powerinfer: ${ref} is a dump of 5 tokens (its embd node), and this prompt tokenizes to 2 tokens: compare the same model and prompt\n`,
+    );
     // an existing --out file is replaced only with --force
     const again = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--out", out);
     expect(again.code).toBe(1);

@@ -18,6 +18,7 @@ import {
   loadModelFromCli,
   type ModelCliOptions,
   modelOptions,
+  plural,
   readPromptFile,
   readTextFile,
   refuseOverwrite,
@@ -91,6 +92,14 @@ export function register(program: Command): void {
           if (o.out) writeFileSync(o.out, text);
           else if (!ref) process.stdout.write(text);
           if (ref) {
+            // a dump of another prompt would be compared on its last column only, node after node: say so instead
+            const refEmbd = ref.find((r) => r.name === "embd");
+            const ourEmbd = nodes.find((n) => n.name === "embd");
+            if (refEmbd && ourEmbd && refEmbd.ne[1] !== ourEmbd.ne[1]) {
+              throw new InvalidArgumentError(
+                `${o.compare} is a dump of ${plural(refEmbd.ne[1]!, "token")} (its embd node), and this prompt tokenizes to ${plural(ids.length, "token")}: compare the same model and prompt`,
+              );
+            }
             const cmp = compareTrace(nodes, ref);
             process.stdout.write(comparisonReport(cmp));
             // like diff: a node beyond the tolerance is a failure a script can see
