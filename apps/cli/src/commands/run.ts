@@ -24,10 +24,11 @@ interface RunOptions extends ModelCliOptions, DeviceCliOptions, SamplingCliOptio
   displayPrompt: boolean;
 }
 
-function perf(label: string, ms: number, n: number): string {
+/** llama.cpp's timing line: `ms / n tokens` (or `runs`: generation counts its decodes, as llama.cpp does). */
+function perf(label: string, ms: number, n: number, unit = "tokens"): string {
   const per = n > 0 ? ms / n : 0;
   const tps = ms > 0 ? (n * 1000) / ms : 0;
-  return `${label.padStart(18)} = ${ms.toFixed(2).padStart(10)} ms / ${String(n).padStart(5)} tokens (${per.toFixed(2).padStart(8)} ms per token, ${tps.toFixed(2).padStart(9)} tokens per second)`;
+  return `${label.padStart(18)} = ${ms.toFixed(2).padStart(10)} ms / ${String(n).padStart(5)} ${unit} (${per.toFixed(2).padStart(8)} ms per token, ${tps.toFixed(2).padStart(9)} tokens per second)`;
 }
 
 export function register(program: Command): void {
@@ -92,7 +93,7 @@ export function register(program: Command): void {
         if (tm.stopReason === "context")
           process.stderr.write(`\ncontext full (n_ctx ${session.nCtx}): generation stopped\n`);
         process.stderr.write(
-          `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.generatedTokens)}\n` +
+          `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.decodes ?? tm.generatedTokens, tm.decodes === undefined ? "tokens" : "runs")}\n` +
             `backend: ${backend.name}, ${plural(backend.threads, "thread")}\n`,
         );
         const cacheEnd = cacheStats();

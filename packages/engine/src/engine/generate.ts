@@ -38,7 +38,7 @@ export async function* generateTokens(
     );
   }
   const gen = new Generation(tokenizer, ids, opts);
-  Object.assign(timings, { promptTokens: ids.length, promptMs: 0, generatedTokens: 0, generateMs: 0 });
+  Object.assign(timings, { promptTokens: ids.length, promptMs: 0, generatedTokens: 0, generateMs: 0, decodes: 0 });
   let t0 = performance.now();
   let logits = await session.evaluate(ids);
   timings.promptMs = performance.now() - t0;
@@ -65,11 +65,17 @@ export async function* generateTokens(
       break;
     }
     yield { id: t.id, text: t.text };
+    // the last token allowed is not evaluated: nothing would read its logits (llama.cpp's main loop stops there too)
+    if (gen.exhausted) {
+      reason = "length";
+      break;
+    }
     if (session.nPast >= session.nCtx) {
       reason = "context";
       break;
     }
     logits = await session.evaluate([t.id]);
+    timings.decodes = (timings.decodes ?? 0) + 1;
     timings.generateMs = performance.now() - t0;
     // let the event loop breathe between tokens (abort signals, streaming consumers)
     await new Promise((r) => setImmediate(r));

@@ -42,6 +42,11 @@ export interface Timings {
   promptMs: number;
   generatedTokens: number;
   generateMs: number;
+  /**
+   * Single-token evaluations after the prompt (llama.cpp's "runs"): one per generated token but the last,
+   * which is sampled and never evaluated. Absent where the generator does not count them.
+   */
+  decodes?: number;
   stopReason?: StopReason;
 }
 
