@@ -83,6 +83,14 @@ export function register(program: Command): void {
         try {
           const ids = model.tokenizer.tokenize(prompt, { addSpecial: true, parseSpecial: false });
           if (ids.length === 0) throw new InvalidArgumentError("the prompt is empty");
+          // a dump of another prompt would be compared on its last column only, node after node: say so before
+          // the forward pass (the embd node has a column per token)
+          const refTokens = ref?.find((r) => r.name === "embd")?.ne[1];
+          if (refTokens !== undefined && refTokens !== ids.length) {
+            throw new InvalidArgumentError(
+              `${o.compare} is a dump of ${plural(refTokens, "token")} (its embd node), and this prompt tokenizes to ${plural(ids.length, "token")}: compare the same model and prompt`,
+            );
+          }
           const nodes = evalCallback(model, ids, {
             nCtx: o.ctxSize ?? ids.length,
             kvType: o.kvType as "f16" | "f32",
@@ -92,14 +100,6 @@ export function register(program: Command): void {
           if (o.out) writeFileSync(o.out, text);
           else if (!ref) process.stdout.write(text);
           if (ref) {
-            // a dump of another prompt would be compared on its last column only, node after node: say so instead
-            const refEmbd = ref.find((r) => r.name === "embd");
-            const ourEmbd = nodes.find((n) => n.name === "embd");
-            if (refEmbd && ourEmbd && refEmbd.ne[1] !== ourEmbd.ne[1]) {
-              throw new InvalidArgumentError(
-                `${o.compare} is a dump of ${plural(refEmbd.ne[1]!, "token")} (its embd node), and this prompt tokenizes to ${plural(ids.length, "token")}: compare the same model and prompt`,
-              );
-            }
             const cmp = compareTrace(nodes, ref);
             process.stdout.write(comparisonReport(cmp));
             // like diff: a node beyond the tolerance is a failure a script can see

@@ -54,6 +54,17 @@ inline void prefetch_head(const uint8_t* p, size_t bytes) {
   prefetch_row(p, bytes < kSparseRowHead ? bytes : kSparseRowHead);
 }
 
+/// The rows of the group after [e, e + R) of a list ending at `end`, for a kernel that fetches them while it
+/// computes (KernelTable::dot_rows8_next, axpy_rows_next): nx[r] = row(e + R + r), the last one repeated when
+/// the group is short; null when there is no next group.
+template <int R, typename Row>
+const uint8_t* const* next_group(int64_t e, int64_t end, Row row, const uint8_t** nx) {
+  const int64_t n = end - (e + R) < R ? end - (e + R) : R;
+  if (n <= 0) return nullptr;
+  for (int r = 0; r < R; r++) nx[r] = row(e + R + (r < n ? r : n - 1));
+  return nx;
+}
+
 /// Takes the next chunk [begin, end) of n items from the node's work queue; false when none is left.
 inline bool next_chunk(const NodeExec& nd, int64_t n, int64_t chunk, int64_t* begin, int64_t* end) {
   const int64_t b = nd.chunk->fetch_add(chunk, std::memory_order_relaxed);
@@ -596,9 +607,7 @@ void op_mul_mat_sparse(const NodeExec& n, int ith, int nth) {
         for (int r = 0; r < nr; r++) w[r] = W.data + static_cast<int64_t>(l.list[2 * (e + r) + 1]) * wrb;
         if (next_fn && nr == 8) {
           const uint8_t* nx[8];
-          const int64_t nn = e1 - (e + R) < R ? e1 - (e + R) : R;  // rows of the next group (≤ 0: none)
-          for (int r = 0; r < 8; r++) nx[r] = W.data + static_cast<int64_t>(l.list[2 * (e + R + (r < nn ? r : nn - 1)) + 1]) * wrb;
-          next_fn(K, w, xq, out, nn > 0 ? nx : nullptr);
+          next_fn(K, w, xq, out, next_group<8>(e, e1, [&](int64_t p) { return W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb; }, nx));
         } else {
           for (int64_t p = e + R; p < e + 2 * R && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
           tile(K, nr, 1, w, &xq, out);
@@ -779,9 +788,7 @@ void op_axpy_sparse(const NodeExec& n, int ith, int nth) {
       }
       if (next_fn && nr == 4) {
         const uint8_t* nx[4];
-        const int64_t nn = e1 - (e + 4) < 4 ? e1 - (e + 4) : 4;
-        for (int r = 0; r < 4; r++) nx[r] = W.data + static_cast<int64_t>(l.list[2 * (e + 4 + (r < nn ? r : nn - 1)) + 1]) * wrb;
-        next_fn(E, av, wr, acc, nn > 0 ? nx : nullptr);
+        next_fn(E, av, wr, acc, next_group<4>(e, e1, [&](int64_t p) { return W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb; }, nx));
       } else {
         for (int64_t p = e + 4; p < e + 8 && p < e1; p++) prefetch_head(W.data + static_cast<int64_t>(l.list[2 * p + 1]) * wrb, wrb);
         rows(E, nr, av, wr, acc);
@@ -1180,9 +1187,7 @@ void op_mul_mat_id(const NodeExec& n, int ith, int nth) {
             for (int r = 0; r < nr; r++) w[r] = we + static_cast<size_t>(act[i + r]) * wrb;
             if (next_fn && nr == 8) {
               const uint8_t* nx[8];
-              const int nn = na - (i + R) < R ? na - (i + R) : R;
-              for (int r = 0; r < 8; r++) nx[r] = we + static_cast<size_t>(act[i + R + (r < nn ? r : nn - 1)]) * wrb;
-              next_fn(K, w, xp, out, nn > 0 ? nx : nullptr);
+              next_fn(K, w, xp, out, next_group<8>(i, na, [&](int64_t p) { return we + static_cast<size_t>(act[p]) * wrb; }, nx));
             } else {
               for (int j = i + R; j < i + 2 * R && j < na; j++) prefetch_head(we + static_cast<size_t>(act[j]) * wrb, wrb);
               tile(K, nr, 1, w, &xp, out);

@@ -75,7 +75,7 @@ export async function* generateTokens(
       break;
     }
     logits = await session.evaluate([t.id]);
-    timings.decodes = (timings.decodes ?? 0) + 1;
+    timings.decodes!++;
     timings.generateMs = performance.now() - t0;
     // let the event loop breathe between tokens (abort signals, streaming consumers)
     await new Promise((r) => setImmediate(r));
