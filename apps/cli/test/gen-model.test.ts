@@ -177,10 +177,11 @@ describe("gen-model with routed experts", () => {
     expect(inspectFile(out).experts!.activeParametersPerToken).toBe(rep.activeParametersPerToken);
   }, 120_000);
 
-  it("refuses --format pwri and a conflicting --arch for an expert preset", async () => {
+  it("refuses --format pwri for SiLU experts and a conflicting --arch for an expert preset", async () => {
     const a = await cli("--preset", "mixtral-8x7b", "--format", "pwri", "-o", join(dir, "x.gguf"));
     expect(a.code).toBe(1);
-    expect(a.err).toMatch(/routed experts are written as GGUF only/);
+    expect(a.err).toMatch(/experts are SiLU, and a PowerInfer \(PWRI\) file is read as ReLU/);
+    expect(existsSync(join(dir, "x.gguf"))).toBe(false);
     const b = await cli("--preset", "smallthinker-4b-a0.6b", "--arch", "falcon", "-o", join(dir, "y.gguf"));
     expect(b.code).toBe(1);
     expect(b.err).toMatch(/is a smallthinker model/);

@@ -132,6 +132,11 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       { arch: "llama-moe", shape: TINY_MOE_SHAPE, upActivation: "relu", design: {}, predictors: {}, dtype: "Q8_0" },
       "predictor",
     ],
+    [
+      "smallthinker Q4_0 PWRI with predictors (down stored neuron-major, ffn_down_exps_t)",
+      { arch: "smallthinker", shape: TINY_MOE_SHAPE, design: {}, predictors: {}, dtype: "Q4_0", format: "PWRI" },
+      "predictor",
+    ],
   ];
   for (const [what, opts, sparse] of moeCases) {
     it(`routed experts, ${what}: greedy ids at resident + 30/60/100 % of the expert bytes equal the unlimited run's`, async () => {
@@ -146,7 +151,8 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
         const m = await Model.load(path, { backend, sparse, ramBudget: budgetFor(path, sparse, share) });
         try {
           const roles = m.ramPlan!.tensors.map((t) => t.role);
-          expect(roles.filter((r) => r.endsWith("_exps")).length).toBe(3 * m.config.n_layer);
+          expect(roles.filter((r) => /_exps(_t)?$/.test(r)).length).toBe(3 * m.config.n_layer);
+          if (opts.format === "PWRI") expect(roles.filter((r) => r === "down_exps_t").length).toBe(m.config.n_layer);
           expect(m.ramPlan!.tensors.every((t) => t.rows === m.config.moe!.n_expert)).toBe(true);
           expect(greedy(m, prompt, 16)).toEqual(want);
           const after = backend.neuronCacheStats!();
@@ -160,36 +166,52 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
     }, 120_000);
   }
 
-  it("routed experts with a device (the CPU standing in): same text with and without --ram-budget; the hot rows are read from the file alone", () => {
-    const path = join(dir, "moe-device.gguf");
-    generateSyntheticMoeModel(path, {
-      arch: "smallthinker",
-      shape: TINY_MOE_SHAPE,
-      design: {},
-      predictors: {},
-      dtype: "F16",
-    });
-    const stats = join(dir, "moe-device.activations.gguf");
-    const text = relu.replace(/\.f32\.gguf$/, ".eval.txt");
-    const p = cli(["profile", "-m", path, "-f", text, "--tokens", "64", "-c", "64", "-o", stats]);
-    expect(p.status, p.stderr).toBe(0);
-    // a profile output that is the model through a symbolic link is refused (the writer follows links)
-    const link = join(dir, "moe-device-link.gguf");
-    symlinkSync(path, link);
-    const bad = cli(["profile", "-m", path, "-f", text, "--tokens", "8", "-o", link, "--force"]);
-    expect(bad.status).not.toBe(0);
-    expect(bad.stderr).toMatch(/is also an input/);
-    const args = ["run", "-m", path, "-p", "once upon a time", "-n", "12", "--temp", "0", "-t", "2", "--stats", stats];
-    const dev = ["--device-backend", "cpu", "--vram-budget", "0.001"];
-    const cpu = cli(args);
-    expect(cpu.status, cpu.stderr).toBe(0);
-    const budget = (budgetFor(path, "predictor", 0.3) / 2 ** 30).toFixed(6);
-    const r = cli([...args, ...dev, "--ram-budget", budget]);
-    expect(r.status, r.stderr).toBe(0);
-    expect(r.stderr).toMatch(/hybrid: \d+ hot \(expert, neuron\) pairs/);
-    expect(r.stderr).toMatch(/expert cache .* experts pinned .* by profile selection counts/);
-    expect(r.stdout).toBe(cpu.stdout);
-  }, 120_000);
+  for (const format of ["GGUF", "PWRI"] as const)
+    it(`routed experts with a device (the CPU standing in), ${format}: same text with and without --ram-budget; the hot rows are read from the file alone`, () => {
+      const path = join(dir, `moe-device-${format}.gguf`);
+      generateSyntheticMoeModel(path, {
+        arch: "smallthinker",
+        shape: TINY_MOE_SHAPE,
+        design: {},
+        predictors: {},
+        dtype: format === "PWRI" ? "Q8_0" : "F16",
+        format,
+      });
+      const stats = join(dir, `moe-device-${format}.activations.gguf`);
+      const text = relu.replace(/\.f32\.gguf$/, ".eval.txt");
+      const p = cli(["profile", "-m", path, "-f", text, "--tokens", "64", "-c", "64", "-o", stats]);
+      expect(p.status, p.stderr).toBe(0);
+      // a profile output that is the model through a symbolic link is refused (the writer follows links)
+      const link = join(dir, `moe-device-link-${format}.gguf`);
+      symlinkSync(path, link);
+      const bad = cli(["profile", "-m", path, "-f", text, "--tokens", "8", "-o", link, "--force"]);
+      expect(bad.status).not.toBe(0);
+      expect(bad.stderr).toMatch(/is also an input/);
+      const args = [
+        "run",
+        "-m",
+        path,
+        "-p",
+        "once upon a time",
+        "-n",
+        "12",
+        "--temp",
+        "0",
+        "-t",
+        "2",
+        "--stats",
+        stats,
+      ];
+      const dev = ["--device-backend", "cpu", "--vram-budget", "0.001"];
+      const cpu = cli(args);
+      expect(cpu.status, cpu.stderr).toBe(0);
+      const budget = (budgetFor(path, "predictor", 0.3) / 2 ** 30).toFixed(6);
+      const r = cli([...args, ...dev, "--ram-budget", budget]);
+      expect(r.status, r.stderr).toBe(0);
+      expect(r.stderr).toMatch(/hybrid: \d+ hot \(expert, neuron\) pairs/);
+      expect(r.stderr).toMatch(/expert cache .* experts pinned .* by profile selection counts/);
+      expect(r.stdout).toBe(cpu.stdout);
+    }, 120_000);
 
   it("routed experts: a budget below the resident part plus one token's experts is RAM_BUDGET naming the expert cache", async () => {
     const path = join(dir, "moe-small-budget.gguf");

@@ -8,7 +8,9 @@
  * head_dim, n_vocab = length of `tokenizer.ggml.tokens`). PowerInfer additions: predictor tensors
  * `blk.N.fc1.weight` {n_embd, r} / `blk.N.fc2.weight` {r, n_ff} (routed experts, this project's layout:
  * `blk.N.fc1_exps.weight` {n_embd, r, n_expert} / `blk.N.fc2_exps.weight` {r, n_ff_exp, n_expert}), transposed down projection
- * `blk.N.ffn_down_t.weight` {n_embd, n_ff}, and `powerinfer.sparse_threshold` (f32, default 0).
+ * `blk.N.ffn_down_t.weight` {n_embd, n_ff} (routed experts: `blk.N.ffn_down_exps_t.weight`
+ * {n_embd, n_ff_exp, n_expert}, each expert's down projection neuron-major), and `powerinfer.sparse_threshold`
+ * (f32, default 0).
  */
 
 import { z } from "zod";
@@ -114,7 +116,10 @@ export const ModelConfigSchema = z.object({
   predictor_ranks: z.array(posInt),
   /** `powerinfer.sparse_threshold` (default 0): a neuron runs when its predictor logit ≥ this. */
   sparse_threshold: z.number(),
-  /** Every layer stores its down projection transposed as `blk.N.ffn_down_t.weight`. */
+  /**
+   * Every layer stores its down projection transposed (neuron-major): `blk.N.ffn_down_t.weight` {n_embd, n_ff},
+   * or with routed experts `blk.N.ffn_down_exps_t.weight` {n_embd, n_ff_exp, n_expert}.
+   */
   down_transposed: z.boolean(),
   /** Things that are allowed but worth telling the user. */
   warnings: z.array(z.string()),
@@ -301,7 +306,6 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     if (arch !== "llama" && arch !== "qwen3moe" && arch !== "smallthinker") {
       bad(file, k("expert_count"), `${arch} has no routed experts`);
     }
-    if (pwri) bad(file, k("expert_count"), "PowerInfer files with routed experts are not supported yet");
     const nUsed = int(k("expert_used_count"), true)!;
     if (nUsed > nExpert) bad(file, k("expert_used_count"), `${nUsed} exceeds the expert count ${nExpert}`);
     const nFfExp = int(k("expert_feed_forward_length"), false) ?? (arch === "llama" ? n_ff : Math.floor(n_ff / nUsed));
@@ -379,6 +383,30 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     const fc1 = tensors.get(`blk.${l}.fc1${sfx}.weight`);
     const fc2 = tensors.get(`blk.${l}.fc2${sfx}.weight`);
     if (tensors.has(`blk.${l}.ffn_down_t.weight`)) withDownT++;
+    const downXT = tensors.get(`blk.${l}.ffn_down_exps_t.weight`);
+    if (downXT && moe) {
+      // routed experts' down projections neuron-major: one {n_embd, n_ff_exp} matrix per expert
+      if (
+        downXT.shape[0] !== n_embd ||
+        downXT.shape[1] !== moe.n_ff_exp ||
+        (downXT.shape[2] ?? 1) !== moe.n_expert ||
+        downXT.shape.length > 3
+      ) {
+        bad(
+          file,
+          downXT.name,
+          `shape [${downXT.shape}] does not fit n_embd ${n_embd}, n_ff_exp ${moe.n_ff_exp}, n_expert ${moe.n_expert}`,
+        );
+      }
+      if (tensors.has(`blk.${l}.ffn_down_exps.weight`)) {
+        bad(
+          file,
+          downXT.name,
+          `layer ${l} stores its experts' down projections twice (ffn_down_exps and ffn_down_exps_t)`,
+        );
+      }
+      withDownT++;
+    }
     if (!fc1 && !fc2) continue;
     if (!fc1 || !fc2)
       bad(file, `blk.${l}.${fc1 ? "fc2" : "fc1"}${sfx}.weight`, `layer ${l} has only half of its predictor`);
@@ -407,7 +435,11 @@ export function parseModelConfig(file: GgufFile, opts: { nCtx?: number } = {}): 
     warnings.push(`only ${withPredictor} of ${n_layer} layers have predictors; the model will run dense`);
   }
   if (withDownT > 0 && withDownT < n_layer) {
-    bad(file, "blk.0.ffn_down_t.weight", `only ${withDownT} of ${n_layer} layers store ffn_down_t`);
+    bad(
+      file,
+      moe ? "blk.0.ffn_down_exps_t.weight" : "blk.0.ffn_down_t.weight",
+      `only ${withDownT} of ${n_layer} layers store ${moe ? "ffn_down_exps_t" : "ffn_down_t"}`,
+    );
   }
   const sparse_threshold = getOptionalNumber(file, "powerinfer.sparse_threshold") ?? 0;
   if (!Number.isFinite(sparse_threshold)) {

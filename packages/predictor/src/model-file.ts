@@ -80,6 +80,8 @@ const DOWN = /^blk\.(\d+)\.ffn_down\.weight$/;
 /** Expert routers (`blk.N.ffn_gate_inp.weight`): never quantized. */
 const ROUTER = /^blk\.\d+\.ffn_gate_inp\.weight$/;
 const DOWN_T = /^blk\.(\d+)\.ffn_down_t\.weight$/;
+/** Routed experts' down stacks: `ffn_down_exps` {n_ff_exp, n_embd, n_expert} or neuron-major `ffn_down_exps_t`. */
+const DOWN_EXPS = /^blk\.(\d+)\.ffn_down_exps(_t)?\.weight$/;
 /** Predictors: `blk.N.fc1/fc2.weight`, and per-expert stacks `blk.N.fc1_exps/fc2_exps.weight`. */
 const PRED = /^blk\.(\d+)\.fc[12](_exps)?\.weight$/;
 
@@ -241,6 +243,29 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
         type: type,
         shape: [b, a],
         data: () => encode(type, transpose(dequantize(t.type, readTensorBytes(file, t), t.nElements), b, a)),
+      });
+    } else if (DOWN_EXPS.exec(t.name) && pwri !== (DOWN_EXPS.exec(t.name)![2] === "_t")) {
+      // each expert's matrix {a, b} → {b, a}: a PWRI file stores it neuron-major (ffn_down_exps_t)
+      const [a, b, x] = t.shape as [number, number, number];
+      const name = pwri
+        ? t.name.replace("ffn_down_exps.", "ffn_down_exps_t.")
+        : t.name.replace("ffn_down_exps_t.", "ffn_down_exps.");
+      const quantized = !FLOAT_TYPES.has(t.type);
+      const type = targetType(t, b, name);
+      if (quantized && q === undefined)
+        notes.push(`${name}: transposed through F32 and re-quantized to ${ggmlTypeName(type)}`);
+      specs.push({
+        name,
+        type,
+        shape: [b, a, x],
+        data: () => {
+          const v = dequantize(t.type, readTensorBytes(file, t), t.nElements);
+          const out = new Float32Array(v.length);
+          for (let e = 0, o = 0; e < x; e++, o += a * b) {
+            transpose(v.subarray(o, o + a * b), b, a, out.subarray(o, o + a * b));
+          }
+          return encode(type, out);
+        },
       });
     } else if (!isQuantizableMatrix(t)) {
       // predictors, expert routers, vectors and non-weights: copied (isQuantizableMatrix)

@@ -197,6 +197,14 @@ export interface SyntheticMoeOptions {
    * (the predictor tensors come last and use their own random streams).
    */
   predictors?: MoePredictorOptions;
+  /**
+   * "PWRI": a PowerInfer-format file (PWRI magic) whose experts' down projections are stored neuron-major,
+   * `blk.N.ffn_down_exps_t.weight` {n_embd, n_ff_exp, n_expert} (row i of expert e: neuron i's output
+   * weights, quantized along n_embd), the layout sparse experts read row by row in any dtype. The values
+   * are those of the GGUF's `ffn_down_exps` before quantization. ReLU experts only (smallthinker, or
+   * llama-moe with upActivation "relu": a PWRI llama file is read as ReLU). Default "GGUF".
+   */
+  format?: "GGUF" | "PWRI";
 }
 
 /** Designed statistics of a model with routed experts (see the module comment). Every field optional. */
@@ -432,23 +440,36 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
     type: SyntheticDType,
     base = 0,
     row?: (r: number, v: Float32Array, o: number) => void,
+    neuronMajor = false,
   ) => {
     const key = streamKey(seed, ti++);
     const n = shape.reduce((a, b) => a * b, 1);
-    if (n % GGML_BLOCK[type] !== 0 || shape[0]! % GGML_BLOCK[type] !== 0) {
-      throw new RangeError(`${name}: row length ${shape[0]} is not a multiple of the ${type} block size`);
+    // neuronMajor (a down stack [F, E, X]): the same values, each expert's matrix transposed to [E, F],
+    // written as name with "_t" (…_exps_t.weight)
+    const stored = neuronMajor ? [shape[1]!, shape[0]!, ...shape.slice(2)] : shape;
+    if (n % GGML_BLOCK[type] !== 0 || stored[0]! % GGML_BLOCK[type] !== 0) {
+      throw new RangeError(`${name}: row length ${stored[0]} is not a multiple of the ${type} block size`);
     }
     tensors.push({
-      name,
+      name: neuronMajor ? name.replace(/\.weight$/, "_t.weight") : name,
       type: GGML_TYPE_OF[type],
-      shape,
+      shape: stored,
       data: () => {
-        const v = new Float32Array(n);
+        let v = new Float32Array(n);
         if (row) {
           for (let i = 0; i < n; i++) v[i] = gauss(key, i);
           const len = shape[0]!;
           for (let r = 0, o = 0; o < n; r++, o += len) row(r, v, o);
         } else for (let i = 0; i < n; i++) v[i] = base + scale * gauss(key, i);
+        if (neuronMajor) {
+          const [a, b] = [shape[0]!, shape[1]!];
+          const t = new Float32Array(n);
+          for (let x = 0; x < n / (a * b); x++) {
+            const o = x * a * b;
+            for (let r = 0; r < b; r++) for (let c = 0; c < a; c++) t[o + c * b + r] = v[o + r * a + c]!;
+          }
+          v = t;
+        }
         const out = new Uint8Array(encodedBytes(type, n));
         encode(type, v, out);
         return out;
@@ -460,6 +481,12 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
   const nRest = E - RESERVED;
   if (o.predictors && !plan?.relu) {
     throw new RangeError("predictors: needs a design and ReLU experts (smallthinker, or llama-moe with dReLU)");
+  }
+  const pwri = (o.format ?? "GGUF") === "PWRI";
+  if (pwri && !(o.arch === "smallthinker" || o.upActivation === "relu")) {
+    throw new RangeError(
+      `format PWRI: ${o.arch}'s experts are SiLU, and a PWRI file is read as ReLU; PWRI is written for ReLU experts (smallthinker, or llama-moe with dReLU)`,
+    );
   }
   const lr = plan?.relu ? lowRankDesign(plan, E, seed) : undefined;
   const pdtype: SyntheticDType =
@@ -568,12 +595,13 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
           dtype,
           0,
           outRows(F, (r) => downScale[Math.floor(r / E)]!),
+          pwri,
         );
       } else {
         add(`${p}ffn_gate_inp.weight`, [E, X], 1 / Math.sqrt(E), "F32");
         add(`${p}ffn_gate_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
         add(`${p}ffn_up_exps.weight`, [E, F, X], 1 / Math.sqrt(E), dtype);
-        add(`${p}ffn_down_exps.weight`, [F, E, X], 1 / Math.sqrt(F), dtype);
+        add(`${p}ffn_down_exps.weight`, [F, E, X], 1 / Math.sqrt(F), dtype, 0, undefined, pwri);
       }
     } else {
       add(`${p}ffn_gate.weight`, [E, s.n_ff], 1 / Math.sqrt(E), dtype, 0, proj);
@@ -603,7 +631,7 @@ export function generateSyntheticMoeModel(path: string, o: SyntheticMoeOptions):
       { key: "powerinfer.synthetic.predictor_noise", type: GgufTypes.f32, value: plan.beta * plan.beta },
     );
   }
-  writeGguf(path, { metadata: meta, tensors });
+  writeGguf(path, { metadata: meta, tensors, format: pwri ? "PWRI" : "GGUF" });
   let bytes = 0;
   for (const t of tensors)
     bytes += encodedBytes(

@@ -11,8 +11,9 @@
  * - Routed experts (`ffn_{gate,up,down}_exps`, {@link expertsPerToken}): a decoded token reads its
  *   n_expert_used chosen experts, so each stacked tensor counts n_expert_used / n_expert of its bytes
  *   (dense, and the gate in `oracle`); sparse experts' up (and gate, in `predictor`) is counted by the row
- *   counters (one row per neuron computed in a chosen expert), and so is an F16/F32 down projection, whose
- *   row is read neuron-major; a quantized down projection runs densely (expertDownNeuronMajor) and counts
+ *   counters (one row per neuron computed in a chosen expert), and so is a down projection stored
+ *   neuron-major (`ffn_down_exps_t`) or made so at load (F16/F32); a quantized `ffn_down_exps` runs
+ *   densely (expertDownNeuronMajor) and counts
  *   as dense. Per-expert predictors (`fc1_exps`/`fc2_exps`) count n_expert_used / n_expert of their bytes.
  * - Predictors (fc1/fc2, fc1_exps/fc2_exps) are read in `predictor` mode only.
  */
@@ -20,7 +21,7 @@ import { expertDownNeuronMajor, type SparseMode } from "@powerinfer/engine";
 import { GGMLType, type GgufFile, tensorByteLength } from "@powerinfer/gguf";
 
 const FFN = /^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down|ffn_down_t)\.weight$/;
-const EXPS = /^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps|fc1_exps|fc2_exps)\.weight$/;
+const EXPS = /^blk\.(\d+)\.(ffn_gate_exps|ffn_up_exps|ffn_down_exps|ffn_down_exps_t|fc1_exps|fc2_exps)\.weight$/;
 /** Dense layers' predictors (read only in predictor mode). */
 const PRED = /^blk\.\d+\.fc[12]\.weight$/;
 
@@ -70,11 +71,17 @@ export function sparseRowBytes(file: GgufFile, nLayer: number, mode: SparseMode)
     let b = 0;
     const up = file.tensorMap.get(`blk.${l}.ffn_up_exps.weight`);
     const gate = file.tensorMap.get(`blk.${l}.ffn_gate_exps.weight`);
-    const down = file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
+    const downT = file.tensorMap.get(`blk.${l}.ffn_down_exps_t.weight`);
+    const down = downT ?? file.tensorMap.get(`blk.${l}.ffn_down_exps.weight`);
     if (up && down) {
       // a chosen expert's neuron: its up row (and gate row in predictor mode), and its down row
-      // neuron-major (n_embd of F16 or F32) unless the down projection runs densely
-      const downRow = expertDownNeuronMajor(down.type) ? tensorByteLength(down.type, [down.shape[1]!]) : 0;
+      // neuron-major (stored so: ffn_down_exps_t; or an F16/F32 stack transposed at load) unless the down
+      // projection runs densely
+      const downRow = downT
+        ? tensorByteLength(downT.type, [downT.shape[0]!])
+        : expertDownNeuronMajor(down.type)
+          ? tensorByteLength(down.type, [down.shape[1]!])
+          : 0;
       const gateRow = mode === "predictor" && gate ? tensorByteLength(gate.type, [gate.shape[0]!]) : 0;
       out.push(tensorByteLength(up.type, [up.shape[0]!]) + gateRow + downRow);
       continue;

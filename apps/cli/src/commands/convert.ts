@@ -73,7 +73,7 @@ export function register(program: Command): void {
             );
           if (cfg.moe) {
             throw new InvalidArgumentError(
-              `${input} has routed experts: the bundled layout (and PWRI) holds dense FFNs only (--ram-budget serves routed experts from the file as it is: whole experts, one read each)`,
+              `${input} has routed experts: the bundled layout holds dense FFNs only (--ram-budget serves routed experts from the file as it is: whole experts, one read each)`,
             );
           }
           if (isBundled(file)) {
@@ -110,11 +110,6 @@ export function register(program: Command): void {
           preds = readPredictors(file, { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
         }
         if (preds && o.sparseThreshold !== undefined) preds.threshold = o.sparseThreshold;
-        if (to === "pwri" && cfg.moe) {
-          throw new InvalidArgumentError(
-            `${cfg.arch} with routed experts: PowerInfer files with experts are not supported yet (keep it as GGUF)`,
-          );
-        }
         if (to === "pwri" && cfg.ffn.activation !== "relu") {
           // PowerInfer and this engine read a PWRI llama file's FFN as ReLU(gate)·up: the file would be another model
           throw new InvalidArgumentError(

@@ -281,11 +281,17 @@ function genMoe(o: GenModelCliOptions): void {
     throw new InvalidArgumentError(`--preset ${o.preset} is a ${p.arch} model; --arch ${o.arch} does not fit it`);
   }
   const dtype = oneOf("dtype", o.dtype, SYNTHETIC_DTYPES, (x) => x.toUpperCase());
-  if (o.format.toLowerCase() !== "gguf") {
-    throw new InvalidArgumentError(`--format ${o.format}: models with routed experts are written as GGUF only`);
+  const format = oneOf("format", o.format, ["GGUF", "PWRI"] as const, (x) => x.toUpperCase());
+  const relu = p.arch === "smallthinker" || !!o.drelu;
+  if (format === "PWRI" && !relu) {
+    throw new InvalidArgumentError(
+      `--format pwri: ${o.preset}'s experts are SiLU, and a PowerInfer (PWRI) file is read as ReLU; write it as GGUF (or with --drelu for mixtral-8x7b)`,
+    );
   }
+  // a PowerInfer file carries its predictors (as the dense presets' PWRI files do)
+  const predictors = o.predictors || format === "PWRI";
   if (existsSync(o.output) && !o.force) throw new InvalidArgumentError(`${o.output} exists (use --force to overwrite)`);
-  if (o.predictors && !(p.arch === "smallthinker" || o.drelu)) {
+  if (o.predictors && !relu) {
     throw new InvalidArgumentError(
       `--predictors: ${o.preset}'s experts are SiLU (they do not fire sparsely); predictors are written for ReLU experts (smallthinker presets, or mixtral-8x7b with --drelu)`,
     );
@@ -313,7 +319,8 @@ function genMoe(o: GenModelCliOptions): void {
       predictorNoise: o.predictorNoise,
     },
     ...(o.drelu ? { upActivation: "relu" as const } : {}),
-    ...(o.predictors
+    format,
+    ...(predictors
       ? {
           predictors: {
             dtype:
@@ -338,6 +345,7 @@ function genMoe(o: GenModelCliOptions): void {
     arch: p.arch,
     shape: p.shape,
     dtype,
+    format,
     activeParametersPerToken: active,
     design,
   };
@@ -347,7 +355,7 @@ function genMoe(o: GenModelCliOptions): void {
   }
   const s = p.shape;
   process.stdout.write(
-    `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
+    `wrote ${o.output}: ${o.preset} (${r.ggufArch}), ${layers} of ${s.n_layer} layers, ${dtype}, ${format}${format === "PWRI" ? " (experts' down projections neuron-major: ffn_down_exps_t)" : ""}, ${(r.bytes / 2 ** 20).toFixed(1)} MiB of tensors\n` +
       `experts: ${s.n_expert}, ${s.n_expert_used} per token, ${s.n_ff_exp} neurons each; ${active.toLocaleString("en-US")} parameters read per token in this slice\n` +
       (r.predictors
         ? `predictors: per expert, rank ${r.predictors.rank} ${r.predictors.dtype}, threshold ${r.predictors.threshold.toPrecision(4)} (${o.threshold !== undefined ? "given" : `calibrated on the design for recall ${o.targetRecall ?? 0.95}`}), noise ${r.predictors.noise}; llama.cpp cannot read this file\n`
@@ -371,7 +379,11 @@ export function register(program: Command): void {
     )
     .option("--layers <n>", "layers to generate (a slice; default: all of the preset's)", int("layers", { min: 1 }))
     .option("--dtype <type>", SYNTHETIC_DTYPES.join(" | "), "F16")
-    .option("--format <format>", "gguf (llama.cpp) or pwri (PowerInfer: ffn_down_t, predictors, threshold)", "gguf")
+    .option(
+      "--format <format>",
+      "gguf (llama.cpp) or pwri (PowerInfer: ffn_down_t — expert presets: ffn_down_exps_t —, predictors, threshold)",
+      "gguf",
+    )
     .option(
       "--vocab-size <n>",
       `size of the synthetic SPM vocabulary (≥ ${MIN_SYNTHETIC_VOCAB})`,

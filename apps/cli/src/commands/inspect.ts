@@ -356,7 +356,7 @@ export function formatInspect(r: InspectReport, opts: { metadata?: boolean } = {
     if (c.format === "PWRI" || c.has_predictors || c.down_transposed) {
       const pred = c.has_predictors ? `predictors rank ${[...new Set(c.predictor_ranks)].join("/")}` : "no predictors";
       out.push(
-        `  ${pred}, sparse_threshold ${c.sparse_threshold}, ffn_down ${r.ffnLayout.kind === "bundled" ? "transposed, in the bundle" : c.down_transposed ? "transposed (ffn_down_t)" : "as stored"}`,
+        `  ${pred}, sparse_threshold ${c.sparse_threshold}, ffn_down ${r.ffnLayout.kind === "bundled" ? "transposed, in the bundle" : c.down_transposed ? (c.moe ? "transposed (ffn_down_exps_t)" : "transposed (ffn_down_t)") : "as stored"}`,
       );
     }
     for (const w of c.warnings) out.push(`  warning: ${w}`);

@@ -95,7 +95,10 @@ export function register(program: Command): void {
             );
             const ffn =
               ["ffn_gate", "ffn_up", "ffn_down", "ffn_down_t"].reduce((s, n) => s + bytesOf(`${p}${n}.weight`), 0) +
-              ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"].reduce((s, n) => s + bytesOf(`${p}${n}.weight`), 0) *
+              ["ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_down_exps_t"].reduce(
+                (s, n) => s + bytesOf(`${p}${n}.weight`),
+                0,
+              ) *
                 share;
             const pred = bytesOf(`${p}fc1.weight`) + bytesOf(`${p}fc2.weight`);
             const router = bytesOf(`${p}ffn_gate_inp.weight`);

@@ -254,11 +254,13 @@ export class ModelOffload {
         W: {
           gate: this.keep(this.device, gatherRows(main, X.gateExps, hot, this.device, fileRows(model, l, "gate_exps"))),
           up: this.keep(this.device, gatherRows(main, X.upExps, hot, this.device, fileRows(model, l, "up_exps"))),
-          // a down stack served from the file is read expert by expert from it (expertDownRows)
+          // a down stack served from the file is read from it: its rows as they are when the file stores it
+          // neuron-major (ffn_down_exps_t), else expert by expert and transposed (expertDownRows)
           downT: this.keep(
             this.device,
-            X.downExpsT && !model.weights.expertsFromFile
-              ? gatherRows(main, X.downExpsT, hot, this.device)
+            X.downExpsT &&
+              (!model.weights.expertsFromFile || model.file.tensorMap.has(`blk.${l}.ffn_down_exps_t.weight`))
+              ? gatherRows(main, X.downExpsT, hot, this.device, fileRows(model, l, "down_exps_t"))
               : expertDownRows(model.file, this.device, `blk.${l}.ffn_down_exps.weight`, hot),
           ),
         },
@@ -335,7 +337,7 @@ export function measureReadThroughput(b: Backend, bytes = 64 * 2 ** 20, reps = 5
 function fileRows(
   model: Model,
   l: number,
-  role: "up" | "gate" | "down_t" | "gate_exps" | "up_exps",
+  role: "up" | "gate" | "down_t" | "gate_exps" | "up_exps" | "down_exps_t",
 ): FileRows | undefined {
   const t = model.ramPlan?.tensors.find((c) => c.layer === l && (c.role === role || c.role === "bundle"));
   if (!t) return undefined;

@@ -143,7 +143,10 @@ export function mapLlamaWeights(cfg: ModelConfig, m: WeightMapper, onLayer?: (l:
           gateInp: m.map(`${p}ffn_gate_inp.weight`, [e, nx]),
           gateExps: m.map(`${p}ffn_gate_exps.weight`, [e, fx, nx]),
           upExps: m.map(`${p}ffn_up_exps.weight`, [e, fx, nx]),
-          downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]),
+          // a PowerInfer-layout file stores each expert's down projection neuron-major (ffn_down_exps_t)
+          ...(m.has(`${p}ffn_down_exps_t.weight`)
+            ? { downExpsT: m.map(`${p}ffn_down_exps_t.weight`, [e, fx, nx]) }
+            : { downExps: m.map(`${p}ffn_down_exps.weight`, [fx, e, nx]) }),
           fc1Exps: cfg.has_predictors ? m.map(`${p}fc1_exps.weight`, [e, cfg.predictor_ranks[l]!, nx]) : undefined,
           fc2Exps: cfg.has_predictors ? m.map(`${p}fc2_exps.weight`, [cfg.predictor_ranks[l]!, fx, nx]) : undefined,
         },

@@ -33,9 +33,10 @@ export interface CachedTensorPlan {
   layer: number;
   /**
    * "up" | "gate" | "down_t", "bundle": a layer's neuron records (bundled layout, all parts), or a stacked
-   * expert tensor cached one expert per row ("gate_exps" | "up_exps" | "down_exps").
+   * expert tensor cached one expert per row ("gate_exps" | "up_exps" | "down_exps", or "down_exps_t": the
+   * down stack a PowerInfer-layout file stores neuron-major).
    */
-  role: "up" | "gate" | "down_t" | "bundle" | "gate_exps" | "up_exps" | "down_exps";
+  role: "up" | "gate" | "down_t" | "bundle" | "gate_exps" | "up_exps" | "down_exps" | "down_exps_t";
   /** The bundle's layout (role "bundle"). */
   bundle?: BundleLayout;
   name: string;
@@ -76,7 +77,7 @@ export function servesExperts(plan: RamPlan): boolean {
 }
 
 function isExpertStack(t: CachedTensorPlan): boolean {
-  return t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps";
+  return t.role === "gate_exps" || t.role === "up_exps" || t.role === "down_exps" || t.role === "down_exps_t";
 }
 
 /** Rows each cached tensor needs at the least (an LRU region of a few rows makes every token re-read). */
@@ -121,7 +122,9 @@ export function planRamBudget(
     const p = `blk.${l}.`;
     if (cfg.moe) {
       const nx = cfg.moe.n_expert;
-      for (const role of ["gate_exps", "up_exps", "down_exps"] as const) {
+      // a PowerInfer-layout file stores the down stack neuron-major already (ffn_down_exps_t)
+      const downRole = file.tensorMap.has(`${p}ffn_down_exps_t.weight`) ? "down_exps_t" : "down_exps";
+      for (const role of ["gate_exps", "up_exps", downRole] as const) {
         const name = `${p}ffn_${role}.weight`;
         const t = file.tensorMap.get(name);
         if (!t) throw new EngineError("BAD_INPUT", `--ram-budget: the model has no ${name}`);
@@ -303,7 +306,14 @@ export function bindNeuronCaches(file: GgufFile, weights: LlamaWeights, backend:
     if (isExpertStack(t)) {
       const X = L.experts!;
       weights.expertsFromFile = true;
-      const key = t.role === "gate_exps" ? "gateExps" : t.role === "up_exps" ? "upExps" : "downExps";
+      const key =
+        t.role === "gate_exps"
+          ? "gateExps"
+          : t.role === "up_exps"
+            ? "upExps"
+            : t.role === "down_exps_t"
+              ? "downExpsT"
+              : "downExps";
       const prev = X[key];
       const src = { path: info.path ?? file.path, fileOffset: info.fileOffset, byteLength: info.byteLength };
       const opts = { hot: t.hot, coldRows: t.coldRows, group: groups.get(t.layer), pool, expertRows: true };

@@ -229,7 +229,9 @@ export function transposeBlocked<T extends Float32Array | Uint16Array>(
  * of its own size: its copy would be F32 (7× the bytes per row), more than the dense product reads at
  * SmallThinker's 40 % firing. It stays as the file stores it, and the down projection runs densely
  * (`mul_mat_id`) over the sparse activations: inactive neurons' activations are 0, so the result is
- * the dense run's bit for bit, while gate and up still skip what they can.
+ * the dense run's bit for bit, while gate and up still skip what they can. A PowerInfer-layout file
+ * (`gen-model --format pwri`, `convert --to pwri`) stores the stack neuron-major in its own type
+ * (`blk.N.ffn_down_exps_t.weight`, quantized along n_embd), which sparse experts read row by row.
  */
 export function expertDownNeuronMajor(type: GGMLType): boolean {
   return type === GGMLType.F16 || type === GGMLType.F32;
