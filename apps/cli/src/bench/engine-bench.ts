@@ -9,8 +9,10 @@
  * 3. generated slices with routed experts (`--moe`, default smallthinker-4b-a0.6b: 4 layers of the
  *    published shape, a 1024-token vocabulary, gen-model's designed statistics — expert popularity
  *    Zipf-like with exponent 1, 40 % of a chosen ReLU expert's neurons firing per token), one GGUF per
- *    weight type that llama.cpp, our dense experts (`--sparse off`) and our oracle-sparse experts
- *    (`--sparse oracle`: the gate decides, up and down read only the firing neurons) all run, tg128.
+ *    weight type that llama.cpp and our dense experts (`--sparse off`) run, and for ReLU experts a PWRI
+ *    file of the same weights with per-expert predictors and neuron-major down stacks that our oracle-
+ *    (`--sparse oracle`: the gate decides, up and down read only the firing neurons) and predictor-sparse
+ *    experts run, tg128.
  *
  * The llama.cpp peer is the native llama-bench build when there is one (`llama-cpp:build`), else
  * node-llama-cpp's prebuilt binary (slower; rows say which ran).
@@ -161,9 +163,10 @@ async function main(): Promise<void> {
       for (const dtype of o.dtypes.split(",") as SyntheticDType[]) {
         const layers = 4; // also with --quick: llama-bench crashed here on a 1-layer smallthinker slice
         const path = join(dir, `${name}-${layers}L-${dtype}.gguf`);
-        // ReLU experts: the same weights again with per-expert predictors (llama.cpp and dense run `path`)
+        // ReLU experts: the same weights again with per-expert predictors, as a PWRI file whose experts' down
+        // projections are stored neuron-major (llama.cpp and our dense rows run `path`)
         const relu = p.arch === "smallthinker";
-        const withPred = join(dir, `${name}-${layers}L-${dtype}-predictors.gguf`);
+        const withPred = join(dir, `${name}-${layers}L-${dtype}-predictors.pwri.gguf`);
         log(`generating ${path}${relu ? ` and ${withPred}` : ""}`);
         const t0 = performance.now();
         const gen = (out: string, predictors: boolean) =>
@@ -176,7 +179,8 @@ async function main(): Promise<void> {
             seed: 1,
             ...(relu ? { untiedOutput: false, slidingWindow: 4096 } : {}),
             design: {},
-            ...(predictors ? { predictors: {} } : {}),
+            // the sparse rows' file: PowerInfer layout (down stacks neuron-major, read row by row in any type)
+            ...(predictors ? { predictors: {}, format: "PWRI" as const } : {}),
           });
         const rep = gen(path, false);
         const pred = relu ? gen(withPred, true).predictors : undefined;
@@ -187,7 +191,7 @@ async function main(): Promise<void> {
         );
         if (pred)
           moeNotes.push(
-            `- predictors: per expert (blk.N.fc1_exps/fc2_exps), rank ${pred.rank} ${pred.dtype}, threshold ${pred.threshold.toPrecision(4)} calibrated on the design for recall 0.95 (β² = ${pred.noise} of each gate's variance unseen); llama.cpp and our dense rows run the same weights without them`,
+            `- predictors: per expert (blk.N.fc1_exps/fc2_exps), rank ${pred.rank} ${pred.dtype}, threshold ${pred.threshold.toPrecision(4)} calibrated on the design for recall 0.95 (β² = ${pred.noise} of each gate's variance unseen), in a PWRI file with the experts' down projections neuron-major (ffn_down_exps_t); llama.cpp and our dense rows run the GGUF of the same weights without predictors (equal before quantization: the PWRI file quantizes a down stack along n_embd)`,
           );
         await run({
           models: [relu ? { path: withPred, twin: path } : { path }],
