@@ -4,7 +4,7 @@
  * forces several rounds per op, with a shared pool, and for the parts of a bundled record — and the
  * counters say what was read. Misuse is a typed error.
  */
-import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type Backend, BackendError, type DType, Graph, type TensorHandle } from "@powerinfer/core";
@@ -136,5 +136,28 @@ describe.skipIf(!usable)("neuron cache (file-backed sparse weights)", () => {
     expect(() => b.mapTensorCached!("f32", [K, ROWS], { ...src, fileOffset: 10 ** 9 }, { coldRows: 4 })).toThrow(
       /beyond the file size/,
     );
+  });
+
+  it("a row that cannot be read (the file shortened after mapping) is an IO error naming the file", () => {
+    const short = join(dir, "short.bin");
+    copyFileSync(path, short);
+    const d: DType = "q4_0";
+    const src = { path: short, fileOffset: offset.get(d)!, byteLength: bytes.get(d)!.length };
+    const cached = b.mapTensorCached!(d, [K, ROWS], src, { coldRows: 8 });
+    try {
+      truncateSync(short, offset.get(d)! + 4096);
+      const logits = new Float32Array(ROWS).fill(1);
+      let err: unknown;
+      try {
+        sparse(b, "mul_mat_sparse", cached, new Float32Array(K).fill(0.5), logits, 1);
+      } catch (e) {
+        err = e;
+      }
+      expect(err).toBeInstanceOf(BackendError);
+      expect((err as BackendError).code).toBe("IO");
+      expect((err as Error).message).toContain(short);
+    } finally {
+      b.freeTensor(cached);
+    }
   });
 });

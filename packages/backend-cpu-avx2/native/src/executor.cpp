@@ -430,8 +430,13 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
 
   if (cc.io_errors.load() != io_errors0) {
-    throw BackendErr("IO", std::string("reading weight rows from the model file failed: ") +
-                               std::strerror(cc.last_errno.load()));
+    std::string path;
+    {
+      std::lock_guard<std::mutex> elk(cc.err_mu);
+      path = cc.last_path;
+    }
+    throw BackendErr("IO", "reading weight rows from the model file " + (path.empty() ? std::string("(unknown)") : path) +
+                               " failed: " + std::strerror(cc.last_errno.load()));
   }
   rows_read.assign(nn, 0.0);
   for (size_t ni = 0; ni < nn; ni++) {

@@ -163,7 +163,8 @@ int32_t SlotPool::add(int64_t n, bool pinned) {
 
 NeuronCache::NeuronCache(const CacheSpec& s, std::shared_ptr<ReaderPool> pool, std::shared_ptr<SlotPool> slots,
                          CacheCounters* counters)
-    : expert_rows_(s.expert_rows),
+    : path_(s.path),
+      expert_rows_(s.expert_rows),
       tr_rows_(s.transpose_rows),
       tr_elem_(s.elem_bytes),
       file_offset_(s.file_offset),
@@ -303,6 +304,8 @@ bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounc
     const uint64_t need = std::min(len, last_end - pos);  // the file may end inside the last block
     if (got < 0 || static_cast<uint64_t>(got) < need) {
       counters_->last_errno.store(got < 0 ? static_cast<int>(-got) : EIO);
+      std::lock_guard<std::mutex> lk(counters_->err_mu);
+      counters_->last_path = path_;
       return false;
     }
     counters_->bytes_read.fetch_add(got, std::memory_order_relaxed);

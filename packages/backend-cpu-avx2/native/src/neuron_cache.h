@@ -46,6 +46,8 @@ struct CacheCounters {
   std::atomic<int64_t> io_busy_ns{0};    ///< wall time with at least one read in flight
   std::atomic<int64_t> io_errors{0};     ///< failed reads (the row is zero-filled; compute reports IO)
   std::atomic<int> last_errno{0};
+  std::mutex err_mu;        ///< guards last_path
+  std::string last_path;    ///< the file of the last failed read (for the error the compute call reports)
 };
 
 /// The pread thread pool of a backend.
@@ -197,6 +199,7 @@ class NeuronCache {
   /// Waits for reads in flight, closes the file and frees the slots (destructor, failed constructor).
   void release();
 
+  std::string path_;  ///< the model file (named in I/O errors)
   int fd_ = -1;
   bool direct_ = false;
   bool expert_rows_ = false;
