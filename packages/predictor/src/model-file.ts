@@ -229,27 +229,14 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
   file.tensors.forEach((t, i) => {
     const down = DOWN.exec(t.name);
     const downT = DOWN_T.exec(t.name);
+    const downX = DOWN_EXPS.exec(t.name);
     if (dropped(t)) return; // replaced below, or dropped
-    if ((down && pwri) || (downT && !pwri)) {
-      // stored {a, b} (rows of length a) → {b, a}
+    if ((down && pwri) || (downT && !pwri) || (downX && pwri !== (downX[2] === "_t"))) {
+      // stored {a, b} (rows of length a) → {b, a}, expert by expert for a stack {a, b, n_expert}: a PWRI file
+      // stores the down projection neuron-major (ffn_down_t, ffn_down_exps_t)
       const [a, b] = t.shape as [number, number];
-      const name = pwri ? t.name.replace("ffn_down.", "ffn_down_t.") : t.name.replace("ffn_down_t.", "ffn_down.");
-      const quantized = !FLOAT_TYPES.has(t.type);
-      const type = targetType(t, b, name);
-      if (quantized && q === undefined)
-        notes.push(`${name}: transposed through F32 and re-quantized to ${ggmlTypeName(type)}`);
-      specs.push({
-        name,
-        type: type,
-        shape: [b, a],
-        data: () => encode(type, transpose(dequantize(t.type, readTensorBytes(file, t), t.nElements), b, a)),
-      });
-    } else if (DOWN_EXPS.exec(t.name) && pwri !== (DOWN_EXPS.exec(t.name)![2] === "_t")) {
-      // each expert's matrix {a, b} → {b, a}: a PWRI file stores it neuron-major (ffn_down_exps_t)
-      const [a, b, x] = t.shape as [number, number, number];
-      const name = pwri
-        ? t.name.replace("ffn_down_exps.", "ffn_down_exps_t.")
-        : t.name.replace("ffn_down_exps_t.", "ffn_down_exps.");
+      const x = t.shape[2] ?? 1;
+      const name = pwri ? t.name.replace(/\.weight$/, "_t.weight") : t.name.replace(/_t\.weight$/, ".weight");
       const quantized = !FLOAT_TYPES.has(t.type);
       const type = targetType(t, b, name);
       if (quantized && q === undefined)
@@ -257,7 +244,7 @@ export function rewriteModelFile(file: GgufFile, outPath: string, opts: RewriteO
       specs.push({
         name,
         type,
-        shape: [b, a, x],
+        shape: downX ? [b, a, x] : [b, a],
         data: () => {
           const v = dequantize(t.type, readTensorBytes(file, t), t.nElements);
           const out = new Float32Array(v.length);
