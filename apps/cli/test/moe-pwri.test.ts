@@ -117,6 +117,12 @@ describe.skipIf(!probe.usable)(`routed experts, PowerInfer layout (${probe.reaso
     expect(p.tensors.length).toBe(g.tensors.length);
   });
 
+  it("inspect counts the chosen experts' share of ffn_down_exps_t, as of ffn_down_exps", async () => {
+    const { inspectFile } = await import("../src/commands/inspect.js");
+    const want = inspectFile(f.gF32!).experts!.activeParametersPerToken;
+    expect(inspectFile(f.pF32!).experts!.activeParametersPerToken).toBe(want);
+  });
+
   it("F32: predictor logits equal the GGUF's bit for bit, dense within float rounding", async () => {
     for (const [mode, exact] of [
       ["predictor", true],

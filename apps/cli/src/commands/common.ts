@@ -471,6 +471,7 @@ export function checkOutputPath(out: string, ...inputs: (string | undefined)[]):
   }
   // where it goes, before any work: a missing folder or a folder in place of the file is one line now, not
   // an ENOENT/EISDIR on a temporary file after the work is done
+  if (/[/\\]$/.test(out)) throw new InvalidArgumentError(`output ${out} names a folder; give a file name`);
   const dir = dirname(resolve(out));
   let d: Stats;
   try {

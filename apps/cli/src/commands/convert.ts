@@ -2,7 +2,7 @@
  * `powerinfer convert`: rewrites a model as PowerInfer GGUF (`PWRI`: ffn_down stored transposed as
  * ffn_down_t) or back to plain GGUF, optionally taking the predictors of another file.
  */
-import { openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import { type GgufMetadataEntry, GgufTypes, openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -33,7 +33,11 @@ export function register(program: Command): void {
       "--keep-predictors",
       "with --to gguf: keep the predictor tensors (powerinfer-ts reads them; llama.cpp does not)",
     )
-    .option("--sparse-threshold <x>", "set powerinfer.sparse_threshold (needs predictors)", float("sparse-threshold"))
+    .option(
+      "--sparse-threshold <x>",
+      "set powerinfer.sparse_threshold (needs predictors; stored as f32)",
+      float("sparse-threshold", { min: -3.4e38, max: 3.4e38 }),
+    )
     .option(
       "--bundle",
       "write the bundled layout: each neuron's up, gate and down_t rows together, in 4 KiB-aligned buckets (read by --ram-budget in one read per neuron; PowerInfer/llama.cpp cannot read it: `convert --to pwri` turns it back)",
@@ -52,10 +56,11 @@ export function register(program: Command): void {
     .action(
       action(async (input: string, output: string, o: ConvertOptions) => {
         const to = o.to;
-        checkOutputPath(output, input, o.predictors);
-        if (o.splitMaxSize === undefined) refuseOverwrite(output, o.force);
+        // the inputs first: a missing input is the message, not an output that exists
         checkInputFile(input);
         if (o.predictors) checkInputFile(o.predictors, "predictor file");
+        checkOutputPath(output, input, o.predictors);
+        if (o.splitMaxSize === undefined) refuseOverwrite(output, o.force);
         // the first shard of a split model opens the whole model; the output is one file (or new shards)
         const file = openGgufModel(input);
         const cfg = parseModelConfig(file);
@@ -98,18 +103,32 @@ export function register(program: Command): void {
           return;
         }
         let preds: ReturnType<typeof readPredictors> | undefined;
-        if (cfg.moe && (o.predictors || o.sparseThreshold !== undefined)) {
+        if (cfg.moe && o.predictors) {
           throw new InvalidArgumentError(
-            `${o.predictors ? "--predictors" : "--sparse-threshold"}: ${input} has routed experts, whose predictors are per expert (blk.N.fc1_exps/fc2_exps); convert cannot replace or re-threshold them — train them with \`powerinfer train-predictor\`, or pick a threshold at run time with run --sparse-threshold`,
+            `--predictors: ${input} has routed experts, whose predictors are per expert (blk.N.fc1_exps/fc2_exps); convert cannot replace them — train them with \`powerinfer train-predictor\``,
           );
         }
         if (o.predictors) {
-          preds = readPredictors(openGguf(o.predictors), { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
-        } else if (o.sparseThreshold !== undefined) {
-          if (!cfg.has_predictors) throw new InvalidArgumentError("--sparse-threshold needs a model with predictors");
-          preds = readPredictors(file, { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
+          const pf = openGguf(o.predictors);
+          if (!pf.tensorMap.has("blk.0.fc1.weight") && pf.tensorMap.has("blk.0.fc1_exps.weight")) {
+            throw new InvalidArgumentError(
+              `--predictors ${o.predictors} holds per-expert predictors (blk.N.fc1_exps/fc2_exps) of a model with routed experts; ${input} has dense FFNs, whose predictors are blk.N.fc1/fc2`,
+            );
+          }
+          preds = readPredictors(pf, { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
+          if (o.sparseThreshold !== undefined) preds.threshold = o.sparseThreshold;
+        } else if (o.sparseThreshold !== undefined && !cfg.has_predictors) {
+          throw new InvalidArgumentError("--sparse-threshold needs a model with predictors");
         }
-        if (preds && o.sparseThreshold !== undefined) preds.threshold = o.sparseThreshold;
+        const metadata: GgufMetadataEntry[] = [];
+        // a new threshold for the file's own predictors is metadata only: the predictor tensors stay as stored
+        if (!preds && o.sparseThreshold !== undefined)
+          metadata.push({ key: "powerinfer.sparse_threshold", type: GgufTypes.f32, value: o.sparseThreshold });
+        // a PWRI llama/falcon file is ReLU without saying so; a plain GGUF of it must say so, or it reads as
+        // the architecture's default (SiLU, GELU): another model
+        const actKey = `${cfg.arch}.hidden_act`;
+        if (to === "gguf" && file.format === "PWRI" && cfg.ffn.activation === "relu" && !file.metadata.has(actKey))
+          metadata.push({ key: actKey, type: GgufTypes.string, value: "relu" });
         if (to === "pwri" && cfg.ffn.activation !== "relu") {
           // PowerInfer and this engine read a PWRI llama file's FFN as ReLU(gate)·up: the file would be another model
           throw new InvalidArgumentError(
@@ -129,6 +148,7 @@ export function register(program: Command): void {
             format: to === "pwri" ? "PWRI" : "GGUF",
             predictors: preds,
             dropPredictors: drop,
+            metadata,
           });
         });
         if (!r) return;

@@ -22,7 +22,7 @@ import {
 } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadDeviceBackend } from "../backends.js";
-import { choice, float, int, loadModelFromCli, type ModelCliOptions, plural } from "./common.js";
+import { checkInputFile, choice, float, int, loadModelFromCli, type ModelCliOptions, plural } from "./common.js";
 
 export interface DeviceCliOptions {
   vramBudget?: number;
@@ -215,6 +215,13 @@ export async function loadModelWithDevice(
     if (!device) {
       if (wantDevice && (o.nGpuLayers || o.vramBudget !== undefined || o.deviceBackend !== "auto"))
         note(`note: no device backend is usable: everything runs on ${backend.name}`);
+      if (o.stats !== undefined && o.ramBudget === undefined) {
+        // a file the user named must be there even when this run does not read it
+        checkInputFile(o.stats, "activation statistics file (--stats)");
+        note(
+          `note: --stats ${o.stats} not used: activation statistics place hot neurons on a device or in the --ram-budget cache, and this run has neither`,
+        );
+      }
       return out;
     }
     const ngl = gpuLayers(o, model);

@@ -457,15 +457,14 @@ export function register(program: Command): void {
         if (o.vocabFrom !== undefined) checkInputFile(o.vocabFrom, "vocabulary file (--vocab-from)");
         if (o.preset in MOE_SHAPE_PRESETS) {
           // the predictor and verification options belong to the dense presets' PWRI files
-          for (const [given, name] of [
-            [o.verify !== undefined, "--verify"],
-            [o.threshold !== undefined && !o.predictors, "--threshold (without --predictors)"],
-          ] as const) {
-            if (given)
-              throw new InvalidArgumentError(
-                `${name} is for the dense presets (predictors, designed statistics checked in the engine); for ${o.preset} run \`powerinfer profile\` on the written model`,
-              );
-          }
+          if (o.verify !== undefined)
+            throw new InvalidArgumentError(
+              `--verify is for the dense presets (designed statistics checked in the engine); for ${o.preset} run \`powerinfer profile\` on the written model to measure its firing`,
+            );
+          if (o.threshold !== undefined && !o.predictors && o.format.toLowerCase() !== "pwri")
+            throw new InvalidArgumentError(
+              `--threshold sets the threshold of the per-expert predictors: give --predictors (or --format pwri) with it`,
+            );
           genMoe(o);
           return;
         }

@@ -237,7 +237,7 @@ function expertSummary(file: GgufFile, config: ModelConfig): NonNullable<Inspect
     if (t.name === "token_embd.weight" && !tied) continue;
     // predictors are not the model's parameters (a dense run reads none; predictor mode the chosen experts')
     if (/\.fc[12](_exps)?\.weight$/.test(t.name)) continue;
-    active += /\.ffn_(gate|up|down)_exps\./.test(t.name)
+    active += /\.ffn_(gate|up|down)_exps(_t)?\./.test(t.name)
       ? (t.nElements * moe.n_expert_used) / moe.n_expert
       : t.nElements;
   }

@@ -131,7 +131,9 @@ export function register(program: Command): void {
           );
         } else if (model.config.ffn.activation !== "relu") {
           process.stderr.write(
-            `note: ${model.config.ffn.activation.toUpperCase()} FFN — a dense model gains nothing from sparse inference\n`,
+            model.config.moe
+              ? `note: ${model.config.ffn.activation} experts — their neurons are rarely exactly zero, so only the routing is sparse (each token reads its ${model.config.moe.n_expert_used} chosen experts whole)\n`
+              : `note: ${model.config.ffn.activation} FFN — a dense model gains nothing from sparse inference\n`,
           );
         }
         session.dispose();

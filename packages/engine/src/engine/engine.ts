@@ -58,6 +58,9 @@ function checkExpertOps(backend: Backend, file: GgufFile, nLayer: number): void 
       const t = file.tensorMap.get(`blk.${l}.ffn_${name}_exps.weight`);
       if (t) need.push(["mul_mat_id", dtypeOfTensor(t)]);
     }
+    // a PowerInfer-layout down stack (ffn_down_exps_t) is summed row by row, in the dense mode too
+    const dt = file.tensorMap.get(`blk.${l}.ffn_down_exps_t.weight`);
+    if (dt) need.push(["axpy_id_sparse", dtypeOfTensor(dt)]);
   }
   for (const [op, dtype] of need) {
     if (!backend.supportsOp(op, [dtype])) {
