@@ -74,8 +74,12 @@ export function int(name: string, rule: NumberRule = {}) {
     const n = Number(v);
     const words = describeRule(rule);
     // decimal digits only: Number() also reads "0x10", "0b11", "1e1" and "2.0"
-    if (!/^\s*[+-]?\d+\s*$/.test(v) || !Number.isSafeInteger(n))
+    if (!/^\s*[+-]?\d+\s*$/.test(v))
       throw new InvalidArgumentError(`${dashed(name)} must be an integer${words ? ` ${words}` : ""}, got "${v}"`);
+    if (!Number.isSafeInteger(n))
+      throw new InvalidArgumentError(
+        `${dashed(name)} must be an integer${words ? ` ${words}` : ""}; "${v.trim()}" is beyond ±(2^53 − 1), the largest integer held exactly`,
+      );
     return checkNumber(dashed(name), n, rule, "an integer");
   };
 }

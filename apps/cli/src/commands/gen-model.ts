@@ -67,7 +67,9 @@ export interface GenModelCliOptions {
 function oneOf<T extends string>(name: string, value: string, allowed: readonly T[], map = (s: string) => s): T {
   const v = map(value);
   if (!(allowed as readonly string[]).includes(v)) {
-    throw new InvalidArgumentError(`--${name} must be one of ${allowed.join(", ")}, got "${value}"`);
+    // shown as typed on the command line (the values are matched without regard to case)
+    const shown = name === "format" ? allowed.map((a) => a.toLowerCase()) : allowed;
+    throw new InvalidArgumentError(`--${name} must be one of ${shown.join(", ")}, got "${value}"`);
   }
   return v as T;
 }
