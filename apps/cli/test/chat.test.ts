@@ -101,7 +101,7 @@ describe.skipIf(!probe.usable)(`powerinfer chat with piped input (${probe.reason
   it("bad values are one line and a non-zero exit", () => {
     for (const [args, pattern] of [
       [["-n", "-2"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -2/],
-      [["-c", "0"], /--ctx-size must be an integer ≥ 1, got 0/],
+      [["-c", "-1"], /--ctx-size must be an integer ≥ 0, got -1/],
       [["--system", "a long system prompt ".repeat(20), "-c", "64"], /system prompt takes \d+ tokens of the 64-token/],
     ] as const) {
       const r = cli("Hi\n", "chat", "-m", stories, ...args);

@@ -9,7 +9,11 @@ import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { Model } from "@powerinfer/engine";
+import { openGguf, parseModelConfig } from "@powerinfer/gguf";
+import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { describe, expect, it } from "vitest";
+import { TINY_MOE_SHAPE } from "./moe-shape.js";
 import { describeError } from "../src/errors.ts";
 import { createProgram, EXAMPLES } from "../src/program.ts";
 
@@ -85,7 +89,7 @@ describe("every option is checked before any file is opened", () => {
       ["run", "-m", m, "-p", "x", "-t", "100000"],
       /--threads must be an integer in \[1, 512\] or -1 \(the default\), got "100000"/,
     ],
-    [["run", "-m", m, "-p", "x", "-c", "0"], /--ctx-size must be an integer ≥ 1, got 0/],
+    [["run", "-m", m, "-p", "x", "-c", "-3"], /--ctx-size must be an integer ≥ 0, got -3/],
     [["run", "-m", m, "-p", "x", "--kv-type", "f8"], /--kv-type must be f16 or f32, got "f8"/],
     [["run", "-m", m, "-p", "x", "--sparse", "maybe"], /--sparse must be predictor, oracle or off, got "maybe"/],
     [["run", "-m", m, "-p", "x", "--solver", "simplex"], /--solver must be ilp or greedy, got "simplex"/],
@@ -270,6 +274,30 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
     expect(a.code, a.stderr).toBe(0);
     expect(a.stdout).toBe(b.stdout);
     expect(a.stdout.length).toBeGreaterThan("Once upon a time".length + 10);
+  });
+
+  it("-c 0 is the model's trained context (llama.cpp's n_ctx = 0), in the CLI and the engine", async () => {
+    const prompt = "Once upon a time there was a dog. ".repeat(80);
+    const r = cli("run", "-m", stories, "-p", prompt, "-c", "0");
+    expect(r.code).toBe(1);
+    const nTrain = parseModelConfig(openGguf(stories)).n_ctx_train;
+    expect(errorLines(r.stderr).at(-1)).toContain(`more than the context holds (n_ctx ${nTrain})`);
+    // a model trained on 8,192 positions: the default stops at 4,096, 0 takes all of them
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
+    const path = join(dir, "long.gguf");
+    generateSyntheticMoeModel(path, { arch: "smallthinker", shape: { ...TINY_MOE_SHAPE, n_ctx: 8192 } });
+    const b = await cpuBackend.load({ threads: 1 });
+    const m = await Model.load(path, { backend: b });
+    try {
+      const d = m.createSession({ kvType: "f16" });
+      const z = m.createSession({ nCtx: 0, kvType: "f16" });
+      expect([d.nCtx, z.nCtx]).toEqual([4096, 8192]);
+      d.dispose();
+      z.dispose();
+    } finally {
+      m.dispose();
+      b.dispose();
+    }
   });
 
   it("a prompt longer than the context is refused before it is printed", () => {

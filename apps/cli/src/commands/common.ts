@@ -132,8 +132,8 @@ export function modelOptions(cmd: Command): Command {
     .requiredOption("-m, --model <file>", "GGUF or PowerInfer GGUF model file")
     .option(
       "-c, --ctx-size <n>",
-      "context size in tokens (default: the model's trained context, at most 4096)",
-      int("ctx-size", { min: 1 }),
+      "context size in tokens (default: the model's trained context, at most 4096; 0: the trained context)",
+      int("ctx-size", { min: 0 }),
     )
     .option("-t, --threads <n>", "CPU threads (default, or -1: number of cores)", threadsArg())
     .option("-b, --batch-size <n>", "prompt tokens per graph", int("batch-size", { min: 1 }), 512)
@@ -207,8 +207,8 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
   if (!(o.batchSize >= 1)) throw new InvalidArgumentError(`--batch-size must be ≥ 1, got ${o.batchSize}`);
   if (o.threads !== undefined && o.threads < 1)
     throw new InvalidArgumentError(`--threads must be ≥ 1, got ${o.threads}`);
-  if (o.ctxSize !== undefined && o.ctxSize < 1)
-    throw new InvalidArgumentError(`--ctx-size must be ≥ 1, got ${o.ctxSize}`);
+  if (o.ctxSize !== undefined && o.ctxSize < 0)
+    throw new InvalidArgumentError(`--ctx-size must be ≥ 0 (0: the model's trained context), got ${o.ctxSize}`);
   // the neuron cache's reader threads (the native side would fall back to 16 without a word)
   const io = process.env.POWERINFER_IO_THREADS?.trim();
   if (o.ramBudget !== undefined && io && !(/^\d+$/.test(io) && Number(io) >= 1 && Number(io) <= 256))

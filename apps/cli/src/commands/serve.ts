@@ -5,7 +5,7 @@
 import { accessSync, constants, readFileSync } from "node:fs";
 import { availableParallelism } from "node:os";
 import { ChatTemplate, EngineError, type KvCacheType } from "@powerinfer/engine";
-import { assertModelFile, openGgufModel } from "@powerinfer/gguf";
+import { assertModelFile, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
 import { createServer } from "@powerinfer/server";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -97,7 +97,7 @@ export function acceptNp(cmd: Command): Command {
 export function checkServeOptions(o: ServeOptions): void {
   if (o.port < 0 || o.port > 65535) throw new InvalidArgumentError(`--port must be in 0..65535, got ${o.port}`);
   if (o.parallel < 1) throw new InvalidArgumentError(`--parallel must be ≥ 1, got ${o.parallel}`);
-  if (o.ctxSize !== undefined && o.ctxSize < o.parallel) {
+  if (o.ctxSize !== undefined && o.ctxSize !== 0 && o.ctxSize < o.parallel) {
     throw new InvalidArgumentError(
       o.ctxSize < 1
         ? `--ctx-size must be ≥ 1, got ${o.ctxSize}`
@@ -119,8 +119,8 @@ export function register(program: Command): void {
     .option("--port <n>", "port to listen on (0 = any free port)", int("port", { min: 0, max: 65535 }), 8080)
     .option(
       "-c, --ctx-size <n>",
-      "KV cache budget in tokens, split evenly over the slots (default: slots × the model's trained context, at most 4096 each)",
-      int("ctx-size", { min: 1 }),
+      "KV cache budget in tokens, split evenly over the slots (default: slots × the model's trained context, at most 4096 each; 0: the trained context)",
+      int("ctx-size", { min: 0 }),
     )
     .option(
       "--np, --parallel <n>",
@@ -188,7 +188,16 @@ export function register(program: Command): void {
         checkInputFile(o.model); // a missing file is reported before listening
         accessSync(o.model, constants.R_OK);
         // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
-        assertModelFile(openGgufModel(o.model));
+        const header = openGgufModel(o.model);
+        assertModelFile(header);
+        if (o.ctxSize === 0) {
+          // llama-server's -c 0: the model's trained context, split over the slots
+          o.ctxSize = parseModelConfig(header).n_ctx_train;
+          if (o.ctxSize < o.parallel)
+            throw new InvalidArgumentError(
+              `--ctx-size 0 is the model's trained context, ${o.ctxSize} tokens: too few for ${o.parallel} slots`,
+            );
+        }
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
         const loaded = loadModelWithDevice(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },

@@ -528,7 +528,10 @@ export interface BatchResult {
 
 /** Options of a {@link Session}. */
 export interface SessionOptions {
-  /** Context size in tokens. Default: the model's n_ctx_train, at most 4096. A value above n_ctx_train is allowed (warned). */
+  /**
+   * Context size in tokens. Default: the model's n_ctx_train, at most 4096; 0: n_ctx_train (llama.cpp's
+   * n_ctx = 0). A value above n_ctx_train is allowed (warned).
+   */
   nCtx?: number;
   /** KV cache element type. Default "f16" (as llama.cpp). */
   kvType?: KvCacheType;
@@ -582,7 +585,8 @@ export class Session {
     opts: SessionOptions = {},
   ) {
     const cfg = model.config;
-    this.nCtx = opts.nCtx ?? Math.min(cfg.n_ctx_train, 4096);
+    // 0: the model's trained context (llama.cpp's n_ctx = 0)
+    this.nCtx = opts.nCtx === 0 ? cfg.n_ctx_train : (opts.nCtx ?? Math.min(cfg.n_ctx_train, 4096));
     if (!Number.isInteger(this.nCtx) || this.nCtx < 1) throw new EngineError("BAD_INPUT", `bad n_ctx ${opts.nCtx}`);
     const pe = model.weights.posEmbd;
     const learned = pe ? (pe.ne[1] ?? 1) - model.weights.posOffset : Number.POSITIVE_INFINITY;
