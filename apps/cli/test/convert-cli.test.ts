@@ -90,6 +90,12 @@ describe.skipIf(!probe.usable)(`convert (${probe.reason})`, () => {
     const m = cli("convert", moe, join(dir, "st-th.pwri.gguf"), "--sparse-threshold", "-0.25");
     expect(m.status, m.stderr).toBe(0);
     expect(openGguf(join(dir, "st-th.pwri.gguf")).metadata.get("powerinfer.sparse_threshold")).toBe(-0.25);
+    // predictors of another file are rewritten from their values (Q4_0 → F32), and the note says so
+    const g = join(dir, "tiny-q4.gguf");
+    expect(cli("convert", src, g, "--to", "gguf").status).toBe(0);
+    const w = cli("convert", g, join(dir, "tiny-q4-p.pwri.gguf"), "--predictors", src);
+    expect(w.status, w.stderr).toBe(0);
+    expect(w.stderr).toMatch(/note: the predictors of .*tiny-q4_0\.powerinfer\.gguf \(Q4_0\) are written as F32/);
     // per-expert predictors offered to a dense model
     const p = cli("convert", src, join(dir, "x.gguf"), "--predictors", moe);
     expect(p.status).toBe(1);

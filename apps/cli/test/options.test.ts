@@ -282,6 +282,8 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
     expect(r.code).toBe(1);
     const nTrain = parseModelConfig(openGguf(stories)).n_ctx_train;
     expect(errorLines(r.stderr).at(-1)).toContain(`more than the context holds (n_ctx ${nTrain})`);
+    const e = cli("eval-callback", "-m", stories, "-p", "Once upon a time", "-c", "0");
+    expect(e.code, e.stderr).toBe(0);
     // a model trained on 8,192 positions: the default stops at 4,096, 0 takes all of them
     const dir = mkdtempSync(join(tmpdir(), "powerinfer-options-"));
     const path = join(dir, "long.gguf");

@@ -2,7 +2,14 @@
  * `powerinfer convert`: rewrites a model as PowerInfer GGUF (`PWRI`: ffn_down stored transposed as
  * ffn_down_t) or back to plain GGUF, optionally taking the predictors of another file.
  */
-import { type GgufMetadataEntry, GgufTypes, openGguf, openGgufModel, parseModelConfig } from "@powerinfer/gguf";
+import {
+  type GgufMetadataEntry,
+  GgufTypes,
+  ggmlTypeName,
+  openGguf,
+  openGgufModel,
+  parseModelConfig,
+} from "@powerinfer/gguf";
 import { readPredictors, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
@@ -116,6 +123,13 @@ export function register(program: Command): void {
             );
           }
           preds = readPredictors(pf, { nEmbd: cfg.n_embd, nFf: cfg.n_ff, nLayer: cfg.n_layer });
+          // they are rewritten from their values: F16 stays F16, any other type becomes F32
+          const kept = pf.tensors.filter((t) => /^blk\.\d+\.fc[12]\.weight$/.test(t.name));
+          const types = [...new Set(kept.map((t) => ggmlTypeName(t.type)))];
+          if (types.some((t) => t !== "F16" && t !== "F32"))
+            process.stderr.write(
+              `note: the predictors of ${o.predictors} (${types.join(", ")}) are written as ${preds.type.toUpperCase()}\n`,
+            );
           if (o.sparseThreshold !== undefined) preds.threshold = o.sparseThreshold;
         } else if (o.sparseThreshold !== undefined && !cfg.has_predictors) {
           throw new InvalidArgumentError("--sparse-threshold needs a model with predictors");

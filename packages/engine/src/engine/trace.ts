@@ -206,7 +206,8 @@ export function evalCallback(model: Model, tokens: readonly number[], opts: Eval
     if (!Number.isInteger(t) || t < 0 || t >= cfg.n_vocab)
       throw new EngineError("BAD_INPUT", `token id ${t} outside [0, ${cfg.n_vocab})`);
   }
-  const nCtx = opts.nCtx ?? tokens.length;
+  // 0: the model's trained context (llama.cpp's n_ctx = 0), as a session takes it
+  const nCtx = opts.nCtx === 0 ? cfg.n_ctx_train : (opts.nCtx ?? tokens.length);
   if (!Number.isInteger(nCtx) || nCtx < tokens.length)
     throw new EngineError("BAD_INPUT", `eval-callback: n_ctx ${nCtx} is smaller than the ${tokens.length} tokens`);
   const kv = new KvCache(model.backend, cfg.n_layer, cfg.head_dim * cfg.n_head_kv, nCtx, opts.kvType ?? "f16");
