@@ -10,6 +10,7 @@ import type { PlacementPlan, Throughput } from "@powerinfer/core/placement";
 import {
   attentionBytes,
   attentionWeightBytes,
+  contextSize,
   type DevicePlan,
   defaultGpuIndexPath,
   defaultStatsPath,
@@ -231,7 +232,7 @@ export async function loadModelWithDevice(
     const statsPath = o.stats ?? defaultStatsPath(o.model);
     const havePlanInput = existsSync(statsPath) || existsSync(o.gpuIndex ?? defaultGpuIndexPath(o.model));
     const budget = budgetBytes(o, device.devices[0]?.freeMemory ?? 0);
-    const nCtxDefault = o.ctxSize === 0 ? cfg.n_ctx_train : (o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096));
+    const nCtxDefault = contextSize(cfg, o.ctxSize);
     const nCtx = lo.kvPositions?.(nCtxDefault) ?? nCtxDefault;
     const kvBytes = (l: number) => attentionBytes(model, l, nCtx, o.kvType as "f16") - attentionWeightBytes(model, l);
     // the scratch where several sequences' attention outputs are gathered on the device

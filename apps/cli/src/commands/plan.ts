@@ -9,6 +9,7 @@ import {
   explainPlan,
   type Throughput,
 } from "@powerinfer/core/placement";
+import { contextSize } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
@@ -83,7 +84,7 @@ export function register(program: Command): void {
             );
           }
           // the KV cache is sized as a session sizes it
-          const nCtx = o.ctxSize === 0 ? cfg.n_ctx_train : (o.ctxSize ?? Math.min(cfg.n_ctx_train, 4096));
+          const nCtx = contextSize(cfg, o.ctxSize);
           const r = await resolvePlanFromCli(model, device.name, o, { budget, nCtx, throughput });
           // the output layer stays on the CPU (the planner places the repeating layers only)
           const outputBytes = model.weights.output.byteLength + model.weights.outputNorm.byteLength;

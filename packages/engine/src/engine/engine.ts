@@ -526,6 +526,15 @@ export interface BatchResult {
   sparse?: { activeRows: number[]; layerTokens: number[]; rowsRead: number };
 }
 
+/**
+ * The context size a session of this model gets for a requested n_ctx: absent, the trained context at most
+ * 4096; 0, the whole trained context (llama.cpp's n_ctx = 0); any other value as given (checked by the
+ * session).
+ */
+export function contextSize(cfg: Pick<ModelConfig, "n_ctx_train">, nCtx?: number): number {
+  return nCtx === 0 ? cfg.n_ctx_train : (nCtx ?? Math.min(cfg.n_ctx_train, 4096));
+}
+
 /** Options of a {@link Session}. */
 export interface SessionOptions {
   /**
@@ -585,8 +594,7 @@ export class Session {
     opts: SessionOptions = {},
   ) {
     const cfg = model.config;
-    // 0: the model's trained context (llama.cpp's n_ctx = 0)
-    this.nCtx = opts.nCtx === 0 ? cfg.n_ctx_train : (opts.nCtx ?? Math.min(cfg.n_ctx_train, 4096));
+    this.nCtx = contextSize(cfg, opts.nCtx);
     if (!Number.isInteger(this.nCtx) || this.nCtx < 1) throw new EngineError("BAD_INPUT", `bad n_ctx ${opts.nCtx}`);
     const pe = model.weights.posEmbd;
     const learned = pe ? (pe.ne[1] ?? 1) - model.weights.posOffset : Number.POSITIVE_INFINITY;

@@ -19,7 +19,7 @@ import type { Graph, GraphNode, TensorHandle, TensorId } from "@powerinfer/core"
 import { EngineError } from "../errors.js";
 import { KvCache, type KvCacheType } from "../model/kv-cache.js";
 import { buildLlamaGraph, type LlamaWeights, type SparseMode } from "../model/llama.js";
-import type { Model } from "./engine.js";
+import { contextSize, type Model } from "./engine.js";
 
 /** One node of a dump: what llama-eval-callback prints for it. */
 export interface TraceNode {
@@ -206,8 +206,8 @@ export function evalCallback(model: Model, tokens: readonly number[], opts: Eval
     if (!Number.isInteger(t) || t < 0 || t >= cfg.n_vocab)
       throw new EngineError("BAD_INPUT", `token id ${t} outside [0, ${cfg.n_vocab})`);
   }
-  // 0: the model's trained context (llama.cpp's n_ctx = 0), as a session takes it
-  const nCtx = opts.nCtx === 0 ? cfg.n_ctx_train : (opts.nCtx ?? tokens.length);
+  // absent: the prompt's length; 0: the trained context, as a session takes it
+  const nCtx = opts.nCtx === undefined ? tokens.length : contextSize(cfg, opts.nCtx);
   if (!Number.isInteger(nCtx) || nCtx < tokens.length)
     throw new EngineError("BAD_INPUT", `eval-callback: n_ctx ${nCtx} is smaller than the ${tokens.length} tokens`);
   const kv = new KvCache(model.backend, cfg.n_layer, cfg.head_dim * cfg.n_head_kv, nCtx, opts.kvType ?? "f16");
