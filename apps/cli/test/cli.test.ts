@@ -150,6 +150,30 @@ describe("bad input gives one line naming the problem and a non-zero exit", () =
     ],
     ["a bad number", () => ["run", "-m", stories, "-p", "x", "-n", "ten"], /n-predict must be an integer/],
     [
+      "an activation statistics file (--stats) that is not a GGUF",
+      () => {
+        const p = join(dir, "not-stats.txt");
+        writeFileSync(p, "these are not activation statistics\n");
+        return ["run", "-m", stories, "--ram-budget", "1", "--stats", p, "-p", "x"];
+      },
+      /^powerinfer: activation statistics file \(--stats\) .*not-stats\.txt at byte 0: expected magic "GGUF" or "PWRI"/,
+    ],
+    [
+      "a GGUF that is not activation statistics given to batched --stats",
+      () => ["batched", "-m", stories, "--ram-budget", "1", "--stats", stories, "-p", "x"],
+      /^powerinfer: activation statistics file \(--stats\) .*stories260K\.gguf: not an activation statistics file/,
+    ],
+    [
+      "a broken statistics file at the default path (<model>.activations.gguf)",
+      () => {
+        const m = join(dir, "m.gguf");
+        writeFileSync(m, readFileSync(stories));
+        writeFileSync(join(dir, "m.activations.gguf"), "GGUF");
+        return ["run", "-m", m, "--ram-budget", "1", "-p", "x"];
+      },
+      /^powerinfer: activation statistics file .*m\.activations\.gguf \(the default of --stats\) at byte \d+: /,
+    ],
+    [
       "a missing text file",
       () => ["perplexity", "-m", stories, "-f", join(dir, "nope.txt")],
       /text file .*nope\.txt does not exist/,

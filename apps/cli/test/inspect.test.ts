@@ -1,13 +1,21 @@
+import { copyFileSync, mkdtempSync } from "node:fs";
+import { tmpdir } from "node:os";
 import { join } from "node:path";
+import { writeActivationStats } from "@powerinfer/gguf";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { formatInspect, inspectFile } from "../src/commands/inspect.js";
+import { formatF32, formatInspect, inspectFile } from "../src/commands/inspect.js";
 import { createProgram } from "../src/program.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
 const m = (rel: string) => join(models, rel);
 
 /** Runs `powerinfer inspect ...args` in-process; returns stdout, stderr and the exit code it set. */
-async function cli(...args: string[]): Promise<{ out: string; err: string; code: number }> {
+function cli(...args: string[]): Promise<{ out: string; err: string; code: number }> {
+  return command("inspect", ...args);
+}
+
+/** Runs `powerinfer ...args` in-process; returns stdout, stderr and the exit code it set. */
+async function command(...args: string[]): Promise<{ out: string; err: string; code: number }> {
   const program = createProgram().exitOverride();
   let out = "";
   let err = "";
@@ -22,7 +30,7 @@ async function cli(...args: string[]): Promise<{ out: string; err: string; code:
   const before = process.exitCode;
   process.exitCode = undefined;
   try {
-    await program.parseAsync(["inspect", ...args], { from: "user" });
+    await program.parseAsync(args, { from: "user" });
     return { out, err, code: Number(process.exitCode ?? 0) };
   } finally {
     so.mockRestore();
@@ -117,6 +125,90 @@ describe("inspect", () => {
     const meta = await cli(m("stories260K.gguf"), "--metadata");
     expect(meta.out).toMatch(/^ {2}llama\.context_length \[uint32\] = 128$/m);
     expect(meta.out).toContain('tokenizer.ggml.tokens [array<string>] = [512 items: "<unk>", "<s>", "</s>"');
+  });
+
+  it("float32 metadata is printed as its shortest decimal that reads back as the same float32", async () => {
+    expect(formatF32(Math.fround(0.2))).toBe("0.2");
+    expect(formatF32(Math.fround(-0.28122175))).toBe("-0.28122175");
+    expect(formatF32(Math.fround(1e-5))).toBe("0.00001");
+    expect(formatF32(10000)).toBe("10000");
+    expect(formatF32(0)).toBe("0");
+    // not a float32: as it is
+    expect(formatF32(0.1)).toBe("0.1");
+    expect(formatF32(1 / 3)).toBe(String(1 / 3));
+    expect(formatF32(Number.POSITIVE_INFINITY)).toBe("Infinity");
+    // a model whose threshold (and other keys) the file stores as float32
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-inspect-"));
+    const path = join(dir, "t.pwri.gguf");
+    const gen = await command(
+      "gen-model",
+      "--preset",
+      "tiny",
+      "--format",
+      "pwri",
+      "--threshold",
+      "0.2",
+      "--stats-tokens",
+      "0",
+      "-o",
+      path,
+    );
+    expect(gen.code, gen.err).toBe(0);
+    const r = inspectFile(path);
+    expect(r.metadata).toContainEqual({ key: "powerinfer.sparse_threshold", type: "float32", value: 0.2 });
+    expect(r.metadata).toContainEqual({ key: "powerinfer.synthetic.active_fraction", type: "float32", value: 0.1 });
+    expect(r.config?.sparse_threshold).toBe(0.2);
+    expect(r.config?.norm.eps).toBe(0.00001); // llama.attention.layer_norm_rms_epsilon, float32
+    expect(r.config?.rope.freq_base).toBe(10000);
+    expect(r.sparse.reason).toMatch(/, threshold 0\.2$/);
+    const text = formatInspect(r, { metadata: true });
+    expect(text).toContain("predictors rank 128, sparse_threshold 0.2, ffn_down transposed (ffn_down_t)");
+    expect(text).toMatch(/^ {2}powerinfer\.sparse_threshold \[float32\] = 0\.2$/m);
+    expect(text).toMatch(/^ {2}llama\.attention\.layer_norm_rms_epsilon \[float32\] = 0\.00001$/m);
+    expect(text).not.toMatch(/0\.2000000029|0\.1000000014|0\.0000099999/);
+    // integers and strings are untouched
+    expect(text).toMatch(/^ {2}llama\.context_length \[uint32\] = 512$/m);
+  });
+
+  it("statistics of another model next to it: the report says how they differ, naming both", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-inspect-stats-"));
+    const model = join(dir, "dense.gguf");
+    copyFileSync(m("stories260K.gguf"), model); // 5 layers, n_ff 172, no experts
+    // a routed-experts model's statistics: 3 layers of 8 experts with 16 neurons each
+    writeActivationStats(join(dir, "dense.activations.gguf"), {
+      counts: Array.from({ length: 3 }, () => new Int32Array(16 * 8)),
+      nFf: 16,
+      nExpert: 8,
+      selections: Array.from({ length: 3 }, () => new Int32Array(8)),
+      tokenCount: 10,
+      corpusName: "t",
+      corpusSha256: "",
+      modelSha256: "",
+    });
+    const r = inspectFile(model);
+    expect(r.activationStats).toEqual({
+      path: join(dir, "dense.activations.gguf"),
+      error:
+        "statistics of another model: they have 3 layers of 8 experts with 16 neurons each, this model 5 layers of n_ff 172 without experts; run `powerinfer profile` on this model",
+    });
+    const text = formatInspect(r);
+    expect(text).toContain(
+      `activations:   ${join(dir, "dense.activations.gguf")} unusable: statistics of another model: they have 3 layers`,
+    );
+    expect(text).not.toMatch(/this model has none|no experts/);
+    // a dense model's statistics with other layers and neurons
+    writeActivationStats(join(dir, "dense.activations.gguf"), {
+      counts: Array.from({ length: 2 }, () => new Int32Array(1024)),
+      nFf: 1024,
+      tokenCount: 10,
+      corpusName: "t",
+      corpusSha256: "",
+      modelSha256: "",
+    });
+    expect(inspectFile(model).activationStats).toMatchObject({
+      error:
+        "statistics of another model: they have 2 layers of n_ff 1024 without experts, this model 5 layers of n_ff 172 without experts; run `powerinfer profile` on this model",
+    });
   });
 
   it("errors are one line on stderr naming the problem, with exit code 1", async () => {

@@ -1,6 +1,6 @@
 /** `powerinfer plan`: profile → plan → GPU index reuse, on the shared ReLU model. */
 import { spawnSync } from "node:child_process";
-import { copyFileSync, mkdtempSync, readFileSync } from "node:fs";
+import { copyFileSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -193,6 +193,46 @@ describe.skipIf(!probe.usable)("powerinfer plan", () => {
     );
     expect(missing.code).not.toBe(0);
     expect(missing.stderr).toMatch(/no activation statistics at .*none\.gguf: run `powerinfer profile/);
+    // a file that is not statistics at all: the option and the path are named, the error's class kept
+    const notStats = join(dir, "not-stats.txt");
+    writeFileSync(notStats, "not statistics\n");
+    const bad = cli("plan", "-m", relu, "--stats", notStats, "--gpu-index", join(dir, "z.gpuidx"), "--verbose");
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr.trim()).toMatch(
+      /^powerinfer: activation statistics file \(--stats\) .*not-stats\.txt at byte 0: expected magic "GGUF" or "PWRI", .* \[GgufError BAD_MAGIC\]$/,
+    );
+    // the same through the device path of run
+    const run = cli(
+      "run",
+      "-m",
+      relu,
+      "--stats",
+      notStats,
+      "--gpu-index",
+      join(dir, "r.gpuidx"),
+      "--device-backend",
+      "cpu",
+      "-p",
+      "x",
+      "-n",
+      "1",
+    );
+    expect(run.code).not.toBe(0);
+    expect(run.stderr).toMatch(/^powerinfer: activation statistics file \(--stats\) .*not-stats\.txt at byte 0: /m);
+  });
+
+  it("warns, as run does, when -c is beyond the model's trained context", () => {
+    const args = ["plan", ...common.slice(0, 4), "--gpu-index", join(dir, "ctx.gpuidx"), "--vram-budget", "0.004"];
+    const over = cli(...args, "-c", "100000");
+    expect(over.code, over.stderr).toBe(0);
+    expect(over.stderr.split("\n")).toContain("warning: n_ctx 100000 is larger than the model's trained context 256");
+    expect(over.stdout).toMatch(/n_ctx 100000/);
+    // the words a session gives (run)
+    const run = cli("run", "-m", relu, "-p", "Once", "-n", "1", "-c", "300");
+    expect(run.stderr.split("\n")).toContain("warning: n_ctx 300 is larger than the model's trained context 256");
+    const within = cli(...args, "-c", "256");
+    expect(within.code, within.stderr).toBe(0);
+    expect(within.stderr).not.toMatch(/trained context/);
   });
 });
 

@@ -16,6 +16,25 @@ function cli(...args: string[]) {
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
+describe("serve: the context of each slot (-c split over -np)", () => {
+  it("refuses fewer than 2 tokens per slot, warns below 64, naming -c, -np and the per-slot context", async () => {
+    const { checkSlotContext } = await import("../src/commands/serve.js");
+    expect(() => checkSlotContext(130, 128)).toThrow(
+      "-c 130 split over -np 128 slots leaves 1 token of context per slot: a slot needs at least 2 (one prompt token and one generated token); raise -c/--ctx-size or lower -np/--parallel",
+    );
+    expect(() => checkSlotContext(1, 1)).toThrow("-c 1 split over -np 1 slot leaves 1 token of context per slot");
+    expect(() => checkSlotContext(100, 64, true)).toThrow(
+      "-c 0 (the model's trained context, 100 tokens) split over -np 64 slots leaves 1 token of context per slot",
+    );
+    expect(checkSlotContext(256, 128)).toBe(
+      "-c 256 split over -np 128 slots leaves 2 tokens of context per slot: every request's prompt and reply must fit in 2 tokens; raise -c/--ctx-size or lower -np/--parallel",
+    );
+    expect(checkSlotContext(63, 1)).toMatch(/leaves 63 tokens of context per slot/);
+    expect(checkSlotContext(64, 1)).toBeUndefined();
+    expect(checkSlotContext(8192, 128)).toBeUndefined();
+  });
+});
+
 describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`, () => {
   it("batched: every sequence equals `run` with seed S+i", () => {
     const common = ["-m", stories, "-p", "The sun was", "-n", "24", "--temp", "0.9", "-t", "1"];
@@ -42,6 +61,20 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
       }):\n\n${text}\n\n`,
     );
     expect(b.stderr).toMatch(/decoded 64 tokens in .* 32 decode steps of 2\.00 sequences/);
+  });
+
+  it("batched: says so when the context (-c) stops the sequences, as run does", () => {
+    const args = ["-m", stories, "-p", "Once upon a time", "-n", "-1", "--ignore-eos", "--temp", "0", "-t", "1"];
+    const b = cli("batched", ...args, "-np", "2", "-c", "16");
+    expect(b.code, b.stderr).toBe(0);
+    expect(b.stderr.split("\n")).toContain("context full (n_ctx 16): generation stopped for all 2 sequences");
+    // run's words, for one sequence
+    const one = cli("batched", ...args, "-np", "1", "-c", "16");
+    expect(one.stderr.split("\n")).toContain("context full (n_ctx 16): generation stopped");
+    const r = cli("run", ...args, "-c", "16");
+    expect(r.stderr).toContain("\ncontext full (n_ctx 16): generation stopped\n");
+    // stopped by -n: no such line
+    expect(cli("batched", ...args.slice(0, 4), "-n", "4", "-np", "2", "-c", "16").stderr).not.toMatch(/context full/);
   });
 
   it("serve: listens, answers, and stops cleanly on SIGTERM", async () => {
@@ -114,7 +147,17 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
   it("serve: bad numbers and names are one line and a non-zero exit, before it ever listens", () => {
     const cases: [string[], string][] = [
       [["-c", "-5"], "--ctx-size must be an integer ≥ 0, got -5"],
-      [["-c", "3", "-np", "4"], "--ctx-size 3 leaves no context for 4 slots (it is split evenly over them)"],
+      [
+        ["-c", "3", "-np", "4"],
+        "-c 3 split over -np 4 slots leaves 0 tokens of context per slot: a slot needs at least 2 (one prompt token and one generated token); raise -c/--ctx-size or lower -np/--parallel",
+      ],
+      // one token per slot: room for the prompt, none for a reply
+      [["-c", "130", "-np", "128"], "-c 130 split over -np 128 slots leaves 1 token of context per slot"],
+      // -c 0: the model's trained context (128 tokens) split over the slots
+      [
+        ["-c", "0", "-np", "100"],
+        "-c 0 (the model's trained context, 128 tokens) split over -np 100 slots leaves 1 token of context per slot",
+      ],
       [["-c", "ten"], '--ctx-size must be an integer ≥ 0, got "ten"'],
       [["--queue", "-1"], "--queue must be an integer ≥ 0, got -1"],
       [["--queue", "1.5"], '--queue must be an integer ≥ 0, got "1.5"'],
@@ -148,6 +191,26 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
         .filter((l) => !l.startsWith("(run with --help"));
       expect(lines, r.stderr).toHaveLength(1);
       expect(lines[0]).toContain(message);
+    }
+  });
+
+  it("serve: slots of fewer than 64 tokens are warned about before it listens, and it still starts", async () => {
+    const child = spawn(process.execPath, [bin, "serve", "-m", stories, "--port", "0", "-c", "640", "-np", "128"], {
+      stdio: ["ignore", "pipe", "pipe"],
+    });
+    let stderr = "";
+    child.stderr.on("data", (d: Buffer) => {
+      stderr += d.toString();
+    });
+    try {
+      const end = Date.now() + 30_000;
+      while (!/ready|powerinfer: /.test(stderr) && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
+      expect(stderr).toMatch(/ready — 128 slots × 5 tokens/);
+      expect(stderr.split("\n")[0]).toBe(
+        "warning: -c 640 split over -np 128 slots leaves 5 tokens of context per slot: every request's prompt and reply must fit in 5 tokens; raise -c/--ctx-size or lower -np/--parallel",
+      );
+    } finally {
+      child.kill("SIGKILL");
     }
   });
 

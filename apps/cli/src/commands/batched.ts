@@ -7,6 +7,7 @@ import { Generation, type GenerationStep, type Session, type StopReason } from "
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import {
+  contextFullNote,
   generateOptionsFromCli,
   int,
   type ModelCliOptions,
@@ -171,6 +172,17 @@ export function register(program: Command): void {
             texts.forEach((text, i) => {
               process.stdout.write(`sequence ${i} (seed ${(seed + i) >>> 0}):\n\n${prompt}${text}\n\n`);
             });
+            // as run says it: a sequence cut by the context (-c, per sequence) rather than by -n or end of text
+            const full = reasons.flatMap((r, i) => (r === "context" ? [i] : []));
+            if (full.length > 0) {
+              const which =
+                o.parallel === 1
+                  ? ""
+                  : full.length === o.parallel
+                    ? ` for all ${o.parallel} sequences`
+                    : ` for sequence${full.length > 1 ? "s" : ""} ${full.join(", ")}`;
+              process.stderr.write(`${contextFullNote(nCtx)}${which}\n`);
+            }
             const rate = genMs > 0 ? (generated * 1000) / genMs : 0;
             process.stderr.write(
               `prompt: ${ids.length} tokens in ${promptMs.toFixed(2)} ms (evaluated once, copied to ${o.parallel - 1} more sequence${o.parallel === 2 ? "" : "s"})\n` +

@@ -5,7 +5,15 @@ import { availableParallelism } from "node:os";
 import { cgroupMemoryLimit } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import { defaultStatsPath, type GenerateOptions, Model, type SparseMode, servesExperts } from "@powerinfer/engine";
-import { type ActivationStats, type GgufFileKind, ggufFileKind, openGguf, readActivationStats } from "@powerinfer/gguf";
+import {
+  type ActivationStats,
+  GgufError,
+  type GgufFileKind,
+  ggufFileKind,
+  type ModelConfig,
+  openGguf,
+  readActivationStats,
+} from "@powerinfer/gguf";
 import cliProgress from "cli-progress";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
@@ -242,6 +250,36 @@ export function checkInputFile(path: string, what = "model file"): void {
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file (${what})`);
 }
 
+/**
+ * Names the option behind an activation statistics file that cannot be read: a GgufError about the file at
+ * `path` (not a GGUF, truncated, not statistics) becomes "activation statistics file (--stats) PATH …" — or,
+ * for the default path next to the model, "activation statistics file PATH (the default of --stats) …" — with
+ * its class and code kept. Any other error is returned unchanged.
+ */
+export function annotateStatsError(e: unknown, path: string, given: boolean): unknown {
+  if (e instanceof GgufError && e.path === path && e.message.startsWith(path)) {
+    const what = given ? `(--stats) ${path}` : `${path} (the default of --stats)`;
+    e.message = `activation statistics file ${what}${e.message.slice(path.length)}`;
+  }
+  return e;
+}
+
+/**
+ * The warning for a context beyond the one the model was trained on, in the words a session warns with
+ * (the engine's Session.warnings, which run, chat, batched and serve print): for commands that size a
+ * context without opening a session (plan). Undefined when n_ctx is within the trained context.
+ */
+export function trainedContextWarning(cfg: Pick<ModelConfig, "n_ctx_train">, nCtx: number): string | undefined {
+  return nCtx > cfg.n_ctx_train
+    ? `n_ctx ${nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`
+    : undefined;
+}
+
+/** What run and batched print when generation stopped because the context (-c, n_ctx tokens) is full. */
+export function contextFullNote(nCtx: number): string {
+  return `context full (n_ctx ${nCtx}): generation stopped`;
+}
+
 /** Loads the backend and the model, with a progress bar on a terminal. */
 export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promise<{ backend: Backend; model: Model }> {
   checkModelOptions(o);
@@ -267,8 +305,13 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
     const statsPath = o.stats ?? defaultStatsPath(o.model);
     // a file the user named must be there (the default one is optional)
     if (o.stats !== undefined) checkInputFile(o.stats, "activation statistics file (--stats)");
-    if (existsSync(statsPath)) ramStats = readActivationStats(statsPath);
-    else noStats = statsPath;
+    if (existsSync(statsPath)) {
+      try {
+        ramStats = readActivationStats(statsPath);
+      } catch (e) {
+        throw annotateStatsError(e, statsPath, o.stats !== undefined);
+      }
+    } else noStats = statsPath;
   } else if (!quiet) {
     const limit = cgroupMemoryLimit();
     const size = statSync(o.model).size;

@@ -23,7 +23,16 @@ import {
 } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadDeviceBackend } from "../backends.js";
-import { checkInputFile, choice, float, int, loadModelFromCli, type ModelCliOptions, plural } from "./common.js";
+import {
+  annotateStatsError,
+  checkInputFile,
+  choice,
+  float,
+  int,
+  loadModelFromCli,
+  type ModelCliOptions,
+  plural,
+} from "./common.js";
 
 export interface DeviceCliOptions {
   vramBudget?: number;
@@ -101,6 +110,8 @@ export function resolvePlanFromCli(
       ),
     );
   }
+  // a statistics file that cannot be read is named with the option that chose it
+  const statsPath = o.stats ?? defaultStatsPath(model.file.path);
   return resolvePlan(model, {
     budgetBytes: at.budget,
     backend: deviceName,
@@ -115,6 +126,8 @@ export function resolvePlanFromCli(
     // -ngl N: exactly those layers' attention, as llama.cpp's
     exactGpuLayers: o.nGpuLayers !== undefined,
     throughput: at.throughput,
+  }).catch((e: unknown) => {
+    throw annotateStatsError(e, statsPath, o.stats !== undefined);
   });
 }
 

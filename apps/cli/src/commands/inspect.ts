@@ -3,6 +3,7 @@
  * architecture and hyper-parameters, the tensor table, sizes — and whether it can run sparse.
  */
 import {
+  type ActivationStats,
   GgufError,
   type GgufFile,
   type GgufValue,
@@ -124,14 +125,42 @@ function typeLabel(t: GgufValueTypeInfo): string {
   return t.type === GgufValueType.ARRAY ? `array<${valueTypeName(t.itemType)}>` : valueTypeName(t.type);
 }
 
-function summarize(v: GgufValue): string | number | boolean {
+/**
+ * A float32 value as the shortest decimal that reads back as the same float32 (0.2, not the
+ * 0.20000000298023224 of its exact double). A value that is not a float32 (or not finite) is given as it
+ * is.
+ */
+export function formatF32(x: number): string {
+  if (Number.isFinite(x) && Math.fround(x) === x) {
+    for (let p = 1; p <= 9; p++) {
+      const d = Number(x.toPrecision(p));
+      if (Math.fround(d) === x) return String(d);
+    }
+  }
+  return String(x);
+}
+
+/** {@link formatF32} as a number: the double nearest the shortest decimal (same float32). */
+const shortF32 = (x: number): number => Number(formatF32(x));
+
+function summarize(v: GgufValue, t: GgufValueTypeInfo): string | number | boolean {
+  const f32 = (t.type === GgufValueType.ARRAY ? t.itemType : t.type) === GgufValueType.FLOAT32;
   if (typeof v === "bigint") return v.toString();
   if (typeof v === "string") return v.length > 120 ? `${v.slice(0, 117)}...` : v;
-  if (typeof v === "number" || typeof v === "boolean") return v;
+  if (typeof v === "number") return f32 ? shortF32(v) : v;
+  if (typeof v === "boolean") return v;
   const arr = Array.from(v as ArrayLike<unknown>);
   const head = arr
     .slice(0, 5)
-    .map((x) => (typeof x === "string" ? JSON.stringify(x) : Array.isArray(x) ? "[…]" : String(x)));
+    .map((x) =>
+      typeof x === "string"
+        ? JSON.stringify(x)
+        : Array.isArray(x)
+          ? "[…]"
+          : typeof x === "number" && f32
+            ? formatF32(x)
+            : String(x),
+    );
   return `[${arr.length} items${arr.length ? `: ${head.join(", ")}${arr.length > 5 ? ", …" : ""}` : ""}]`;
 }
 
@@ -174,6 +203,23 @@ export function inspectFile(path: string): InspectReport {
     const w = keyConventionProblem(key);
     if (w) warnings.push(w);
   }
+  // the hyper-parameters read from float32 keys, as shown: their shortest decimals (the same float32 values)
+  const f32 = (key: string) => file.metadataTypes.get(key)?.type === GgufValueType.FLOAT32;
+  const archKey = (k: string) => `${String(file.metadata.get("general.architecture"))}.${k}`;
+  const shown: ModelConfig | null = config && {
+    ...config,
+    sparse_threshold: f32("powerinfer.sparse_threshold") ? shortF32(config.sparse_threshold) : config.sparse_threshold,
+    rope: {
+      ...config.rope,
+      freq_base: f32(archKey("rope.freq_base")) ? shortF32(config.rope.freq_base) : config.rope.freq_base,
+    },
+    norm: {
+      ...config.norm,
+      eps: f32(archKey(`attention.layer_norm${config.norm.type === "rms" ? "_rms" : ""}_epsilon`))
+        ? shortF32(config.norm.eps)
+        : config.norm.eps,
+    },
+  };
   const typeCounts: Record<string, number> = {};
   for (const t of tensors) typeCounts[t.type] = (typeCounts[t.type] ?? 0) + 1;
   const arch = file.metadata.get("general.architecture");
@@ -187,7 +233,7 @@ export function inspectFile(path: string): InspectReport {
     dataOffset: file.dataOffset,
     architecture: typeof arch === "string" ? arch : null,
     name: typeof name === "string" ? name : null,
-    config,
+    config: shown,
     configError,
     kind: ggufFileKind(file),
     ...(file.metadata.has("powerinfer.plan.expert_count")
@@ -219,11 +265,11 @@ export function inspectFile(path: string): InspectReport {
     metadata: [...file.metadata].map(([key, v]) => ({
       key,
       type: typeLabel(file.metadataTypes.get(key)!),
-      value: summarize(v),
+      value: summarize(v, file.metadataTypes.get(key)!),
     })),
     sparse: splitError
       ? { verdict: "not-a-model", reason: `cannot run this file: ${splitError.replace(`${path}: `, "")}` }
-      : sparseVerdict(file, config, configError),
+      : sparseVerdict(file, shown, configError),
     activationStats: statsSummary(path, config),
     ...(config?.moe ? { experts: expertSummary(file, config) } : {}),
   };
@@ -251,12 +297,30 @@ function expertSummary(file: GgufFile, config: ModelConfig): NonNullable<Inspect
   };
 }
 
+/**
+ * How statistics made on another model differ from this one, both named ("statistics of another model: they
+ * have 6 layers of 32 experts with 768 neurons each, this model 2 layers of n_ff 1024 without experts");
+ * undefined when their layers, experts and neurons per layer (or expert) are this model's.
+ */
+export function statsShapeMismatch(stats: ActivationStats, config: ModelConfig): string | undefined {
+  const moe = config.moe;
+  const nFf = moe ? moe.n_ff_exp : config.n_ff;
+  if (stats.counts.length === config.n_layer && stats.nExpert === moe?.n_expert && stats.nFf === nFf) return undefined;
+  const layers = (n: number) => (n === 1 ? "1 layer" : `${n} layers`);
+  const ffn = (nExpert: number | undefined, n: number) =>
+    nExpert === undefined ? `n_ff ${n} without experts` : `${nExpert} experts with ${n} neurons each`;
+  return `statistics of another model: they have ${layers(stats.counts.length)} of ${ffn(stats.nExpert, stats.nFf)}, this model ${layers(config.n_layer)} of ${ffn(moe?.n_expert, nFf)}; run \`powerinfer profile\` on this model`;
+}
+
 /** What `<model>.activations.gguf` next to the model says, when it exists and fits the model. */
 function statsSummary(path: string, config: ModelConfig | null): InspectReport["activationStats"] {
   const statsPath = defaultStatsPath(path);
   if (!config || !existsSync(statsPath)) return undefined;
   try {
     const stats = readActivationStats(statsPath);
+    // statistics of another model: say how they differ (layers, experts, neurons), both sides named
+    const mismatch = statsShapeMismatch(stats, config);
+    if (mismatch) return { path: statsPath, error: mismatch };
     checkStatsForModel(stats, config);
     const layers = summarizeSparsity({ counts: stats.counts, tokens: stats.tokenCount, selections: stats.selections });
     const avg = (f: (L: (typeof layers)[number]) => number) => layers.reduce((a, L) => a + f(L), 0) / layers.length;

@@ -13,7 +13,7 @@ import { contextSize } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { float, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
+import { float, loadModelFromCli, type ModelCliOptions, modelOptions, trainedContextWarning } from "./common.js";
 import { budgetBytes, type DeviceCliOptions, deviceOptions, gpuLayers, resolvePlanFromCli } from "./device.js";
 
 /** The options of `plan` beside the model's: the device options every decoding command has. */
@@ -85,6 +85,9 @@ export function register(program: Command): void {
           }
           // the KV cache is sized as a session sizes it
           const nCtx = contextSize(cfg, o.ctxSize);
+          // as a session warns (run, serve, batched): the plan is for a context the model was not trained on
+          const ctxWarning = trainedContextWarning(cfg, nCtx);
+          if (ctxWarning) process.stderr.write(`warning: ${ctxWarning}\n`);
           const r = await resolvePlanFromCli(model, device.name, o, { budget, nCtx, throughput });
           // the output layer stays on the CPU (the planner places the repeating layers only)
           const outputBytes = model.weights.output.byteLength + model.weights.outputNorm.byteLength;

@@ -6,6 +6,7 @@ import { action } from "../errors.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 import {
   cacheDelta,
+  contextFullNote,
   describeCacheStats,
   generateOptionsFromCli,
   int,
@@ -90,8 +91,7 @@ export function register(program: Command): void {
         }
         process.stdout.write("\n");
         const tm = session.timings;
-        if (tm.stopReason === "context")
-          process.stderr.write(`\ncontext full (n_ctx ${session.nCtx}): generation stopped\n`);
+        if (tm.stopReason === "context") process.stderr.write(`\n${contextFullNote(session.nCtx)}\n`);
         process.stderr.write(
           `\n${"load time".padStart(18)} = ${model.loadMs.toFixed(2).padStart(10)} ms\n${perf("prompt eval time", tm.promptMs, tm.promptTokens)}\n${perf("eval time", tm.generateMs, tm.decodes ?? tm.generatedTokens, tm.decodes === undefined ? "tokens" : "runs")}\n` +
             `backend: ${backend.name}, ${plural(backend.threads, "thread")}\n`,

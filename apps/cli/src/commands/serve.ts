@@ -90,6 +90,30 @@ export function acceptNp(cmd: Command): Command {
   return cmd;
 }
 
+/** Below this many tokens per slot serve warns: a request's prompt and reply must fit in a slot's context. */
+export const SMALL_SLOT_CONTEXT = 64;
+
+/**
+ * Checks the context each slot gets: -c split evenly over -np (llama-server's n_ctx / n_parallel).
+ * @param trained -c 0 was given: `ctxSize` is the model's trained context
+ * @returns a warning when a slot holds fewer than {@link SMALL_SLOT_CONTEXT} tokens (undefined otherwise)
+ * @throws InvalidArgumentError naming -c, -np and the per-slot context when a slot cannot hold one prompt
+ *   token and one generated token (fewer than 2 tokens)
+ */
+export function checkSlotContext(ctxSize: number, parallel: number, trained = false): string | undefined {
+  const perSlot = Math.floor(ctxSize / parallel);
+  const c = trained ? `-c 0 (the model's trained context, ${ctxSize} tokens)` : `-c ${ctxSize}`;
+  const split = `${c} split over -np ${parallel} ${parallel === 1 ? "slot" : "slots"} leaves ${plural(perSlot, "token")} of context per slot`;
+  const fix = "raise -c/--ctx-size or lower -np/--parallel";
+  if (perSlot < 2)
+    throw new InvalidArgumentError(
+      `${split}: a slot needs at least 2 (one prompt token and one generated token); ${fix}`,
+    );
+  if (perSlot < SMALL_SLOT_CONTEXT)
+    return `${split}: every request's prompt and reply must fit in ${plural(perSlot, "token")}; ${fix}`;
+  return undefined;
+}
+
 /**
  * Checks serve's options (those the model loader takes too).
  * @throws InvalidArgumentError naming the option and the value.
@@ -97,13 +121,8 @@ export function acceptNp(cmd: Command): Command {
 export function checkServeOptions(o: ServeOptions): void {
   if (o.port < 0 || o.port > 65535) throw new InvalidArgumentError(`--port must be in 0..65535, got ${o.port}`);
   if (o.parallel < 1) throw new InvalidArgumentError(`--parallel must be ≥ 1, got ${o.parallel}`);
-  if (o.ctxSize !== undefined && o.ctxSize !== 0 && o.ctxSize < o.parallel) {
-    throw new InvalidArgumentError(
-      o.ctxSize < 1
-        ? `--ctx-size must be ≥ 1, got ${o.ctxSize}`
-        : `--ctx-size ${o.ctxSize} leaves no context for ${o.parallel} slots (it is split evenly over them)`,
-    );
-  }
+  if (o.ctxSize !== undefined && o.ctxSize < 0)
+    throw new InvalidArgumentError(`--ctx-size must be ≥ 0 (0: the model's trained context), got ${o.ctxSize}`);
   if (o.queue < 0) throw new InvalidArgumentError(`--queue must be ≥ 0, got ${o.queue}`);
   if (o.apiKey === "") throw new InvalidArgumentError("--api-key is empty");
   if (o.alias !== undefined && o.alias.trim() === "") throw new InvalidArgumentError("--alias is empty");
@@ -190,14 +209,12 @@ export function register(program: Command): void {
         // so is a file that is not a model (bad header, vocabulary-only, a shard other than the first, …)
         const header = openGgufModel(o.model);
         assertModelFile(header);
-        if (o.ctxSize === 0) {
-          // llama-server's -c 0: the model's trained context, split over the slots
-          o.ctxSize = parseModelConfig(header).n_ctx_train;
-          if (o.ctxSize < o.parallel)
-            throw new InvalidArgumentError(
-              `--ctx-size 0 is the model's trained context, ${o.ctxSize} tokens: too few for ${o.parallel} slots`,
-            );
-        }
+        // llama-server's -c 0: the model's trained context, split over the slots
+        const trained = o.ctxSize === 0;
+        if (trained) o.ctxSize = parseModelConfig(header).n_ctx_train;
+        // a slot too small for a prompt token and a reply is refused; a small one is warned about
+        const slotWarning = o.ctxSize !== undefined ? checkSlotContext(o.ctxSize, o.parallel, trained) : undefined;
+        if (slotWarning) process.stderr.write(`warning: ${slotWarning}\n`);
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
         const loaded = loadModelWithDevice(
           { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
