@@ -99,6 +99,13 @@ struct KernelTable {
   /// Same signature as dot_tile, any nr × nc (fastest at 4 × gemm_cols); each output's
   /// value does not depend on the tile shape.
   DotTileFn gemm_tile[DT_TABLE];
+  /// gemm_tile for F32/F16/BF16 weights with the activations interleaved by column pairs: x[p] is the
+  /// start of columns 2p and 2p + 1 (of this call's nc) as 16-float steps, x[p][16·j .. 16·j + 8) =
+  /// column 2p's elements [8·j, 8·j + 8) and x[p][16·j + 8 .. 16·j + 16) = column 2p + 1's (an odd nc's last
+  /// pair may hold anything in its second half). nr ≤ 4, nc ≤ 12, k % 8 == 0. Every output equals
+  /// gemm_tile's bit for bit (the same 8-lane chains; only the activation loads differ). Null where absent
+  /// (only the AVX-512 table has it: one 512-bit load per pair instead of two loads and an insert).
+  DotTileFn gemm_tile_pairs[DT_TABLE];
   /// dot_tile of 8 rows (tile_rows = 8) × one activation row that also fetches the next 8 rows of a sparse op
   /// (`next`, any addresses, repeats allowed; null: none) into cache at the rate it reads its own. Results
   /// equal dot_tile's. Null where absent (the ops then prefetch the next rows' heads themselves).

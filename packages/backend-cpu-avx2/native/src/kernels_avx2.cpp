@@ -363,6 +363,33 @@ void gemm_tile_float512(int64_t k, const uint8_t* const* w, const float* const* 
   }
 }
 
+/// gemm_tile_float512 with the activations interleaved by column pairs (KernelTable::gemm_tile_pairs): the
+/// pair's register is one load. Same FMAs on the same lane values, so the same outputs bit for bit.
+template <int KIND, int NR, int NC>
+void gemm_tile_float512_pairs(int64_t k, const uint8_t* const* w, const float* const* xp, float* out) {
+  constexpr int NP = (NC + 1) / 2;
+  __m512 a[NR][NP];
+  for (int r = 0; r < NR; r++) {
+    for (int p = 0; p < NP; p++) a[r][p] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i + 8 <= k; i += 8) {
+    __m512 xc[NP];
+    for (int p = 0; p < NP; p++) xc[p] = _mm512_loadu_ps(xp[p] + 2 * i);
+    for (int r = 0; r < NR; r++) {
+      const __m512 wv = wload8x2<KIND>(w[r], i);
+      for (int p = 0; p < NP; p++) a[r][p] = _mm512_fmadd_ps(wv, xc[p], a[r][p]);
+    }
+  }
+  for (int r = 0; r < NR; r++) {
+    for (int p = 0; p < NP; p++) {
+      alignas(64) float h[16];
+      _mm512_store_ps(h, a[r][p]);
+      out[r * NC + 2 * p] = hsum_ps(_mm256_load_ps(h));
+      if (2 * p + 1 < NC) out[r * NC + 2 * p + 1] = hsum_ps(_mm256_load_ps(h + 8));
+    }
+  }
+}
+
 /// Columns of the widest GEMM register tile. With AVX512VL the compiler has 32 vector registers (ymm16–31
 /// through EVEX encodings): Q8_0 takes 4 × 6 tiles, 24 accumulators + 6 activations + a weight, so each
 /// weight vector serves 6 FMAs instead of 3; float weights take 4 × 12 on 512-bit registers
@@ -426,6 +453,28 @@ template <int KIND>
 void gemm_tile_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
   GemmShapes<GemmFloat<KIND>::template S, kGemmColsFloat>::tile(k, nr, nc, w, x, out);
 }
+
+#if defined(PI_KERNELS_VNNI)
+template <int KIND>
+struct GemmFloatPairs {
+  template <int NR, int NC>
+  struct S {
+    static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
+      const float* x[(NC + 1) / 2];
+      for (int p = 0; p < (NC + 1) / 2; p++) x[p] = reinterpret_cast<const float*>(xv[p]);
+      gemm_tile_float512_pairs<KIND, NR, NC>(k, w, x, out);
+    }
+  };
+};
+
+/// KernelTable::gemm_tile_pairs: nr ≤ 4 rows × nc ≤ 12 columns in one register tile.
+template <int KIND>
+void gemm_tile_pairs_f(int64_t k, int nr, int nc, const uint8_t* const* w, const uint8_t* const* x, float* out) {
+  static_assert(kGemmColsFloat == 12, "the pair tiles take up to 12 columns");
+  if (nr <= 0 || nc <= 0 || nr > 4 || nc > 12) return;
+  GemmShapes<GemmFloatPairs<KIND>::template S, 12>::fns[static_cast<size_t>((nr - 1) * 12 + (nc - 1))](k, nr, nc, w, x, out);
+}
+#endif
 
 template <int KIND>
 float dot_f(int64_t k, const void* w, const void* x) {
@@ -1974,6 +2023,11 @@ KernelTable make_table() {
   t.gemm_tile[DT_F32] = gemm_tile_f<0>;
   t.gemm_tile[DT_F16] = gemm_tile_f<1>;
   t.gemm_tile[DT_BF16] = gemm_tile_f<2>;
+#if defined(PI_KERNELS_VNNI)
+  t.gemm_tile_pairs[DT_F32] = gemm_tile_pairs_f<0>;
+  t.gemm_tile_pairs[DT_F16] = gemm_tile_pairs_f<1>;
+  t.gemm_tile_pairs[DT_BF16] = gemm_tile_pairs_f<2>;
+#endif
   t.dot_tile[DT_Q4_0] = dot_tile_q4_0;
   t.tile_rows[DT_Q4_0] = 8;
   t.dot_rows8_next[DT_Q4_0] = dot_rows8_next_q4_0;

@@ -83,13 +83,35 @@ inline int64_t chunk_size(int64_t n, int nth, int64_t min) {
 // ---- dense matrix ops -----------------------------------------------------------------------
 
 struct MatLayout {
-  void* xq = nullptr;  // converted activations, T rows of x_row_bytes
+  void* xq = nullptr;     // converted activations: T rows of x_row_bytes, or ⌈T/2⌉ column pairs (pairs below)
+  float* xtmp = nullptr;  // pairs: one converted row per thread (K floats each)
 };
 
-MatLayout mat_layout(const NodeExec& n, Bump& b) {
+/// Whether a mul_mat takes its activations interleaved by column pairs (KernelTable::gemm_tile_pairs): a
+/// float weight with the pair kernel, ≥ 2 columns, all in the prompt GEMM arithmetic (source 2), k % 8 == 0
+/// and a row count % 4 == 0 (where gemm_tile applies).
+bool mat_pairs(const NodeExec& n) {
+  const TensorView& W = n.src[0];
+  const int64_t T = n.src[1].rows();
+  if (W.packed || T < 2 || W.dtype < 0 || W.dtype >= DT_TABLE || !n.k->gemm_tile_pairs[W.dtype] || !n.k->gemm_tile[W.dtype]) return false;
+  if (W.ne[0] % 8 != 0 || W.rows() % 4 != 0 || !n.has[2]) return false;
+  const int32_t* gemm = n.src[2].i32();
+  return std::all_of(gemm, gemm + T, [](int32_t f) { return f != 0; });
+}
+
+MatLayout mat_layout(const NodeExec& n, int nth, Bump& b) {
   MatLayout l;
   const int fmt = x_format(n.src[0].dtype);
-  if (fmt != XF_F32) l.xq = b.take(x_row_bytes(fmt, n.src[1].ne[0]) * static_cast<size_t>(n.src[1].rows()));
+  const int64_t K = n.src[1].ne[0], T = n.src[1].rows();
+  const int dt = n.src[0].dtype;
+  if ((dt == DT_F32 || dt == DT_F16 || dt == DT_BF16) && T >= 2) {
+    // room for the pair layout whether or not this run takes it (the flags are data, and the executor
+    // sizes scratch before it binds the kernel table): T + 1 rows and a row per thread
+    l.xq = b.take(static_cast<size_t>(K) * 4 * static_cast<size_t>(T + 1));
+    l.xtmp = static_cast<float*>(b.take(static_cast<size_t>(K) * 4 * static_cast<size_t>(nth)));
+  } else if (fmt != XF_F32) {
+    l.xq = b.take(x_row_bytes(fmt, n.src[1].ne[0]) * static_cast<size_t>(T));
+  }
   return l;
 }
 
@@ -105,12 +127,37 @@ const uint8_t* convert_x(const NodeExec& n, void* xq, int ith, int nth) {
   return out;
 }
 
+/// convert_x into the pair layout of KernelTable::gemm_tile_pairs: pair p = columns 2p and 2p + 1 (the last
+/// column twice when T is odd), 2K floats each.
+const float* convert_x_pairs(const NodeExec& n, const MatLayout& l, int ith, int nth) {
+  const TensorView& x = n.src[1];
+  const int fmt = x_format(n.src[0].dtype);
+  const int64_t K = x.ne[0], T = x.rows(), P = (T + 1) / 2;
+  float* out = static_cast<float*>(l.xq);
+  float* tmp = l.xtmp + static_cast<size_t>(ith) * static_cast<size_t>(K);
+  for (int64_t p = lo(P, ith, nth); p < hi(P, ith, nth); p++) {
+    float* dst = out + p * 2 * K;
+    for (int c = 0; c < 2; c++) {
+      const int64_t t = 2 * p + c < T ? 2 * p + c : T - 1;
+      const float* row = x.f32() + t * K;
+      if (fmt != XF_F32) {
+        n.k->convert[fmt](row, reinterpret_cast<uint8_t*>(tmp), K);
+        row = tmp;
+      }
+      for (int64_t i = 0; i < K; i += 8) std::memcpy(dst + 2 * i + 8 * c, row + i, 8 * sizeof(float));
+    }
+  }
+  return out;
+}
+
 void op_mul_mat(const NodeExec& n, int ith, int nth) {
   Bump b(n.scratch);
-  const MatLayout l = mat_layout(n, b);
+  const MatLayout l = mat_layout(n, nth, b);
   const TensorView& W = n.src[0];
   const int64_t K = W.ne[0], N = W.rows(), T = n.src[1].rows();
-  const uint8_t* xq = convert_x(n, l.xq, ith, nth);
+  const bool pairs = mat_pairs(n);
+  const float* xpairs = pairs ? convert_x_pairs(n, l, ith, nth) : nullptr;
+  const uint8_t* xq = pairs ? nullptr : convert_x(n, l.xq, ith, nth);
   sync(n);
   const size_t wrb = row_bytes(W.dtype, K);
   const size_t xrb = x_row_bytes(x_format(W.dtype), K);
@@ -247,13 +294,19 @@ void op_mul_mat(const NodeExec& n, int ith, int nth) {
           int nc = 1;
           while (nc < mc && t + nc < te && tile_of(t + nc) == tile) nc++;
           const uint8_t* x[12];
-          for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
+          if (pairs) {
+            // t is even here: every column takes the GEMM arithmetic, blocks of 48 and runs of 12
+            for (int p = 0; p < (nc + 1) / 2; p++) x[p] = reinterpret_cast<const uint8_t*>(xpairs + (t / 2 + p) * 2 * K);
+          } else {
+            for (int c = 0; c < nc; c++) x[c] = xq + (t + c) * xrb;
+          }
+          const DotTileFn run = pairs ? n.k->gemm_tile_pairs[W.dtype] : tile;
           for (int64_t r = rb; r < re; r += mr) {
             const int nr = r + mr <= re ? mr : static_cast<int>(re - r);
             const uint8_t* w[4];
             for (int i = 0; i < nr; i++) w[i] = W.data + (r + i) * wrb;
             float out[48];
-            tile(K, nr, nc, w, x, out);
+            run(K, nr, nc, w, x, out);
             for (int i = 0; i < nr; i++) {
               for (int c = 0; c < nc; c++) y[r + i + (t + c) * N] = out[i * nc + c];
             }
@@ -1754,7 +1807,7 @@ void prefetch_experts(const NodeExec& n) {
 size_t node_scratch_bytes(const NodeExec& n, int nth) {
   Bump b(nullptr);
   switch (n.op) {
-    case OP_MUL_MAT: mat_layout(n, b); break;
+    case OP_MUL_MAT: mat_layout(n, nth, b); break;
     case OP_MUL_MAT_SPARSE:
     case OP_AXPY_SPARSE: sparse_layout(n, nth, b); break;
     case OP_ATTENTION:

@@ -448,6 +448,35 @@ void test_gemm_tiles() {
           }
         }
       }
+      // gemm_tile_pairs (the activations interleaved by column pairs; an odd count's last pair holds its
+      // column twice, as the driver packs it): every shape up to 4 × 12 equals the 1 × 1 tile bit for bit
+      for (const KernelTable* kt : tabs) {
+        if (dt == DT_Q8_0 || !kt->gemm_tile_pairs[dt]) continue;
+        for (int nc = 1; nc <= 12; nc++) {
+          const int c0 = NCOL - nc;
+          std::vector<std::vector<float>> pr;
+          for (int p = 0; p < (nc + 1) / 2; p++) {
+            pr.emplace_back(static_cast<size_t>(2 * k));
+            for (int h = 0; h < 2; h++) {
+              const int c = 2 * p + h < nc ? 2 * p + h : nc - 1;
+              const float* xf = reinterpret_cast<const float*>(x[c0 + c]);
+              for (int64_t i = 0; i < k; i += 8) std::memcpy(&pr.back()[static_cast<size_t>(2 * i + 8 * h)], xf + i, 32);
+            }
+          }
+          const uint8_t* xp[6];
+          for (int p = 0; p < (nc + 1) / 2; p++) xp[p] = reinterpret_cast<const uint8_t*>(pr[static_cast<size_t>(p)].data());
+          for (int nr = 1; nr <= 4; nr++) {
+            float out[4 * 12];
+            kt->gemm_tile_pairs[dt](k, nr, nc, w + 9 - nr, xp, out);
+            int bad = 0;
+            for (int r = 0; r < nr; r++) {
+              for (int c = 0; c < nc; c++) bad += std::memcmp(&out[r * nc + c], &ref[9 - nr + r][c0 + c], 4) != 0;
+            }
+            CHECK(bad == 0, "%s %s gemm_tile_pairs k=%ld %dx%d: %d outputs differ from the 1x1 tile", kt->name,
+                  dtype_name(dt), static_cast<long>(k), nr, nc, bad);
+          }
+        }
+      }
     }
   }
 }
