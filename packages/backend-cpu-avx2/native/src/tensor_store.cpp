@@ -21,26 +21,47 @@ FileMapping::~FileMapping() {
 }
 
 Tensor::~Tensor() {
-  if ((!mapped || copied) && data) std::free(data);
-  std::free(packed);
+  if ((!mapped || copied) && data) free_weights(data, bytes);
+  free_weights(packed, packed_bytes);
 }
 
 namespace {
 
 constexpr size_t kHugePage = size_t{2} << 20;
 
-/// Memory for `bytes` of weights: from 2 MiB up, 2 MiB-aligned and advised for transparent huge pages
-/// (one TLB entry per 2 MiB instead of per 4 KiB: the sparse ops read rows scattered over the whole
-/// matrix); smaller, 64-byte aligned. Null when the allocation fails. Free with std::free.
+}  // namespace
+
 uint8_t* alloc_weights(size_t bytes) {
   if (bytes >= kHugePage) {
     const size_t padded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* p = std::aligned_alloc(kHugePage, padded);
-    if (p) madvise(p, padded, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+    // a mapping of our own, over-allocated by one huge page and trimmed to a 2 MiB-aligned range
+    void* raw = mmap(nullptr, padded + kHugePage, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return nullptr;
+    const uintptr_t r = reinterpret_cast<uintptr_t>(raw);
+    const uintptr_t a = (r + kHugePage - 1) / kHugePage * kHugePage;
+    if (a > r) munmap(raw, a - r);
+    if (r + padded + kHugePage > a + padded) munmap(reinterpret_cast<void*>(a + padded), r + padded + kHugePage - (a + padded));
+    void* p = reinterpret_cast<void*>(a);
+    madvise(p, padded, MADV_HUGEPAGE);  // advice only: without THP the pages stay 4 KiB
+    // A child process (fork + exec: the bench's llama-bench, any spawn) does not get these pages: without
+    // this, fork write-protects them in the parent and every page of the arena and the KV cache takes a
+    // fault at its next write (pp512 on a 7B slice ran ~25 % slower after each spawn)
+    madvise(p, padded, MADV_DONTFORK);
     return static_cast<uint8_t*>(p);
   }
   return static_cast<uint8_t*>(std::aligned_alloc(64, bytes == 0 ? 64 : (bytes + 63) / 64 * 64));
 }
+
+void free_weights(uint8_t* p, size_t bytes) {
+  if (!p) return;
+  if (bytes >= kHugePage) {
+    munmap(p, (bytes + kHugePage - 1) / kHugePage * kHugePage);
+  } else {
+    std::free(p);
+  }
+}
+
+namespace {
 
 /// Releases this process's pages of [p, p + bytes) of a file mapping (whole pages inside the range only;
 /// the file refaults them if read again).
@@ -365,7 +386,7 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
   }
   if (t->copied) {
     // the packed copy replaces the huge-page copy: back to the file mapping for the unpacked readers
-    std::free(t->data);
+    free_weights(t->data, t->bytes);
     t->data = t->map_data;
     t->copied = false;
     copied_ -= t->bytes;
@@ -381,7 +402,7 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
 void TensorStore::drop_packed(Tensor& t) {
   std::lock_guard<std::mutex> lk(mu_);
   if (t.packed) {
-    std::free(t.packed);
+    free_weights(t.packed, t.packed_bytes);
     t.packed = nullptr;
     allocated_ -= t.packed_bytes;
     t.packed_bytes = 0;

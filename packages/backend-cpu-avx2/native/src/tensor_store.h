@@ -36,6 +36,14 @@ struct FileMapping {
   ~FileMapping();
 };
 
+/// Memory for `bytes` of weights, KV cache or intermediates: from 2 MiB up, a 2 MiB-aligned anonymous
+/// mapping of its own, advised for transparent huge pages (one TLB entry per 2 MiB instead of per 4 KiB:
+/// the sparse ops read rows scattered over the whole matrix) and not inherited by child processes
+/// (MADV_DONTFORK); smaller, 64-byte aligned from malloc. Null when the allocation fails. Free with
+/// free_weights(p, bytes) and the same `bytes`.
+uint8_t* alloc_weights(size_t bytes);
+void free_weights(uint8_t* p, size_t bytes);
+
 struct Tensor {
   int id = 0;
   int dtype = 0;
