@@ -8,6 +8,7 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <thread>
 
 #include "ops.h"
 
@@ -142,32 +143,71 @@ void profile_add(const NodeExec& n, std::chrono::steady_clock::time_point t0, in
 struct RunCtx {
   std::vector<NodeExec>* nodes;
   ThreadPool* pool;  // null when the whole graph runs on the calling thread
+  /// Workers that have entered this run. Until all have, thread 0 runs the nodes alone: a worker the OS
+  /// wakes or schedules late (a futex wake-up, another thread on its core) does not hold the graph up.
+  std::atomic<int> arrived{0};
+  /// The node from which all threads run together (−1: not decided yet; nodes.size(): thread 0 ran all).
+  std::atomic<int> join_at{-1};
+  /// Per node: whether thread 0 may run it alone while workers are missing (nodes small enough that
+  /// running them on one thread costs less than a late worker usually does; a large prompt product
+  /// waits for the workers instead).
+  const char* solo_ok = nullptr;
+  int test_delay_us = 0;  ///< Executor::set_test_worker_delay
 };
 
-/// Every thread runs every node; a small node (NodeExec::pool == null) runs on thread 0 alone, and a
-/// run of consecutive small nodes needs no barrier between its nodes (one thread, program order),
-/// only one before the next node that all threads share.
+/// Runs node i, prefetches and profile included, on thread ith of nth.
+inline void run_node(const RunCtx* rc, size_t i, int ith, int nth, bool prof) {
+  const std::vector<NodeExec>& nodes = *rc->nodes;
+  const NodeExec& n = nodes[i];
+  std::chrono::steady_clock::time_point t0;
+  if (prof) t0 = std::chrono::steady_clock::now();
+  // the previous node's output is complete here (one thread, or after its barrier)
+  if (ith == 0 && i > 0 && nodes[i - 1].n_prefetch) prefetch_experts(nodes[i - 1]);
+  if (!rc->pool) {
+    exec_node(n, 0, 1);
+  } else if (!n.pool) {
+    if (ith == 0) exec_node(n, 0, 1);
+    if (i + 1 < nodes.size() && nodes[i + 1].pool) rc->pool->barrier();
+  } else {
+    exec_node(n, ith, nth);
+    rc->pool->barrier();
+  }
+  if (prof) profile_add(n, t0, nth);
+}
+
+/// Every thread runs every node from the join point on (see RunCtx::join_at); a small node
+/// (NodeExec::pool == null) runs on thread 0 alone, and a run of consecutive small nodes needs no barrier
+/// between its nodes (one thread, program order), only one before the next node that all threads share.
+/// Before the join, thread 0 runs nodes alone (ith 0 of 1, no barriers) while they are RunCtx::solo_ok:
+/// those compute every output the same way whatever the number of threads (axpy_sparse, whose sum depends
+/// on it, is never solo_ok), so the results do not depend on when the workers arrive.
 void run_graph(void* ctx, int ith, int nth) {
   RunCtx* rc = static_cast<RunCtx*>(ctx);
   const std::vector<NodeExec>& nodes = *rc->nodes;
   const bool prof = ith == 0 && g_profile;
-  std::chrono::steady_clock::time_point t0;
-  for (size_t i = 0; i < nodes.size(); i++) {
-    const NodeExec& n = nodes[i];
-    if (prof) t0 = std::chrono::steady_clock::now();
-    // the previous node's output is complete here (one thread, or after its barrier)
-    if (ith == 0 && i > 0 && nodes[i - 1].n_prefetch) prefetch_experts(nodes[i - 1]);
-    if (!rc->pool) {
-      exec_node(n, 0, 1);
-    } else if (!n.pool) {
-      if (ith == 0) exec_node(n, 0, 1);
-      if (i + 1 < nodes.size() && nodes[i + 1].pool) rc->pool->barrier();
+  size_t start = 0;
+  if (rc->pool && nth > 1) {
+    if (ith != 0) {
+      if (rc->test_delay_us > 0) std::this_thread::sleep_for(std::chrono::microseconds(rc->test_delay_us));
+      rc->arrived.fetch_add(1, std::memory_order_acq_rel);
+      int j;
+      while ((j = rc->join_at.load(std::memory_order_acquire)) < 0) __builtin_ia32_pause();
+      start = static_cast<size_t>(j);
     } else {
-      exec_node(n, ith, nth);
-      rc->pool->barrier();
+      for (; start < nodes.size() && rc->test_delay_us >= 0 && rc->solo_ok[start] && rc->arrived.load(std::memory_order_acquire) < nth - 1; start++) {
+        NodeExec solo = nodes[start];
+        solo.pool = nullptr;  // its barriers would wait for the absent workers
+        std::chrono::steady_clock::time_point t0;
+        if (prof) t0 = std::chrono::steady_clock::now();
+        if (start > 0 && nodes[start - 1].n_prefetch) prefetch_experts(nodes[start - 1]);
+        exec_node(solo, 0, 1);
+        if (prof) profile_add(solo, t0, nth);
+      }
+      // release: the outputs of the nodes run alone are visible to the workers that acquire join_at
+      rc->join_at.store(static_cast<int>(start), std::memory_order_release);
     }
-    if (prof) profile_add(n, t0, nth);
   }
+  for (size_t i = start; i < nodes.size(); i++) run_node(rc, i, ith, nth, prof);
 }
 
 /// Rough bytes a node touches (weights read plus activations); used to keep tiny graphs on one thread.
@@ -197,6 +237,9 @@ double node_work(const NodeExec& n) {
   }
 }
 
+/// Nodes touching less than this (~0.3 ms on one core) may run on thread 0 alone while a worker is late.
+constexpr double kSoloWorkBytes = 8.0 * 1024 * 1024;
+
 /// Graphs that touch less than this run on the calling thread alone: waking the pool and a barrier
 /// per node would cost more than the threads save. POWERINFER_CPU_SERIAL_BYTES overrides it (tests
 /// set 0 so that every graph exercises the threaded paths).
@@ -216,18 +259,37 @@ bool supports_op(int op, const int* dtypes, int n_dtypes) {
   return standard_supports_op(op, dtypes, n_dtypes, is_weight_dtype);
 }
 
-void Executor::ArenaFree::operator()(uint8_t* p) const { std::free(p); }
+void Executor::ArenaFree::operator()(uint8_t* p) const { free_weights(p, bytes); }
+
+/// compute()'s per-graph tables, kept between calls (guarded by Executor::mu_).
+struct Executor::RunScratch {
+  std::vector<TInfo> ts;
+  std::vector<NodeExec> ex;
+  std::vector<int> dst_of, src_of;
+  std::vector<char> small, solo_ok;
+  std::vector<std::vector<int>> frees;
+  std::vector<std::atomic<int64_t>*> chunk_ctr;
+};
+
+Executor::~Executor() = default;
 
 Executor::Executor(TensorStore& store, int threads, bool force_scalar)
     : store_(store), pool_(threads), kernels_(&select_kernels(force_scalar, &reason_)),
-      serial_work_bytes_(serial_work_default()) {
+      serial_work_bytes_(serial_work_default()), work_(std::make_unique<RunScratch>()) {
   profile_enabled();
 }
 
 void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   const auto t_start = std::chrono::steady_clock::now();
+  // the workers' wake-up (if they sleep) overlaps the validation below, when the last graph used them
+  if (last_parallel_.load(std::memory_order_relaxed)) pool_.prepare();
+  std::lock_guard<std::mutex> lk(mu_);
+  RunScratch& rs = *work_;  // vectors kept between calls (no allocation, no page faults per graph)
+  struct ReleaseHandles {  // the tensors this graph holds are released when it ends, thrown or not
+    std::vector<TInfo>& ts;
+    ~ReleaseHandles() { ts.clear(); }
+  } release_handles{rs.ts};
   // ---- validate (the shared validator of powerinfer/wire.h), then resolve tensors and nodes ----
-  std::vector<TensorPtr> held;  // handles stay alive while the graph runs
   const CheckedGraph cg = check_graph(g, [&](int id, HandleInfo* h) {
     TensorPtr t = store_.find(id);
     if (!t) return false;
@@ -239,7 +301,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   });
   const size_t nt = cg.tensors.size();
   const size_t nn = cg.nodes.size();
-  std::vector<TInfo> ts(nt);
+  std::vector<TInfo>& ts = rs.ts;
+  ts.assign(nt, TInfo());
   for (size_t i = 0; i < nt; i++) {
     TInfo& t = ts[i];
     static_cast<GTensor&>(t) = cg.tensors[i];
@@ -251,9 +314,12 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
       t.data = t.handle->data;
     }
   }
-  std::vector<NodeExec> ex(nn);
-  std::vector<int> dst_of(nn);
-  std::vector<int> src_of(nn * MAX_SRC, -1);
+  std::vector<NodeExec>& ex = rs.ex;
+  ex.assign(nn, NodeExec());
+  std::vector<int>& dst_of = rs.dst_of;
+  dst_of.assign(nn, 0);
+  std::vector<int>& src_of = rs.src_of;
+  src_of.assign(nn * MAX_SRC, -1);
   for (size_t ni = 0; ni < nn; ni++) {
     const GNode& c = cg.nodes[ni];
     NodeExec& n = ex[ni];
@@ -343,21 +409,28 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
   }
 
-  std::lock_guard<std::mutex> lk(mu_);
   CacheCounters& cc = store_.counters();
   const int64_t io_errors0 = cc.io_errors.load();
   double work = 0;
-  std::vector<char> small(nn, 0);
+  std::vector<char>& small = rs.small;
+  small.assign(nn, 0);
+  std::vector<char>& solo_ok = rs.solo_ok;
+  solo_ok.assign(nn, 0);
   for (size_t ni = 0; ni < nn; ni++) {
     const double w = node_work(ex[ni]);
     work += w;
     small[ni] = w < serial_work_bytes_ / 8 ? 1 : 0;  // default: nodes under 32 KiB run on one thread
+    // axpy_sparse sums each thread's share of the rows apart, so its result depends on the thread count
+    solo_ok[ni] = w < kSoloWorkBytes && ex[ni].op != OP_AXPY_SPARSE ? 1 : 0;
   }
   const bool serial = pool_.size() == 1 || work < serial_work_bytes_;
   const int nth = serial ? 1 : pool_.size();
+  last_parallel_.store(!serial, std::memory_order_relaxed);
 
   // ---- plan the arena: intermediates by lifetime, then the largest node scratch, then counters ----
-  std::vector<std::vector<int>> frees(nn);
+  std::vector<std::vector<int>>& frees = rs.frees;
+  if (frees.size() < nn) frees.resize(nn);
+  for (size_t ni = 0; ni < nn; ni++) frees[ni].clear();
   for (size_t i = 0; i < nt; i++) {
     TInfo& t = ts[i];
     if (t.kind != 0) continue;
@@ -388,15 +461,18 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     size_t grow = arena_size_ * 3 / 2;
     if (grow < need) grow = need;
     grow = (grow + 4095) / 4096 * 4096;
-    uint8_t* p = static_cast<uint8_t*>(std::aligned_alloc(64, grow));
+    // huge pages from 2 MiB up, not inherited by child processes (see alloc_weights)
+    uint8_t* p = alloc_weights(grow);
     if (!p) throw BackendErr("OUT_OF_MEMORY", "cannot allocate a compute arena of " + std::to_string(grow) + " bytes");
-    arena_holder_.reset(p);
+    arena_holder_.reset();
+    arena_holder_ = std::unique_ptr<uint8_t, ArenaFree>(p, ArenaFree{grow});
     arena_ = p;
     arena_size_ = grow;
   }
   int64_t* counters = reinterpret_cast<int64_t*>(arena_ + counters_off);
   std::memset(counters, 0, counters_bytes);
-  std::vector<std::atomic<int64_t>*> chunk_ctr(nn);
+  std::vector<std::atomic<int64_t>*>& chunk_ctr = rs.chunk_ctr;
+  chunk_ctr.assign(nn, nullptr);
   for (size_t ni = 0; ni < nn; ni++) chunk_ctr[ni] = new (arena_ + chunks_off + 64 * ni) std::atomic<int64_t>(0);
 
   // ---- bind views ----
@@ -421,7 +497,11 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
 
   // ---- run: one pool job for the whole graph, a barrier after each node ----
   if (nn > 0) {
-    RunCtx rc{&ex, serial ? nullptr : &pool_};
+    RunCtx rc;
+    rc.nodes = &ex;
+    rc.pool = serial ? nullptr : &pool_;
+    rc.solo_ok = solo_ok.data();
+    rc.test_delay_us = test_worker_delay_us_;
     if (serial) {
       run_graph(&rc, 0, 1);
     } else {

@@ -3,6 +3,7 @@
 // nodes on the thread pool.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -55,6 +56,7 @@ struct TensorView {
 class Executor {
  public:
   Executor(TensorStore& store, int threads, bool force_scalar);
+  ~Executor();
 
   int threads() const { return pool_.size(); }
   const char* kernel_name() const { return kernels_->name; }
@@ -74,6 +76,11 @@ class Executor {
   void set_repack(bool on) { repack_ = on; }
   bool repack() const { return repack_; }
 
+  /// Tests: the workers start each graph this many microseconds late (thread 0 then runs the first nodes
+  /// alone), to check that results do not depend on when they arrive. 0 (default) = no delay; negative =
+  /// thread 0 never runs nodes alone (it waits for the workers, the reference for the check).
+  void set_test_worker_delay(int us) { test_worker_delay_us_ = us; }
+
   /// Bytes currently reserved by the intermediate arena.
   size_t arena_bytes() const { return arena_size_; }
 
@@ -84,13 +91,20 @@ class Executor {
   const KernelTable* kernels_;
   double serial_work_bytes_;
   bool repack_ = true;
+  int test_worker_delay_us_ = 0;
+  std::atomic<bool> last_parallel_{false};  // the last graph ran on the pool (compute() then wakes it first)
   std::mutex mu_;
   uint8_t* arena_ = nullptr;
   size_t arena_size_ = 0;
   struct ArenaFree {
+    ArenaFree() noexcept : bytes(0) {}
+    explicit ArenaFree(size_t b) noexcept : bytes(b) {}
+    size_t bytes;  // the allocation's size (free_weights needs it)
     void operator()(uint8_t* p) const;
   };
   std::unique_ptr<uint8_t, ArenaFree> arena_holder_;
+  struct RunScratch;
+  std::unique_ptr<RunScratch> work_;
 };
 
 }  // namespace pi

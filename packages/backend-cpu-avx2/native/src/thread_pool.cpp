@@ -2,6 +2,8 @@
 
 #include <sched.h>
 
+#include <chrono>
+
 namespace pi {
 namespace {
 
@@ -11,25 +13,31 @@ inline void cpu_relax() {
 #endif
 }
 
-// Waiting for work: spin briefly, then yield the core (so a caller thread building the next graph, or
-// another process, can run), then sleep on the condition variable. Long enough to cover the gap
-// between two graph calls of a decode step, short enough not to burn a shared core while idle.
-constexpr int kSpinWake = 1 << 11;
-constexpr int kYieldWake = 256;
+// Waiting: spin on `pause` briefly, then yield the core (so the caller thread building the next graph, or
+// another process, can run) until a deadline, then sleep on the condition variable. A worker waits for
+// work up to kWaitWorkUs: that covers the gap between two decode steps (the JavaScript side builds the
+// next graph, the executor validates it), which a sleeping worker would otherwise pay as a futex wake-up
+// (~250 us per token on a 2-vCPU VM; llama.cpp's pool spins even longer by default). Yielding keeps a
+// shared core usable by others meanwhile.
+constexpr int kSpinRounds = 1 << 11;
+constexpr int64_t kWaitWorkUs = 3000;
+constexpr int64_t kWaitDoneUs = 200;
 constexpr int kSpinBarrier = 1 << 10;
 
-/// Waits until done() holds, spinning then yielding; returns false if it still does not hold.
+/// Waits until done() holds, spinning then yielding until `us` microseconds have passed; returns false
+/// if it still does not hold then.
 template <typename F>
-bool spin_then_yield(F done) {
-  for (int s = 0; s < kSpinWake; s++) {
+bool spin_then_yield(F done, int64_t us) {
+  for (int s = 0; s < kSpinRounds; s++) {
     if (done()) return true;
     cpu_relax();
   }
-  for (int s = 0; s < kYieldWake; s++) {
+  const auto t_end = std::chrono::steady_clock::now() + std::chrono::microseconds(us);
+  for (int s = 0;; s++) {
     if (done()) return true;
     sched_yield();
+    if ((s & 15) == 15 && std::chrono::steady_clock::now() >= t_end) return done();
   }
-  return done();
 }
 
 }  // namespace
@@ -52,9 +60,11 @@ ThreadPool::~ThreadPool() {
 void ThreadPool::worker(int ith) {
   uint64_t seen = 0;
   for (;;) {
-    if (!spin_then_yield([&] { return generation_.load(std::memory_order_acquire) != seen; })) {
+    if (!spin_then_yield([&] { return generation_.load(std::memory_order_acquire) != seen; }, kWaitWorkUs)) {
       std::unique_lock<std::mutex> lk(mu_);
-      wake_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+      const uint64_t poked = poke_;
+      wake_cv_.wait(lk, [&] { return generation_.load(std::memory_order_acquire) != seen || poke_ != poked; });
+      if (generation_.load(std::memory_order_acquire) == seen) continue;  // poked: wait spinning again
     }
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
@@ -80,10 +90,19 @@ void ThreadPool::run(JobFn fn, void* ctx) {
   }
   wake_cv_.notify_all();
   fn(ctx, 0, n_);
-  if (!spin_then_yield([&] { return pending_.load(std::memory_order_acquire) == 0; })) {
+  if (!spin_then_yield([&] { return pending_.load(std::memory_order_acquire) == 0; }, kWaitDoneUs)) {
     std::unique_lock<std::mutex> lk(mu_);
     done_cv_.wait(lk, [&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
+}
+
+void ThreadPool::prepare() {
+  if (n_ == 1) return;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    poke_++;
+  }
+  wake_cv_.notify_all();
 }
 
 void ThreadPool::barrier() {

@@ -28,6 +28,10 @@ class ThreadPool {
   /// Not reentrant: one job at a time (callers serialise).
   void run(JobFn fn, void* ctx);
 
+  /// Wakes sleeping workers so that they wait spinning for the next run (call before the work that
+  /// precedes run, e.g. validating a graph, so that a futex wake-up overlaps it). Cheap when none sleeps.
+  void prepare();
+
   /// Waits until every thread of the current job reached it. Only valid inside a job, called by all.
   void barrier();
 
@@ -42,6 +46,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::atomic<bool> stop_{false};
+  uint64_t poke_ = 0;  // guarded by mu_: prepare() calls
   JobFn fn_ = nullptr;
   void* ctx_ = nullptr;
   alignas(64) std::atomic<int> barrier_count_{0};

@@ -940,13 +940,16 @@ struct Fixture {
 
 void test_executor() {
   Fixture fx;
-  std::vector<std::vector<float>> runs;
+  std::vector<std::vector<float>> runs, axpy2;
   // threshold 0: every node on the whole pool; 24000: the small nodes (norm, relu, rope, slice, cpy,
   // get_rows) on thread 0 alone between pooled nodes (mixed segments)
+  // delay: the workers join late, after thread 0 ran the first nodes alone (results must not change)
   for (double serial_bytes : {0.0, 24000.0})
-  for (int threads : {1, 2, 3}) {
+  for (int threads : {1, 2, 3})
+  for (int delay : {0, 3000}) {
     Executor ex(fx.store, threads, false);
     ex.set_serial_work_bytes(serial_bytes);
+    ex.set_test_worker_delay(delay);
     for (int rep = 0; rep < 2; rep++) {
       GraphBuilder b = fx.build();
       std::vector<double> rows;
@@ -970,6 +973,7 @@ void test_executor() {
       all.insert(all.end(), fx.y3.begin(), fx.y3.end());
       if (threads == 2 && serial_bytes == 0) all.insert(all.end(), fx.y2.begin(), fx.y2.end());
       runs.push_back(all);
+      if (threads == 2 && serial_bytes == 0) axpy2.push_back(fx.y2);
     }
   }
   // mul_mat (fed by rms_norm → rope → attention): identical across thread counts;
@@ -978,7 +982,52 @@ void test_executor() {
     const size_t n = Fixture::N * Fixture::T + Fixture::K * Fixture::T;
     CHECK(std::memcmp(runs[r].data(), runs[0].data(), n * 4) == 0, "run %zu differs", r);
   }
-  CHECK(runs[2] == runs[3], "axpy_sparse deterministic at 2 threads");
+  for (size_t r = 1; r < axpy2.size(); r++) {
+    CHECK(axpy2[r] == axpy2[0], "axpy_sparse at 2 threads: run %zu (workers %s) differs", r, r >= 2 ? "late" : "on time");
+  }
+}
+
+/// Workers that join a graph late (Executor::set_test_worker_delay): thread 0 runs the nodes before the
+/// first axpy_sparse alone, and axpy_sparse (whose sum depends on the thread count) waits for them, so a
+/// 512-row axpy_sparse at 2 threads gives the bits of a run where thread 0 never runs alone, whether the
+/// workers come 3 ms late or on time.
+void test_executor_late_workers() {
+  constexpr int K = 64, N = 512;
+  TensorStore store{SIZE_MAX};
+  const int64_t wne[4] = {K, N, 1, 1};
+  TensorPtr wt = store.create(DT_F16, wne);
+  const std::vector<uint8_t> tb = random_row(DT_F16, int64_t{K} * N);
+  std::memcpy(wt->data, tb.data(), tb.size());
+  std::vector<float> act(N), logits(N, 1.0f);
+  for (auto& v : act) v = uni(-1, 1);
+  std::vector<std::vector<float>> outs;
+  for (int delay : {-1, 3000, -1, 3000, 0}) {
+    Executor ex(store, 2, false);
+    ex.set_serial_work_bytes(0);
+    ex.set_test_worker_delay(delay);
+    std::vector<float> y(K);
+    GraphBuilder b;
+    const int ht = b.tensor(2, DT_F16, {K, N}, wt->id);
+    const int ai = b.input(DT_F32, {N, 1}, act.data(), act.size() * 4);
+    const int li = b.input(DT_F32, {N, 1}, logits.data(), logits.size() * 4);
+    const int a = b.node(OP_RELU, {N, 1}, {ai}, {});
+    const int d = b.node(OP_AXPY_SPARSE, {K, 1}, {ht, a, li, -1}, {-0.5, N});
+    b.output(d, y.data(), y.size() * 4);
+    std::vector<double> rows;
+    bool ok = true;
+    try {
+      ex.compute(b.view(), rows);
+    } catch (const BackendErr& e) {
+      ok = false;
+      std::fprintf(stderr, "%s\n", e.what());
+    }
+    CHECK(ok, "late-worker graph computes");
+    outs.push_back(y);
+  }
+  for (size_t r = 1; r < outs.size(); r++) {
+    CHECK(std::memcmp(outs[r].data(), outs[0].data(), K * 4) == 0, "axpy_sparse run %zu (workers %s) differs from the 2-thread run",
+          r, r % 2 ? "3 ms late" : "on time");
+  }
 }
 
 /// Routed experts: top_k → mul_mat_id (each slot equals mul_mat on its expert's slice, bit for bit),
@@ -1027,10 +1076,13 @@ void test_experts() {
   int64_t active = 0;
   for (float v : want_dense) active += v > 0 ? 1 : 0;
   std::vector<std::vector<float>> runs;
+  // delay: workers late, thread 0 runs the whole graph alone (every node here is thread-count invariant)
   for (double serial_bytes : {0.0, 24000.0})
-  for (int threads : {1, 2, 3}) {
+  for (int threads : {1, 2, 3})
+  for (int delay : {0, 3000}) {
     Executor ex(store, threads, false);
     ex.set_serial_work_bytes(serial_bytes);
+    ex.set_test_worker_delay(delay);
     std::vector<float> dense(M * U * T), sparse(M * U * T, NAN), down(K * U * T), sum(K * T), ids_out(U * T);
     GraphBuilder b;
     const int hw = b.tensor(2, DT_Q4_0, {K, M, E}, w->id);
@@ -1352,6 +1404,7 @@ int main() {
   test_thread_pool();
   test_tensor_store();
   test_executor();
+  test_executor_late_workers();
   test_experts();
   test_expert_cache();
   test_bad_graphs();
