@@ -5,7 +5,7 @@
  * is absent: `pnpm --filter @powerinfer/cli llama-cpp:build` makes it).
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
@@ -25,6 +25,9 @@ import {
   parseBuildInfo,
   parseLlamaBenchJson,
   resolveLlamaCppDir,
+  runLlamaBench,
+  startLlamaBenchSpawner,
+  stopLlamaBenchSpawner,
 } from "../src/bench/native-llama-cpp.js";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -84,6 +87,44 @@ describe("llama-bench -o json", () => {
     expect(median([])).toBeNaN();
   });
 });
+
+// the compiled spawner (the CLI's build output; vitest runs the TypeScript sources)
+const spawnerScript = join(import.meta.dirname, "..", "dist", "bench", "llama-bench-spawner.js");
+
+describe.skipIf(!existsSync(spawnerScript))(
+  `llama-bench runs through the spawner process${existsSync(spawnerScript) ? "" : " (skipped: the CLI is not built)"}`,
+  () => {
+    it("a fake llama-bench started by the spawner (not by this process) gives its row; a failing one its last stderr line", async () => {
+      const fake = join(dir, "fake-llama-bench");
+      const ppidFile = join(dir, "fake-ppid");
+      const json = join(dir, "one-row.json");
+      const rows = JSON.parse(fixture("llama-bench-stories260K.json")) as unknown[];
+      writeFileSync(json, JSON.stringify([rows[1]]));
+      writeFileSync(
+        fake,
+        `#!/bin/sh\necho $PPID > ${ppidFile}\nif [ "$2" = fail ]; then echo "error: no such model" >&2; exit 1; fi\ncat ${json}\n`,
+      );
+      chmodSync(fake, 0o755);
+      const peer = { kind: "native" as const, dir, llamaBench: fake, build: {} as never, label: "fake" };
+      const pid = startLlamaBenchSpawner(spawnerScript);
+      try {
+        expect(pid).toBeGreaterThan(0);
+        expect(pid).not.toBe(process.pid);
+        const row = await runLlamaBench(peer, "m.gguf", { kind: "tg", n: 16, threads: 1, repetitions: 2, depth: 0 });
+        expect([row.n_prompt, row.n_gen, row.n_threads]).toEqual([0, 16, 1]);
+        expect(Number(readFileSync(ppidFile, "utf8"))).toBe(pid);
+        await expect(
+          runLlamaBench(peer, "fail", { kind: "tg", n: 16, threads: 1, repetitions: 2, depth: 0 }),
+        ).rejects.toThrow(/llama-bench tg16 on fail failed: error: no such model/);
+      } finally {
+        stopLlamaBenchSpawner();
+      }
+      // without the spawner this process starts it
+      await runLlamaBench(peer, "m.gguf", { kind: "tg", n: 16, threads: 1, repetitions: 2, depth: 0 });
+      expect(Number(readFileSync(ppidFile, "utf8"))).toBe(process.pid);
+    });
+  },
+);
 
 describe("the native build's record and location", () => {
   const info = {

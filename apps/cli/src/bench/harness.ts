@@ -50,6 +50,8 @@ import {
   NativeLlamaCppError,
   resolveLlamaCppDir,
   runLlamaBench,
+  startLlamaBenchSpawner,
+  stopLlamaBenchSpawner,
 } from "./native-llama-cpp.js";
 
 /** Which llama.cpp runs as the peer: native when built (else prebuilt), only native, or only prebuilt. */
@@ -607,6 +609,8 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
         }
       } else {
         native = n;
+        // llama-bench runs are started by a process forked now, while this one holds no model
+        startLlamaBenchSpawner();
         const { kind: _, ...rest } = n;
         result.llamaCpp = { kind: "native", ...rest };
         log(`llama.cpp: ${n.label}, ${n.llamaBench}`);
@@ -857,6 +861,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
     }
   } finally {
     await peer?.dispose();
+    stopLlamaBenchSpawner();
   }
   result.machine.loadAverage[1] = loadavg()[0]!;
   return result;

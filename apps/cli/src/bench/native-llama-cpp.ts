@@ -5,11 +5,12 @@
  * GGML_NATIVE=ON, into a cache folder outside the repository. Nothing of llama.cpp is part of this
  * repository: this module only finds that build, runs its `llama-bench -o json` and reads the output.
  */
-import { execFile } from "node:child_process";
+import { type ChildProcess, execFile, fork } from "node:child_process";
 import { accessSync, constants, existsSync, readFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { homedir } from "node:os";
 import { dirname, join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
 
 /** A one-line error about the native llama.cpp build or its llama-bench output. */
 export class NativeLlamaCppError extends Error {
@@ -313,6 +314,79 @@ export function llamaBenchArgs(model: string, t: LlamaBenchTest): string[] {
   ];
 }
 
+type ExecDone = (err: { message: string } | null, stdout: string, stderr: string) => void;
+
+let spawner: { child: ChildProcess; pending: Map<number, ExecDone>; next: number } | undefined;
+
+/**
+ * Starts a small process that runs llama-bench for this one, so that the measuring process itself never
+ * forks while it holds a model. A fork write-protects the parent's writable memory, and every page it
+ * writes afterwards (the JavaScript heap, buffers) takes a fault. With a fork per llama-bench round, our
+ * decode on the 4-layer SmallThinker-4B slice ran ~10 % slower. Our own allocations from 2 MiB up are
+ * MADV_DONTFORK, but the JavaScript heap is not. Call it before loading models; a no-op when the
+ * spawner script is missing (a bundled CLI) or already running. llama-bench then runs as before.
+ * @param script the compiled spawner (default: llama-bench-spawner.js beside this module)
+ * @returns the spawner's pid, or undefined when there is no spawner script
+ */
+export function startLlamaBenchSpawner(
+  script = fileURLToPath(new URL("./llama-bench-spawner.js", import.meta.url)),
+): number | undefined {
+  if (spawner) return spawner.child.pid;
+  if (!existsSync(script)) return undefined;
+  const child = fork(script, [], { stdio: ["ignore", "ignore", "inherit", "ipc"] });
+  const s = { child, pending: new Map<number, ExecDone>(), next: 0 };
+  child.on("message", (m: { id: number; error: string | null; stdout: string; stderr: string }) => {
+    const done = s.pending.get(m.id);
+    s.pending.delete(m.id);
+    done?.(m.error === null ? null : { message: m.error }, m.stdout, m.stderr);
+  });
+  child.on("exit", () => {
+    if (spawner === s) spawner = undefined;
+    for (const done of s.pending.values()) done({ message: "the llama-bench spawner process exited" }, "", "");
+    s.pending.clear();
+  });
+  // neither the process nor its channel keeps the bench alive
+  child.unref();
+  child.channel?.unref();
+  spawner = s;
+  return child.pid;
+}
+
+/** Stops the process of startLlamaBenchSpawner (runs still pending get an error). */
+export function stopLlamaBenchSpawner(): void {
+  const s = spawner;
+  spawner = undefined;
+  if (s) {
+    s.child.kill();
+    for (const done of s.pending.values()) done({ message: "the llama-bench spawner was stopped" }, "", "");
+    s.pending.clear();
+  }
+}
+
+/** Runs a program to its end, through the spawner process when one runs (execFile's callback otherwise). */
+function execProgram(file: string, args: string[], done: ExecDone): void {
+  const maxBuffer = 64 * 2 ** 20;
+  const s = spawner;
+  if (!s) {
+    execFile(file, args, { maxBuffer, encoding: "utf8" }, (err, stdout, stderr) => done(err, stdout, stderr));
+    return;
+  }
+  const id = s.next++;
+  // a pending run keeps the bench alive until it answers
+  s.child.channel?.ref();
+  s.pending.set(id, (e, out, errOut) => {
+    if (s.pending.size === 0) s.child.channel?.unref();
+    done(e, out, errOut);
+  });
+  s.child.send({ id, file, args, maxBuffer }, (err) => {
+    const pending = s.pending.get(id);
+    if (err && pending) {
+      s.pending.delete(id);
+      pending({ message: err.message }, "", "");
+    }
+  });
+}
+
 /**
  * Runs the native llama-bench once for one test and returns its single result row; throws
  * NativeLlamaCppError with llama-bench's last stderr line when it fails.
@@ -320,7 +394,7 @@ export function llamaBenchArgs(model: string, t: LlamaBenchTest): string[] {
 export function runLlamaBench(peer: NativeLlamaCpp, model: string, t: LlamaBenchTest): Promise<LlamaBenchRow> {
   const args = llamaBenchArgs(model, t);
   return new Promise((resolvePromise, reject) => {
-    execFile(peer.llamaBench, args, { maxBuffer: 64 * 2 ** 20, encoding: "utf8" }, (err, stdout, stderr) => {
+    execProgram(peer.llamaBench, args, (err, stdout, stderr) => {
       if (err) {
         const last = stderr.trim().split("\n").filter(Boolean).at(-1) ?? err.message.split("\n")[0];
         reject(new NativeLlamaCppError(`llama-bench ${t.kind}${t.n} on ${model} failed: ${last}`));
