@@ -337,7 +337,10 @@ inline __m512 xload8x2(const float* a, const float* b, int64_t i) {
 /// same hsum_ps at the end, so every output is bit-identical to it, with half the FMA instructions. Up
 /// to 4 rows × 12 columns: 24 accumulators + 6 activation pairs + a weight = 31 of the 32 registers. An odd
 /// column count computes its last column twice (the copy is dropped).
-template <int KIND, int NR, int NC>
+///
+/// PAIRS: the activations interleaved by column pairs (KernelTable::gemm_tile_pairs), x[p] the pair's 16-float
+/// steps: the pair's register is one load. Same FMAs on the same lane values, so the same outputs bit for bit.
+template <int KIND, int NR, int NC, bool PAIRS = false>
 void gemm_tile_float512(int64_t k, const uint8_t* const* w, const float* const* x, float* out) {
   constexpr int NP = (NC + 1) / 2;
   __m512 a[NR][NP];
@@ -346,7 +349,9 @@ void gemm_tile_float512(int64_t k, const uint8_t* const* w, const float* const* 
   }
   for (int64_t i = 0; i + 8 <= k; i += 8) {
     __m512 xc[NP];
-    for (int p = 0; p < NP; p++) xc[p] = xload8x2(x[2 * p], x[2 * p + 1 < NC ? 2 * p + 1 : 2 * p], i);
+    for (int p = 0; p < NP; p++) {
+      xc[p] = PAIRS ? _mm512_loadu_ps(x[p] + 2 * i) : xload8x2(x[2 * p], x[2 * p + 1 < NC ? 2 * p + 1 : 2 * p], i);
+    }
     for (int r = 0; r < NR; r++) {
       const __m512 wv = wload8x2<KIND>(w[r], i);
       for (int p = 0; p < NP; p++) a[r][p] = _mm512_fmadd_ps(wv, xc[p], a[r][p]);
@@ -355,33 +360,6 @@ void gemm_tile_float512(int64_t k, const uint8_t* const* w, const float* const* 
   for (int r = 0; r < NR; r++) {
     for (int p = 0; p < NP; p++) {
       // the halves through memory (see dot_tile_float512)
-      alignas(64) float h[16];
-      _mm512_store_ps(h, a[r][p]);
-      out[r * NC + 2 * p] = hsum_ps(_mm256_load_ps(h));
-      if (2 * p + 1 < NC) out[r * NC + 2 * p + 1] = hsum_ps(_mm256_load_ps(h + 8));
-    }
-  }
-}
-
-/// gemm_tile_float512 with the activations interleaved by column pairs (KernelTable::gemm_tile_pairs): the
-/// pair's register is one load. Same FMAs on the same lane values, so the same outputs bit for bit.
-template <int KIND, int NR, int NC>
-void gemm_tile_float512_pairs(int64_t k, const uint8_t* const* w, const float* const* xp, float* out) {
-  constexpr int NP = (NC + 1) / 2;
-  __m512 a[NR][NP];
-  for (int r = 0; r < NR; r++) {
-    for (int p = 0; p < NP; p++) a[r][p] = _mm512_setzero_ps();
-  }
-  for (int64_t i = 0; i + 8 <= k; i += 8) {
-    __m512 xc[NP];
-    for (int p = 0; p < NP; p++) xc[p] = _mm512_loadu_ps(xp[p] + 2 * i);
-    for (int r = 0; r < NR; r++) {
-      const __m512 wv = wload8x2<KIND>(w[r], i);
-      for (int p = 0; p < NP; p++) a[r][p] = _mm512_fmadd_ps(wv, xc[p], a[r][p]);
-    }
-  }
-  for (int r = 0; r < NR; r++) {
-    for (int p = 0; p < NP; p++) {
       alignas(64) float h[16];
       _mm512_store_ps(h, a[r][p]);
       out[r * NC + 2 * p] = hsum_ps(_mm256_load_ps(h));
@@ -462,7 +440,7 @@ struct GemmFloatPairs {
     static void run(int64_t k, int, int, const uint8_t* const* w, const uint8_t* const* xv, float* out) {
       const float* x[(NC + 1) / 2];
       for (int p = 0; p < (NC + 1) / 2; p++) x[p] = reinterpret_cast<const float*>(xv[p]);
-      gemm_tile_float512_pairs<KIND, NR, NC>(k, w, x, out);
+      gemm_tile_float512<KIND, NR, NC, true>(k, w, x, out);
     }
   };
 };

@@ -877,6 +877,17 @@ struct GraphBuilder {
   }
 };
 
+/// Runs the graph; false (with the error printed) when compute throws.
+bool computes(Executor& ex, const GraphBuilder& b, std::vector<double>& rows) {
+  try {
+    ex.compute(b.view(), rows);
+    return true;
+  } catch (const BackendErr& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return false;
+  }
+}
+
 /// A graph using most ops: mul_mat, rms_norm, rope, attention over a cpy'd cache, sparse ops.
 struct Fixture {
   TensorStore store{SIZE_MAX};
@@ -953,13 +964,7 @@ void test_executor() {
     for (int rep = 0; rep < 2; rep++) {
       GraphBuilder b = fx.build();
       std::vector<double> rows;
-      bool ok = true;
-      try {
-        ex.compute(b.view(), rows);
-      } catch (const BackendErr& e) {
-        ok = false;
-        std::fprintf(stderr, "%s\n", e.what());
-      }
+      const bool ok = computes(ex, b, rows);
       CHECK(ok, "fixture graph computes");
       CHECK(rows.size() == 11, "rows_read per node");
       // rows list {1,5,9,50,95,5}: 5 distinct neurons, gated by logits ≥ 0
@@ -1014,13 +1019,7 @@ void test_executor_late_workers() {
     const int d = b.node(OP_AXPY_SPARSE, {K, 1}, {ht, a, li, -1}, {-0.5, N});
     b.output(d, y.data(), y.size() * 4);
     std::vector<double> rows;
-    bool ok = true;
-    try {
-      ex.compute(b.view(), rows);
-    } catch (const BackendErr& e) {
-      ok = false;
-      std::fprintf(stderr, "%s\n", e.what());
-    }
+    const bool ok = computes(ex, b, rows);
     CHECK(ok, "late-worker graph computes");
     outs.push_back(y);
   }
@@ -1121,13 +1120,7 @@ void test_experts() {
     b.output(o, sum.data(), sum.size() * 4);
     b.output(ir, ids_out.data(), ids_out.size() * 4);
     std::vector<double> rows;
-    bool ok = true;
-    try {
-      ex.compute(b.view(), rows);
-    } catch (const BackendErr& e) {
-      ok = false;
-      std::fprintf(stderr, "%s\n", e.what());
-    }
+    const bool ok = computes(ex, b, rows);
     store.release(hid->id);
     CHECK(ok, "expert graph computes");
     if (!ok) continue;
