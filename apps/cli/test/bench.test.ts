@@ -2,7 +2,7 @@
  * Smoke test of the benchmark harness (benchmarks are not tests: this only checks that the harness runs
  * and reports what it should, with 1 repetition and tiny sizes).
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
@@ -304,6 +304,10 @@ describe.skipIf(!probe.usable)("runBench smoke (1 repetition, tiny sizes)", () =
     const tg = (mode: string) => rows.find((x) => x.sparse === mode && x.test === "tg8")!;
     expect(tg("off").model_filename).toMatch(/s\.gguf$/); // dense runs the twin
     expect(tg("predictor").model_filename).toMatch(/s\.pwri\.gguf$/);
+    // each row gives the size of the file it ran (the twin has no predictors: smaller, fewer parameters)
+    expect(tg("off").model_size).toBe(statSync(tg("off").model_filename).size);
+    expect(tg("predictor").model_size).toBe(statSync(tg("predictor").model_filename).size);
+    expect(tg("off").model_n_params).toBeLessThan(tg("predictor").model_n_params);
     expect(tg("off").active_fraction).toBeNull();
     expect(tg("oracle").active_fraction).toBeGreaterThan(0.03);
     expect(tg("oracle").active_fraction).toBeLessThan(0.2);

@@ -176,6 +176,10 @@ describe("a model file that is not there, or a directory: one line before anythi
   const cases: [string[], string][] = [
     [["run", "-m", m, "-p", "x"], `model file ${m} does not exist`],
     [["run", "-m", dir, "-p", "x"], `${dir} is a directory, not a model file`],
+    [
+      ["run", "-m", stories, "-p", "x", "--ram-budget", "1", "--stats", dir],
+      `${dir} is a directory, not an activation statistics file (--stats)`,
+    ],
     [["serve", "-m", m, "--port", "0"], `model file ${m} does not exist`],
     [["bench", "-m", m, "-r", "1", "--no-llama-cpp"], `model file ${m} does not exist`],
     [["inspect", m], `file ${m} does not exist`],

@@ -809,8 +809,9 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
               model: name,
               model_filename: e.path,
               model_type: type,
-              model_size: size,
-              model_n_params: params,
+              // the file this engine ran: a --twin's own size and parameters (llama.cpp and our dense mode run it)
+              model_size: e.path === m.path ? size : statSync(e.path).size,
+              model_n_params: e.file === file ? params : e.file.tensors.reduce((n, t) => n + t.nElements, 0),
               engine: e.engine,
               engine_label: e.engineLabel,
               backend: e.backendName ?? "CPU",

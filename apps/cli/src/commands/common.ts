@@ -246,7 +246,8 @@ function statInput(path: string, what: string): Stats {
  */
 export function checkInputFile(path: string, what = "model file"): void {
   const st = statInput(path, what);
-  if (st.isDirectory()) throw new InvalidArgumentError(`${path} is a directory, not a ${what}`);
+  if (st.isDirectory())
+    throw new InvalidArgumentError(`${path} is a directory, not ${/^[aeiou]/i.test(what) ? "an" : "a"} ${what}`);
   if (!st.isFile()) throw new InvalidArgumentError(`${path} is not a regular file (${what})`);
 }
 
