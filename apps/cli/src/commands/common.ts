@@ -10,7 +10,6 @@ import {
   GgufError,
   type GgufFileKind,
   ggufFileKind,
-  type ModelConfig,
   openGguf,
   readActivationStats,
 } from "@powerinfer/gguf";
@@ -263,17 +262,6 @@ export function annotateStatsError(e: unknown, path: string, given: boolean): un
     e.message = `activation statistics file ${what}${e.message.slice(path.length)}`;
   }
   return e;
-}
-
-/**
- * The warning for a context beyond the one the model was trained on, in the words a session warns with
- * (the engine's Session.warnings, which run, chat, batched and serve print): for commands that size a
- * context without opening a session (plan). Undefined when n_ctx is within the trained context.
- */
-export function trainedContextWarning(cfg: Pick<ModelConfig, "n_ctx_train">, nCtx: number): string | undefined {
-  return nCtx > cfg.n_ctx_train
-    ? `n_ctx ${nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`
-    : undefined;
 }
 
 /** What run and batched print when generation stopped because the context (-c, n_ctx tokens) is full. */

@@ -9,11 +9,11 @@ import {
   explainPlan,
   type Throughput,
 } from "@powerinfer/core/placement";
-import { contextSize } from "@powerinfer/engine";
+import { contextSize, trainedContextWarning } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { loadBackend } from "../backends.js";
 import { action } from "../errors.js";
-import { float, loadModelFromCli, type ModelCliOptions, modelOptions, trainedContextWarning } from "./common.js";
+import { float, loadModelFromCli, type ModelCliOptions, modelOptions } from "./common.js";
 import { budgetBytes, type DeviceCliOptions, deviceOptions, gpuLayers, resolvePlanFromCli } from "./device.js";
 
 /** The options of `plan` beside the model's: the device options every decoding command has. */

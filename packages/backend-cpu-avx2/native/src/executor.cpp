@@ -155,15 +155,20 @@ struct RunCtx {
   int test_delay_us = 0;  ///< Executor::set_test_worker_delay
 };
 
-/// Runs node i, prefetches and profile included, on thread ith of nth.
-inline void run_node(const RunCtx* rc, size_t i, int ith, int nth, bool prof) {
+/// Runs node i, prefetches and profile included, on thread ith of nth; `alone`: thread 0 runs it by itself
+/// while the workers are missing (ith 0 of 1, no barriers).
+inline void run_node(const RunCtx* rc, size_t i, int ith, int nth, bool prof, bool alone = false) {
   const std::vector<NodeExec>& nodes = *rc->nodes;
   const NodeExec& n = nodes[i];
   std::chrono::steady_clock::time_point t0;
   if (prof) t0 = std::chrono::steady_clock::now();
   // the previous node's output is complete here (one thread, or after its barrier)
   if (ith == 0 && i > 0 && nodes[i - 1].n_prefetch) prefetch_experts(nodes[i - 1]);
-  if (!rc->pool) {
+  if (alone) {
+    NodeExec solo = n;
+    solo.pool = nullptr;  // its barriers would wait for the absent workers
+    exec_node(solo, 0, 1);
+  } else if (!rc->pool) {
     exec_node(n, 0, 1);
   } else if (!n.pool) {
     if (ith == 0) exec_node(n, 0, 1);
@@ -195,13 +200,7 @@ void run_graph(void* ctx, int ith, int nth) {
       start = static_cast<size_t>(j);
     } else {
       for (; start < nodes.size() && rc->test_delay_us >= 0 && rc->solo_ok[start] && rc->arrived.load(std::memory_order_acquire) < nth - 1; start++) {
-        NodeExec solo = nodes[start];
-        solo.pool = nullptr;  // its barriers would wait for the absent workers
-        std::chrono::steady_clock::time_point t0;
-        if (prof) t0 = std::chrono::steady_clock::now();
-        if (start > 0 && nodes[start - 1].n_prefetch) prefetch_experts(nodes[start - 1]);
-        exec_node(solo, 0, 1);
-        if (prof) profile_add(solo, t0, nth);
+        run_node(rc, start, 0, nth, prof, true);
       }
       // release: the outputs of the nodes run alone are visible to the workers that acquire join_at
       rc->join_at.store(static_cast<int>(start), std::memory_order_release);

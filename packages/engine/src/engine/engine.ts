@@ -527,6 +527,16 @@ export interface BatchResult {
 }
 
 /**
+ * The warning for a context beyond the one the model was trained on (a session's warnings say it; commands
+ * that size a context without a session, such as plan, print it too); undefined within the trained context.
+ */
+export function trainedContextWarning(cfg: Pick<ModelConfig, "n_ctx_train">, nCtx: number): string | undefined {
+  return nCtx > cfg.n_ctx_train
+    ? `n_ctx ${nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`
+    : undefined;
+}
+
+/**
  * The context size a session of this model gets for a requested n_ctx: absent, the trained context at most
  * 4096; 0, the whole trained context (llama.cpp's n_ctx = 0); any other value as given (checked by the
  * session).
@@ -602,8 +612,9 @@ export class Session {
       // learned positions (opt): no position past the table exists, so the context ends there
       this.warnings.push(`n_ctx ${this.nCtx} capped to the ${learned} positions this model learned`);
       this.nCtx = learned;
-    } else if (this.nCtx > cfg.n_ctx_train) {
-      this.warnings.push(`n_ctx ${this.nCtx} is larger than the model's trained context ${cfg.n_ctx_train}`);
+    } else {
+      const w = trainedContextWarning(cfg, this.nCtx);
+      if (w) this.warnings.push(w);
     }
     this.nBatch = opts.nBatch ?? 512;
     const place = model.placement;
