@@ -178,6 +178,17 @@ export class Graph {
   readonly names = new Map<TensorId, string>();
 
   /**
+   * Every node param that holds a sequence position, recorded as the graph is built: `cpy`'s row_offset
+   * (param 0) and `attention`/`attention_swa`'s n_past (param 0). A caller that runs a built graph again at
+   * another position (the engine's decode-graph reuse) moves them with {@link setParam}; that is only right
+   * for a graph whose every such param is its one sequence's n_past, which the caller checks.
+   */
+  readonly positionParams: { node: number; param: number }[] = [];
+
+  /** The last {@link encode} result and the tensor and node counts it was made at. */
+  private encoded?: { e: EncodedGraph; nTensors: number; nNodes: number };
+
+  /**
    * Labels tensor `t` (e.g. `attn_norm-2`) and returns `t`, so a builder can name a node where it makes it.
    * A tensor has one label; naming it again replaces the label.
    * @throws RangeError when `t` is not a tensor of this graph or the label is empty.
@@ -210,7 +221,48 @@ export class Graph {
     const out = dest ?? new Float32Array(n);
     if (out.length !== n) throw new RangeError(`output array has ${out.length} elements, tensor has ${n}`);
     tt.output = out;
+    const c = this.cached();
+    if (c) {
+      const k = c.tensors[t * TENSOR_STRIDE + 7]!;
+      if (k >= 0) c.outputs[k] = out;
+      else this.encoded = undefined;
+    }
     return out;
+  }
+
+  /**
+   * Replaces the values of input `t` (same dtype and element count), for a graph computed again.
+   * @throws RangeError when `t` is not an input of this graph or `data` does not fit it.
+   */
+  setInput(t: TensorId, data: Float32Array | Int32Array): void {
+    const tt = this.tensors[t];
+    if (tt?.kind !== "input") throw new RangeError(`setInput: tensor ${t} is not an input`);
+    const want = tt.dtype === "i32" ? Int32Array : Float32Array;
+    if (!(data instanceof want) || data.length !== nel(tt.ne))
+      throw new RangeError(`setInput: input ${t} needs ${nel(tt.ne)} ${tt.dtype} values`);
+    tt.data = data;
+    const c = this.cached();
+    if (c) c.inputs[c.tensors[t * TENSOR_STRIDE + 6]!] = data;
+  }
+
+  /**
+   * Sets param `i` of node `n` to `v`, for a graph computed again (a position, see {@link positionParams}).
+   * Shapes are not checked again: the caller keeps the value within what the graph was built for.
+   * @throws RangeError when node `n` has no param `i` or `v` is not finite.
+   */
+  setParam(n: number, i: number, v: number): void {
+    const node = this.nodes[n];
+    if (!node || !Number.isInteger(i) || i < 0 || i >= node.params.length || !Number.isFinite(v))
+      throw new RangeError(`setParam: node ${n} has no param ${i} (or ${v} is not finite)`);
+    node.params[i] = v;
+    const c = this.cached();
+    if (c) c.params[c.nodes[n * NODE_STRIDE + 7]! + i] = v;
+  }
+
+  /** The cached encoding when it still describes this graph (nothing was added since). */
+  private cached(): EncodedGraph | undefined {
+    const c = this.encoded;
+    return c && c.nTensors === this.tensors.length && c.nNodes === this.nodes.length ? c.e : undefined;
   }
 
   shape(t: TensorId): [number, number, number, number] {
@@ -312,8 +364,12 @@ export class Graph {
     this.check(p.nHead % p.nHeadKv === 0, "attention: n_head must be a multiple of n_head_kv");
     this.check(p.nPast + t <= ctx, `attention: ${p.nPast + t} positions exceed the cache size ${ctx}`);
     const params = [p.nPast, p.nHeadKv, p.scale, p.headDim, p.nHead];
-    if (w > 0) return this.node("attention_swa", [p.headDim * p.nHead, t], [q, kCache, vCache], [...params, w]);
-    return this.node("attention", [p.headDim * p.nHead, t], [q, kCache, vCache], params);
+    const out =
+      w > 0
+        ? this.node("attention_swa", [p.headDim * p.nHead, t], [q, kCache, vCache], [...params, w])
+        : this.node("attention", [p.headDim * p.nHead, t], [q, kCache, vCache], params);
+    this.positionParams.push({ node: this.nodes.length - 1, param: 0 });
+    return out;
   }
 
   add(a: TensorId, b: TensorId): TensorId {
@@ -465,6 +521,7 @@ export class Graph {
     this.check(n === nd, `cpy: row length ${n} != destination row length ${nd}`);
     this.check(rowOffset + t <= rows, `cpy: rows ${rowOffset}..${rowOffset + t} exceed ${rows}`);
     this.nodes.push({ op: "cpy", dst, src: [src], params: [rowOffset] });
+    this.positionParams.push({ node: this.nodes.length - 1, param: 0 });
     return dst;
   }
 
@@ -503,8 +560,14 @@ export class Graph {
     return this.node("axpy_sparse", [e, t], [wt, a, opts.logits ?? -1, opts.rows ?? -1], [opts.threshold ?? 0, nOut]);
   }
 
-  /** The compact wire form (see {@link EncodedGraph}). */
+  /**
+   * The compact wire form (see {@link EncodedGraph}). Made once and kept while no tensor or node is added;
+   * {@link setInput}, {@link setParam} and {@link output} update it in place. Change a built graph only
+   * through those.
+   */
   encode(): EncodedGraph {
+    const c = this.cached();
+    if (c) return c;
     const tensors = new Int32Array(this.tensors.length * TENSOR_STRIDE);
     const inputs: ArrayBufferView[] = [];
     const outputs: Float32Array[] = [];
@@ -527,6 +590,8 @@ export class Graph {
       nodes[o + 8] = n.params.length;
       params.push(...n.params);
     });
-    return { tensors, nodes, params: Float64Array.from(params), inputs, outputs };
+    const e = { tensors, nodes, params: Float64Array.from(params), inputs, outputs };
+    this.encoded = { e, nTensors: this.tensors.length, nNodes: this.nodes.length };
+    return e;
   }
 }

@@ -313,6 +313,13 @@ export interface BatchGraph {
   captures: LayerCapture[];
   /** With an offload: per node, the backend it runs on (0 main, 1 device). */
   nodeBackend?: number[];
+  /**
+   * The tensors a caller changes to compute the graph again for other tokens at other positions (the
+   * session's decode-graph reuse): the token ids and positions (i32 inputs [T]), the learned-position rows
+   * (position + the table's offset; models with `position_embd` only) and the logits tensor (undefined when no
+   * logits are wanted).
+   */
+  io: { ids: TensorId; pos: TensorId; posRows?: TensorId; logits?: TensorId };
 }
 
 /**
@@ -409,6 +416,7 @@ export function buildLlamaBatchGraph(
   const cols = multi ? seqs.map((s, i) => g.input("i32", [s.tokens.length], iota(offsets[i]!, s.tokens.length))) : [];
   const allCols = multi ? g.input("i32", [T], iota(0, T)) : -1;
   let x: TensorId = g.getRows(g.handle(w.tokEmbd), ids);
+  let posRows: TensorId | undefined;
   if (w.posEmbd) {
     // learned positions (opt): row p + offset of the table
     const rows = w.posEmbd.ne[1] ?? 1;
@@ -419,7 +427,7 @@ export function buildLlamaBatchGraph(
         `position ${last} is beyond the ${rows - w.posOffset} positions this model learned (position_embd)`,
       );
     }
-    const posRows = g.input(
+    posRows = g.input(
       "i32",
       [T],
       posData.map((p) => p + w.posOffset),
@@ -481,11 +489,13 @@ export function buildLlamaBatchGraph(
   ctx.home = 0;
   const nv = cfg.n_vocab;
   const result: (Float32Array | undefined)[] = seqs.map(() => undefined);
+  let logitsTensor: TensorId | undefined;
   if (outCols.length > 0) {
     // (selected in the last layer unless capturing)
     if (!identity && ctx.outIds === undefined) x = g.getRows(x, outIds!);
     const out = normed(ctx, x, w.outputNorm, w.outputNormB);
-    const all = g.output(g.mulMat(g.handle(w.output), out));
+    logitsTensor = g.mulMat(g.handle(w.output), out);
+    const all = g.output(logitsTensor);
     seqs.forEach((s, i) => {
       const mode = s.logits ?? "last";
       if (mode === "none") return;
@@ -495,5 +505,12 @@ export function buildLlamaBatchGraph(
   }
   // the output norm and head on main
   if (nodeBackend) for (let i = 0; i < g.nodes.length; i++) nodeBackend[i] ??= 0;
-  return { graph: g, logits: result, sparseNodes, captures, nodeBackend };
+  return {
+    graph: g,
+    logits: result,
+    sparseNodes,
+    captures,
+    nodeBackend,
+    io: { ids, pos, posRows, logits: logitsTensor },
+  };
 }
