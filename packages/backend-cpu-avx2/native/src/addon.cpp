@@ -110,12 +110,15 @@ ViewBytes view_bytes(const Napi::Value& v) {
   throw_error(v.Env(), "BAD_TENSOR", "expected an ArrayBufferView");
 }
 
-/// Collects an encoded graph's arrays (and references that keep them alive for async work).
+/// Collects an encoded graph's arrays (and, for async work, references that keep them alive).
 struct GraphArgs {
   pi::EncodedGraph g;
   std::vector<Napi::Reference<Napi::Value>> refs;
+  /// false for a synchronous compute: the caller's arguments outlive the call, so no reference is made
+  bool hold = true;
 
-  void parse(const Napi::CallbackInfo& info) {
+  void parse(const Napi::CallbackInfo& info, bool hold_refs) {
+    hold = hold_refs;
     Napi::Env env = info.Env();
     if (info.Length() < 5) throw_error(env, "BAD_GRAPH", "compute(tensors, nodes, params, inputs, outputs)");
     if (!info[0].IsTypedArray() || info[0].As<Napi::TypedArray>().TypedArrayType() != napi_int32_array) {
@@ -160,7 +163,9 @@ struct GraphArgs {
     }
   }
 
-  void keep(const Napi::Value& v) { refs.push_back(Napi::Persistent(v)); }
+  void keep(const Napi::Value& v) {
+    if (hold) refs.push_back(Napi::Persistent(v));
+  }
 };
 
 Napi::Object compute_result(Napi::Env env, const std::vector<double>& rows, double ms) {
@@ -458,7 +463,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     Napi::Env env = info.Env();
     State& s = live(env);
     GraphArgs args;
-    args.parse(info);
+    args.parse(info, false);
     std::vector<double> rows;
     const auto t0 = std::chrono::steady_clock::now();
     guarded(env, [&] {
@@ -473,7 +478,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     Napi::Env env = info.Env();
     live(env);
     auto args = std::make_unique<GraphArgs>();
-    args->parse(info);
+    args->parse(info, true);
     auto* w = new ComputeWorker(env, st_, std::move(args));
     Napi::Promise p = w->promise();
     w->Queue();

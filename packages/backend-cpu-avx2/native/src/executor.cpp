@@ -83,6 +83,8 @@ struct OpProfile {
   long calls[OP_COUNT][kProfDtypes] = {};
   double bytes[OP_COUNT][kProfDtypes] = {};  // sparse ops: rows read × row bytes
   double compute_ns = 0;                      // Executor::compute, entry to return (all its graphs)
+  double prep_ns = 0;                         // entry to the start of the run (validation, planning, repacking)
+  double run_ns = 0;                          // the run: the pool's job, start to join
   long computes = 0;
 };
 OpProfile* g_profile = nullptr;
@@ -97,9 +99,13 @@ void print_profile() {
   }
   std::fprintf(stderr, "powerinfer cpu profile (thread 0 wall time per node, %.1f ms in all):\n", total / 1e6);
   if (g_profile->computes > 0) {
+    const double per = 1e3 * static_cast<double>(g_profile->computes);
     std::fprintf(stderr, "  %ld graphs computed in %.1f ms: %.1f ms (%.2f us per graph) outside the nodes (validation, planning, repacking weights at first use, copying outputs)\n",
                  g_profile->computes, g_profile->compute_ns / 1e6, (g_profile->compute_ns - total) / 1e6,
-                 (g_profile->compute_ns - total) / 1e3 / static_cast<double>(g_profile->computes));
+                 (g_profile->compute_ns - total) / per);
+    std::fprintf(stderr, "    per graph: %.2f us before the run (validation, planning, repacking), %.2f us in the run outside the nodes (pool start and join), %.2f us after it (row counters, outputs)\n",
+                 g_profile->prep_ns / per, (g_profile->run_ns - total) / per,
+                 (g_profile->compute_ns - g_profile->prep_ns - g_profile->run_ns) / per);
   }
   for (int o = 0; o < OP_COUNT; o++) {
     for (int d = 0; d < kProfDtypes; d++) {
@@ -495,6 +501,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
   }
 
   // ---- run: one pool job for the whole graph, a barrier after each node ----
+  const auto t_run = std::chrono::steady_clock::now();
   if (nn > 0) {
     RunCtx rc;
     rc.nodes = &ex;
@@ -508,6 +515,7 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     }
   }
 
+  const auto t_ran = std::chrono::steady_clock::now();
   if (cc.io_errors.load() != io_errors0) {
     std::string path;
     {
@@ -531,6 +539,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t_start).count();
     std::lock_guard<std::mutex> plk(g_profile_mu);
     g_profile->compute_ns += ns;
+    g_profile->prep_ns += std::chrono::duration<double, std::nano>(t_run - t_start).count();
+    g_profile->run_ns += std::chrono::duration<double, std::nano>(t_ran - t_run).count();
     g_profile->computes++;
   }
 }
