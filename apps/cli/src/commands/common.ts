@@ -587,6 +587,9 @@ export const TEMP_HELP = "temperature (0 or less = greedy: always the most likel
 /** A seed: an integer in [0, 2^32), or -1 = random (llama.cpp). */
 export const SEED_RULE: NumberRule = { min: 0, max: 2 ** 32 - 1, also: [-1], alsoMeans: "-1 = random" };
 
+/** --repeat-last-n: a window ≥ 0 (0 = off), or -1 = the context size n_ctx (llama.cpp). */
+export const REPEAT_LAST_N_RULE: NumberRule = { min: 0, also: [-1], alsoMeans: "-1 = the context size" };
+
 /** Adds the sampling options; `seedHelp` describes -s for the command. */
 export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: random)"): Command {
   return (
@@ -597,7 +600,12 @@ export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: ran
       .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { above: 0, max: 1 }), 0.95)
       .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p", { min: 0, max: 1 }), 0.05)
       .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty", { above: 0 }), 1)
-      .option("--repeat-last-n <n>", "tokens the penalties look back over", int("repeat-last-n", { min: 0 }), 64)
+      .option(
+        "--repeat-last-n <n>",
+        "tokens the penalties look back over (0 = off, -1 = the context size, as llama.cpp)",
+        int("repeat-last-n", REPEAT_LAST_N_RULE),
+        64,
+      )
       .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
       .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
       .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed", SEED_RULE))
@@ -606,15 +614,18 @@ export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: ran
   );
 }
 
-/** The engine's generation options from the CLI's sampling options. */
-export function generateOptionsFromCli(o: SamplingCliOptions): GenerateOptions {
+/**
+ * The engine's generation options from the CLI's sampling options.
+ * @param nCtx the session's context size, the penalty window of --repeat-last-n -1 (llama.cpp)
+ */
+export function generateOptionsFromCli(o: SamplingCliOptions, nCtx: number): GenerateOptions {
   return {
     temperature: o.temp,
     topK: o.topK,
     topP: o.topP,
     minP: o.minP,
     repeatPenalty: o.repeatPenalty,
-    penaltyLastN: o.repeatLastN,
+    penaltyLastN: o.repeatLastN === -1 ? nCtx : o.repeatLastN,
     presencePenalty: o.presencePenalty,
     frequencyPenalty: o.frequencyPenalty,
     seed: o.seed === -1 ? undefined : o.seed, // llama.cpp: -1 = random

@@ -77,7 +77,7 @@ export function register(program: Command): void {
         let decodeTokens = 0;
         try {
           for await (const t of session.generate(ids, {
-            ...generateOptionsFromCli(o),
+            ...generateOptionsFromCli(o, session.nCtx),
             maxTokens: o.nPredict,
             signal: ac.signal,
           })) {
