@@ -74,6 +74,10 @@ describe("every option is checked before any file is opened", () => {
     [["run", "-m", m, "-p", "x", "--min-p", "1.5"], /--min-p must be a number in \[0, 1\], got 1\.5/],
     [["run", "-m", m, "-p", "x", "--repeat-penalty", "0"], /--repeat-penalty must be a number > 0, got 0/],
     [
+      ["run", "-m", m, "-p", "x", "--repeat-last-n", "-2"],
+      /--repeat-last-n must be an integer ≥ 0 \(or -1 = the context size\), got -2/,
+    ],
+    [
       ["run", "-m", m, "-p", "x", "--seed", "-2"],
       /--seed must be an integer in \[0, 4294967295\] \(or -1 = random\), got -2/,
     ],
@@ -270,6 +274,64 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
 
   it("--help says so", () => {
     expect(cli("run", "--help").stdout).toMatch(/--temp <t>\s+temperature \(0 or less = greedy/);
+  });
+
+  it("--repeat-last-n -1 is the context size, as in llama.cpp (the same text as --repeat-last-n n_ctx)", () => {
+    const run = (n: string, ...more: string[]) =>
+      cli(
+        "run",
+        "-m",
+        stories,
+        "-p",
+        "Once upon a time",
+        "-n",
+        "150",
+        "--temp",
+        "0",
+        "--repeat-penalty",
+        "1.3",
+        "--repeat-last-n",
+        n,
+        ...more,
+      );
+    const all = run("-1", "-c", "256");
+    expect(all.code, all.stderr).toBe(0);
+    expect(all.stdout).toBe(run("256", "-c", "256").stdout);
+    expect(all.stdout).not.toBe(run("64", "-c", "256").stdout); // the default window gives other text here
+    // batched: each sequence's context (-c is per sequence)
+    const batched = (n: string) =>
+      cli(
+        "batched",
+        "-m",
+        stories,
+        "-p",
+        "Once upon a time",
+        "-n",
+        "150",
+        "--np",
+        "2",
+        "--temp",
+        "0",
+        "--repeat-penalty",
+        "1.3",
+        "--repeat-last-n",
+        n,
+        "-c",
+        "256",
+        "--json",
+      );
+    const texts = (r: ReturnType<typeof cli>) =>
+      (JSON.parse(r.stdout) as { sequences: { text: string }[] }).sequences.map((q) => q.text);
+    const b = batched("-1");
+    expect(b.code, b.stderr).toBe(0);
+    expect(texts(b)).toEqual(texts(batched("256")));
+    expect(texts(b)).toEqual([
+      all.stdout.slice("Once upon a time".length, -1),
+      all.stdout.slice("Once upon a time".length, -1),
+    ]);
+    expect(cli("run", "--help").stdout.replace(/\s+/g, " ")).toContain(
+      "--repeat-last-n <n> tokens the penalties look back over (0 = off, -1 = the context size, as llama.cpp)",
+    );
   });
 
   it("-t -1 is the default thread count, as in llama.cpp (the same text as -t 1)", () => {

@@ -100,7 +100,11 @@ export function register(program: Command): void {
           const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
           const gens = sessions.map(
             (_, i) =>
-              new Generation(tok, ids, { ...generateOptionsFromCli(o, nCtx), maxTokens: o.nPredict, seed: (seed + i) >>> 0 }),
+              new Generation(tok, ids, {
+                ...generateOptionsFromCli(o, nCtx),
+                maxTokens: o.nPredict,
+                seed: (seed + i) >>> 0,
+              }),
           );
           const t0 = performance.now();
           const first = sessions[0]!.evaluate(ids);
