@@ -24,7 +24,7 @@ import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import { argmax, DEFAULT_HOT_SHARE, EngineError, Model, planRamBudget, type SparseMode } from "@powerinfer/engine";
-import { openGgufModel, parseModelConfig, readTensorBytes } from "@powerinfer/gguf";
+import { openGgufModel, parseModelConfig, readTensorBytes, writeActivationStats } from "@powerinfer/gguf";
 import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { TINY_MOE_SHAPE } from "./moe-shape.js";
@@ -356,6 +356,41 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       expect(e.status, bad).not.toBe(0);
       expect(e.stderr).toMatch(/POWERINFER_IO_THREADS must be a whole number from 1 to 256/);
     }
+  });
+
+  it("statistics of another model (the default file or --stats) name the file and the fix, with --ram-budget or a device", () => {
+    // gen.pwri.gguf seen from a folder of its own, where <model>.activations.gguf is another model's (n_ff 16)
+    const own = mkdtempSync(join(tmpdir(), "pi-ram-stats-"));
+    const model = join(own, "gen.pwri.gguf");
+    symlinkSync(gen, model);
+    const wrong = join(own, "gen.pwri.activations.gguf");
+    const cfg = parseModelConfig(openGgufModel(gen));
+    writeActivationStats(wrong, {
+      counts: Array.from({ length: cfg.n_layer }, () => new Int32Array(16)),
+      nFf: 16,
+      tokenCount: 1,
+      corpusName: "other",
+      corpusSha256: "",
+      modelSha256: "",
+    });
+    const args = ["run", "-m", model, "-p", "hi", "-n", "1", "-t", "1"];
+    const mismatch = `does not fit this model (activation statistics are for n_ff 16, this model has n_ff ${cfg.n_ff})`;
+    for (const extra of [
+      ["--ram-budget", "1"],
+      ["--device-backend", "cpu", "--vram-budget", "0.0005"],
+    ]) {
+      const r = cli([...args, ...extra]);
+      expect(r.status, r.stderr).toBe(1);
+      expect(r.stderr.trim().split("\n").at(-1)).toBe(
+        `powerinfer: activation statistics file ${wrong} (the default of --stats) ${mismatch}: run \`powerinfer profile -m ${model} -f TEXT --force\` to replace it with this model's, or pass --stats with this model's statistics`,
+      );
+      const given = cli([...args, ...extra, "--stats", wrong]);
+      expect(given.status, given.stderr).toBe(1);
+      expect(given.stderr.trim().split("\n").at(-1)).toBe(
+        `powerinfer: activation statistics file (--stats) ${wrong} ${mismatch}: pass --stats with this model's statistics (\`powerinfer profile -m ${model} -f TEXT\` measures them)`,
+      );
+    }
+    rmSync(own, { recursive: true, force: true });
   });
 
   it("the CLI under a cgroup v1 memory limit: greedy text equals the unlimited run's", (ctx) => {

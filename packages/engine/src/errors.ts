@@ -12,6 +12,8 @@ export type EngineErrorCode =
   | "RAM_BUDGET"
   /** A placement plan had to be solved, and there are no activation statistics to solve it from. */
   | "NO_STATS"
+  /** Activation statistics measured on another model (layers, n_ff, experts or the file's fingerprint differ). */
+  | "STATS_MISMATCH"
   /** The backend computed a step but left logits unwritten or NaN. */
   | "BACKEND_FAULT"
   /** Reading the model file failed (rows read directly for a device copy under --ram-budget). */

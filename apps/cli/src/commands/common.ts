@@ -4,7 +4,14 @@ import { dirname, resolve } from "node:path";
 import { availableParallelism } from "node:os";
 import { cgroupMemoryLimit } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
-import { defaultStatsPath, type GenerateOptions, Model, type SparseMode, servesExperts } from "@powerinfer/engine";
+import {
+  defaultStatsPath,
+  EngineError,
+  type GenerateOptions,
+  Model,
+  type SparseMode,
+  servesExperts,
+} from "@powerinfer/engine";
 import {
   type ActivationStats,
   GgufError,
@@ -251,15 +258,21 @@ export function checkInputFile(path: string, what = "model file"): void {
 }
 
 /**
- * Names the option behind an activation statistics file that cannot be read: a GgufError about the file at
- * `path` (not a GGUF, truncated, not statistics) becomes "activation statistics file (--stats) PATH …" — or,
- * for the default path next to the model, "activation statistics file PATH (the default of --stats) …" — with
- * its class and code kept. Any other error is returned unchanged.
+ * Names the option behind an activation statistics file that cannot be read or does not fit the model: a
+ * GgufError about the file at `path` (not a GGUF, truncated, not statistics) becomes "activation statistics
+ * file (--stats) PATH …" — or, for the default path next to the model, "activation statistics file PATH (the
+ * default of --stats) …" — with its class and code kept. An EngineError 'STATS_MISMATCH' (statistics of
+ * another model) is named the same way, with the fix: profile this model, or pass --stats. Any other error is
+ * returned unchanged.
+ * @param model the model's path, for the `powerinfer profile` command line in the fix
  */
-export function annotateStatsError(e: unknown, path: string, given: boolean): unknown {
+export function annotateStatsError(e: unknown, path: string, given: boolean, model?: string): unknown {
+  const what = given ? `(--stats) ${path}` : `${path} (the default of --stats)`;
   if (e instanceof GgufError && e.path === path && e.message.startsWith(path)) {
-    const what = given ? `(--stats) ${path}` : `${path} (the default of --stats)`;
     e.message = `activation statistics file ${what}${e.message.slice(path.length)}`;
+  } else if (e instanceof EngineError && e.code === "STATS_MISMATCH") {
+    const profile = `\`powerinfer profile -m ${model ?? "MODEL"} -f TEXT${given ? "" : " --force"}\``;
+    e.message = `activation statistics file ${what} does not fit this model (${e.message}): ${given ? `pass --stats with this model's statistics (${profile} measures them)` : `run ${profile} to replace it with this model's, or pass --stats with this model's statistics`}`;
   }
   return e;
 }
@@ -290,15 +303,15 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   const budget = o.ramBudget !== undefined ? o.ramBudget * 2 ** 30 : undefined;
   let ramStats: ActivationStats | undefined;
   let noStats: string | undefined; // the statistics path looked for, when there was none
+  const statsPath = o.stats ?? defaultStatsPath(o.model);
   if (budget !== undefined) {
-    const statsPath = o.stats ?? defaultStatsPath(o.model);
     // a file the user named must be there (the default one is optional)
     if (o.stats !== undefined) checkInputFile(o.stats, "activation statistics file (--stats)");
     if (existsSync(statsPath)) {
       try {
         ramStats = readActivationStats(statsPath);
       } catch (e) {
-        throw annotateStatsError(e, statsPath, o.stats !== undefined);
+        throw annotateStatsError(e, statsPath, o.stats !== undefined, o.model);
       }
     } else noStats = statsPath;
   } else if (!quiet) {
@@ -318,6 +331,9 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
       onProgress: (f, what) => bar?.update(Math.round(f * 100), { what }),
       ramBudget: budget,
       ramStats,
+    }).catch((e: unknown) => {
+      // statistics of another model (checked by the engine): named with the option that chose the file
+      throw ramStats ? annotateStatsError(e, statsPath, o.stats !== undefined, o.model) : e;
     });
     bar?.stop();
     if (o.sparseThreshold !== undefined && model.sparse !== "predictor") {

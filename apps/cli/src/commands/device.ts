@@ -127,7 +127,7 @@ export function resolvePlanFromCli(
     exactGpuLayers: o.nGpuLayers !== undefined,
     throughput: at.throughput,
   }).catch((e: unknown) => {
-    throw annotateStatsError(e, statsPath, o.stats !== undefined);
+    throw annotateStatsError(e, statsPath, o.stats !== undefined, model.file.path);
   });
 }
 

@@ -194,7 +194,8 @@ export class Model {
    * found by name — and maps its weights onto the backend (each tensor from the file holding it).
    * @throws GgufError (bad file; `BAD_SPLIT` for a non-first, missing or inconsistent shard;
    *   `NOT_A_MODEL` for a vocabulary-only file, GPU index or activation statistics), EngineError 'UNSUPPORTED_ARCH' / 'MISSING_TENSOR' / 'BAD_SHAPE' /
-   *   'UNSUPPORTED_TYPE' / 'ABORTED', BackendError from the backend (e.g. 'OUT_OF_MEMORY').
+   *   'UNSUPPORTED_TYPE' / 'ABORTED' / 'STATS_MISMATCH' (`ramStats` of another model), BackendError from the
+   *   backend (e.g. 'OUT_OF_MEMORY').
    */
   static async load(path: string, opts: ModelLoadOptions): Promise<Model> {
     const t0 = performance.now();

@@ -197,7 +197,7 @@ export function summarizeSparsity(p: {
 
 /**
  * Checks that statistics were measured on this model.
- * @throws EngineError 'BAD_INPUT' naming the mismatch (layer count, n_ff, or model fingerprint).
+ * @throws EngineError 'STATS_MISMATCH' naming the mismatch (layer count, n_ff, or model fingerprint).
  */
 export function checkStatsForModel(
   stats: ActivationStats,
@@ -206,7 +206,7 @@ export function checkStatsForModel(
 ): void {
   if (model.moe && stats.nExpert !== model.moe.n_expert) {
     throw new EngineError(
-      "BAD_INPUT",
+      "STATS_MISMATCH",
       stats.nExpert === undefined
         ? "these activation statistics have no experts; this model routes tokens to experts: run `powerinfer profile` on it"
         : `activation statistics are for ${stats.nExpert} experts, this model has ${model.moe.n_expert}`,
@@ -214,26 +214,26 @@ export function checkStatsForModel(
   }
   if (!model.moe && stats.nExpert !== undefined) {
     throw new EngineError(
-      "BAD_INPUT",
+      "STATS_MISMATCH",
       `activation statistics are for a model with ${stats.nExpert} routed experts; this model has none`,
     );
   }
   const nFf = model.moe ? model.moe.n_ff_exp : model.n_ff;
   if (stats.counts.length !== model.n_layer) {
     throw new EngineError(
-      "BAD_INPUT",
+      "STATS_MISMATCH",
       `activation statistics are for a model with ${stats.counts.length} layers, this model has ${model.n_layer}`,
     );
   }
   if (stats.nFf !== nFf) {
     throw new EngineError(
-      "BAD_INPUT",
+      "STATS_MISMATCH",
       `activation statistics are for n_ff ${stats.nFf}, this model has ${model.moe ? "n_ff_exp" : "n_ff"} ${nFf}`,
     );
   }
   if (fingerprint && stats.modelSha256 && stats.modelSha256 !== fingerprint) {
     throw new EngineError(
-      "BAD_INPUT",
+      "STATS_MISMATCH",
       `activation statistics were measured on another model file (fingerprint ${stats.modelSha256.slice(0, 12)}…, this file ${fingerprint.slice(0, 12)}…)`,
     );
   }
