@@ -23,7 +23,15 @@ import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend, NeuronCacheStats } from "@powerinfer/core";
-import { argmax, DEFAULT_HOT_SHARE, EngineError, Model, planRamBudget, type SparseMode } from "@powerinfer/engine";
+import {
+  argmax,
+  DEFAULT_HOT_SHARE,
+  EngineError,
+  formatBytes,
+  Model,
+  planRamBudget,
+  type SparseMode,
+} from "@powerinfer/engine";
 import { openGgufModel, parseModelConfig, readTensorBytes, writeActivationStats } from "@powerinfer/gguf";
 import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -342,11 +350,41 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
     const err = await Model.load(gen, { backend, ramBudget: p.residentBytes / 2 }).catch((e) => e);
     expect(err).toBeInstanceOf(EngineError);
     expect((err as EngineError).code).toBe("RAM_BUDGET");
-    expect((err as EngineError).message).toMatch(/needs at least [\d.]+ GiB \(\d+ bytes\)/);
+    // a small model's megabytes in MiB (not "0.002 GiB")
+    expect((err as EngineError).message).toMatch(/needs at least [\d.]+ MiB \(\d+ bytes\)/);
     expect(backend.allocatedBytes()).toBe(allocated);
     const r = cli(["run", "-m", gen, "-p", "hi", "-n", "2", "--ram-budget", "0.0001", "-t", "1"]);
     expect(r.status).not.toBe(0);
-    expect(r.stderr).toMatch(/RAM budget .* is too small for this model: it needs at least/);
+    // each amount in a unit that shows it: the budget (0.0001 GiB) in KiB, not "0.000 GiB"
+    expect(r.stderr.trim().split("\n").at(-1)).toMatch(
+      /^powerinfer: RAM budget 104\.858 KiB \(107374 bytes\) is too small for this model: it needs at least \d+\.\d{3} MiB \(\d+ bytes\) \(resident: embeddings, attention, norms, output and predictors take \d+\.\d{3} MiB; the neuron cache needs at least \d+\.\d{3} KiB\)$/,
+    );
+    expect(r.stderr).not.toMatch(/0\.000 GiB/);
+    // the plan's line, likewise
+    const ok = cli([
+      "run",
+      "-m",
+      gen,
+      "-p",
+      "hi",
+      "-n",
+      "2",
+      "--ram-budget",
+      String(budgetFor(gen, "predictor", 0.3) / 2 ** 30),
+      "-t",
+      "1",
+    ]);
+    expect(ok.status, ok.stderr).toBe(0);
+    expect(ok.stderr).toMatch(
+      /^ram budget \d+\.\d{3} MiB: resident \d+\.\d{3} MiB \+ neuron cache \d+\.\d{3} KiB \(30\.0 % of \d+\.\d{3} MiB FFN rows; pinned hot \d+ bytes\)/m,
+    );
+    expect([1, 512, 1536, 2544640, 3 * 2 ** 30].map((b) => formatBytes(b))).toEqual([
+      "1 byte",
+      "512 bytes",
+      "1.500 KiB",
+      "2.427 MiB",
+      "3.000 GiB",
+    ]);
     // a reader-thread count the native side would silently replace
     for (const bad of ["abc", "0", "1.5", "1000"]) {
       const e = spawnSync(process.execPath, [bin, "run", "-m", gen, "-p", "hi", "-n", "1", "--ram-budget", "1"], {

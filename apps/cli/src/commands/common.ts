@@ -7,6 +7,7 @@ import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import {
   defaultStatsPath,
   EngineError,
+  formatBytes,
   type GenerateOptions,
   Model,
   type SparseMode,
@@ -319,7 +320,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
     const size = statSync(o.model).size;
     if (limit !== undefined && limit < size) {
       process.stderr.write(
-        `note: this process runs under a memory limit of ${(limit / 2 ** 30).toFixed(2)} GiB, below the model's ${(size / 2 ** 30).toFixed(2)} GiB: the mapped weights will be re-read from storage over and over; --ram-budget ${Math.max(0.01, (limit * 0.8) / 2 ** 30).toFixed(2)} keeps the hot part in memory and reads the rest on demand\n`,
+        `note: this process runs under a memory limit of ${formatBytes(limit, 2)}, below the model's ${formatBytes(size, 2)}: the mapped weights will be re-read from storage over and over; --ram-budget ${Math.max(0.01, (limit * 0.8) / 2 ** 30).toFixed(2)} keeps the hot part in memory and reads the rest on demand\n`,
       );
     }
   }
@@ -363,7 +364,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
 export function describeRamPlan(model: Model): string {
   const p = model.ramPlan;
   if (!p) return "";
-  const gib = (b: number) => `${(b / 2 ** 30).toFixed(3)} GiB`;
+  const size = (b: number) => formatBytes(b);
   const hot = p.tensors.reduce((s, t) => s + t.hot.length * t.rowBytes, 0);
   const st = model.backend.neuronCacheStats?.();
   const io = st
@@ -372,24 +373,24 @@ export function describeRamPlan(model: Model): string {
       : `pread + fadvise(DONTNEED), ${plural(st.ioThreads, "reader thread")}`
     : "";
   const budget =
-    p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : gib(p.budget);
+    p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : size(p.budget);
   if (servesExperts(p)) {
     const experts = p.tensors.reduce((s, t) => s + t.hot.length, 0);
     const reads =
       p.cachedShare >= 1
         ? "every expert pinned at load: nothing is read while generating"
         : `whole experts read from the file on demand (${io})`;
-    return `ram budget ${budget}: resident ${gib(p.residentBytes)} + expert cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${gib(hot)})${p.fromStats ? " by profile selection counts" : ""}) — ${reads}; the KV cache is not counted`;
+    return `ram budget ${budget}: resident ${size(p.residentBytes)} + expert cache ${size(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${size(p.ffnBytes)} of expert stacks; ${experts} experts pinned (${size(hot)})${p.fromStats ? " by profile selection counts" : ""}) — ${reads}; the KV cache is not counted`;
   }
   if (p.tensors.length === 0) {
     // a dense FFN (or --sparse off): nothing is served from the file
-    return `ram budget ${budget}: every weight resident (${gib(p.residentBytes)}); no FFN row is read from the file (a dense FFN cannot be); the KV cache is not counted`;
+    return `ram budget ${budget}: every weight resident (${size(p.residentBytes)}); no FFN row is read from the file (a dense FFN cannot be); the KV cache is not counted`;
   }
   const reads =
     p.cachedShare >= 1
       ? "every row fits the cache: nothing is read from the file once it is warm"
       : `rows read from the file on demand (${io})`;
-  return `ram budget ${budget}: resident ${gib(p.residentBytes)} + neuron cache ${gib(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${gib(p.ffnBytes)} FFN rows; pinned hot ${gib(hot)}${p.fromStats ? " from profile statistics" : ""}) — ${reads}; the KV cache is not counted`;
+  return `ram budget ${budget}: resident ${size(p.residentBytes)} + neuron cache ${size(p.cacheBytes)} (${(p.cachedShare * 100).toFixed(1)} % of ${size(p.ffnBytes)} FFN rows; pinned hot ${size(hot)}${p.fromStats ? " from profile statistics" : ""}) — ${reads}; the KV cache is not counted`;
 }
 
 /** Differences of two neuron-cache counter snapshots. */

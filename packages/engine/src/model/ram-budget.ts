@@ -28,6 +28,22 @@ import type { LlamaWeights } from "./llama.js";
 import { type BundleLayout, bundleLayout, isBundled } from "./bundle.js";
 import { dtypeOfTensor, expertDownNeuronMajor } from "./weights.js";
 
+/**
+ * A byte count in the largest binary unit it reaches — GiB, MiB or KiB, else bytes — with `decimals`
+ * places, so that a small amount shows its value ("2.427 MiB", not "0.002 GiB").
+ */
+export function formatBytes(bytes: number, decimals = 3): string {
+  for (const [size, unit] of [
+    [2 ** 30, "GiB"],
+    [2 ** 20, "MiB"],
+    [2 ** 10, "KiB"],
+  ] as const) {
+    if (Math.abs(bytes) >= size) return `${(bytes / size).toFixed(decimals)} ${unit}`;
+  }
+  const n = Math.round(bytes);
+  return `${n} ${n === 1 ? "byte" : "bytes"}`;
+}
+
 /** One FFN tensor served from the file. */
 export interface CachedTensorPlan {
   layer: number;
@@ -188,10 +204,12 @@ export function planRamBudget(
   const minCache = tensors.reduce((s, t) => s + minRows(t) * t.rowBytes, 0);
   if (residentBytes + minCache > budget) {
     const need = residentBytes + minCache;
-    // as many decimals as it takes for the budget and the need to read differently
+    // each in a unit that shows it, with as many decimals as it takes for the budget and the need to differ
     let d = 3;
-    while (d < 9 && (budget / 2 ** 30).toFixed(d) === (need / 2 ** 30).toFixed(d)) d++;
-    const g = (b: number) => `${(b / 2 ** 30).toFixed(d)} GiB`;
+    while (d < 9 && formatBytes(budget, d) === formatBytes(need, d)) d++;
+    const g = (b: number) => formatBytes(b, d);
+    // and the exact count beside a rounded one
+    const exact = (b: number) => (b < 2 ** 10 ? g(b) : `${g(b)} (${Math.floor(b)} bytes)`);
     const parts = `embeddings, attention, norms, output${cfg.moe ? ", routers" : ""}${cfg.has_predictors ? " and predictors" : ""}`;
     const copy =
       extra > 0
@@ -205,7 +223,7 @@ export function planRamBudget(
         : ` (resident: ${parts} take ${g(residentBytes)}${copy}; the ${cfg.moe ? "expert" : "neuron"} cache needs at least ${g(minCache)})`;
     throw new EngineError(
       "RAM_BUDGET",
-      `RAM budget ${g(budget)} (${Math.floor(budget)} bytes) is too small for this model: it needs at least ${g(need)} (${need} bytes)${why}`,
+      `RAM budget ${exact(budget)} is too small for this model: it needs at least ${exact(need)}${why}`,
     );
   }
   const cacheBytes = Math.min(ffnBytes, budget - residentBytes);
