@@ -214,7 +214,7 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     }
   });
 
-  it("serve: a port in use or a host that is not this machine's is one line naming the option", async () => {
+  it("serve: a port in use, a host that is not this machine's or a host name that does not resolve is one line naming the option", async () => {
     const { createServer } = await import("node:net");
     const busy = createServer();
     await new Promise<void>((resolve) => busy.listen(0, "127.0.0.1", resolve));
@@ -236,6 +236,16 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     });
     expect(h.status, h.stderr).toBe(1);
     expect(h.stderr).toMatch(/cannot listen on --host 192\.0\.2\.77: not an address of this machine/);
+    // a name that does not resolve is not called a foreign address
+    const n = spawnSync(process.execPath, [bin, "serve", "-m", stories, "--port", "0", "--host", "not_a_host"], {
+      encoding: "utf8",
+      timeout: 60_000,
+    });
+    expect(n.status, n.stderr).toBe(1);
+    expect(n.stderr).toMatch(
+      /^powerinfer: cannot listen on --host not_a_host: the host name cannot be resolved \((ENOTFOUND|EAI_AGAIN: name resolution failed for now)\); give an address of this machine or a name that resolves to one$/m,
+    );
+    expect(n.stderr).not.toMatch(/not an address of this machine/);
   });
 
   it("serve: a bad model file is one line on stderr and a non-zero exit", () => {

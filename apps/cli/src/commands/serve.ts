@@ -256,7 +256,11 @@ export function register(program: Command): void {
             throw new InvalidArgumentError(
               `port ${o.port} on ${o.host} is in use by another program: choose another --port (0 = any free port)`,
             );
-          if (e.code === "EADDRNOTAVAIL" || e.code === "ENOTFOUND" || e.code === "EAI_AGAIN")
+          if (e.code === "ENOTFOUND" || e.code === "EAI_AGAIN")
+            throw new InvalidArgumentError(
+              `cannot listen on --host ${o.host}: the host name cannot be resolved (${e.code === "EAI_AGAIN" ? "EAI_AGAIN: name resolution failed for now" : e.code}); give an address of this machine or a name that resolves to one`,
+            );
+          if (e.code === "EADDRNOTAVAIL")
             throw new InvalidArgumentError(
               `cannot listen on --host ${o.host}: not an address of this machine (${e.code})`,
             );
