@@ -100,6 +100,35 @@ describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
     expect(packed.stdout.length).toBeGreaterThan("Once upon a time".length + 20);
   });
 
+  it("a BOS or EOS id outside the vocabulary is a load warning naming the key, the id and the size (llama.cpp's default kept)", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-bos-"));
+    const f = openGguf(stories);
+    const bad = join(dir, "bad-bos.gguf");
+    const ids: Record<string, number> = { "tokenizer.ggml.bos_token_id": 512, "tokenizer.ggml.eos_token_id": 70000 };
+    writeGguf(bad, {
+      metadata: metadataEntries(f).map((e) => (e.key in ids ? { ...e, value: ids[e.key]! } : e)),
+      tensors: f.tensors.map((t) => ({
+        name: t.name,
+        type: t.type,
+        shape: [...t.shape],
+        data: () => readTensorBytes(f, t),
+      })),
+    });
+    const args = ["-p", "Once upon a time", "-n", "8", "--temp", "0", "-t", "1"];
+    const r = cli("run", "-m", bad, ...args);
+    expect(r.code, r.stderr).toBe(0);
+    const warnings = r.stderr.split("\n").filter((l) => l.startsWith("warning:"));
+    expect(warnings).toEqual([
+      "warning: tokenizer.ggml.bos_token_id is 512, outside the vocabulary of 512 tokens (ids 0 to 511): using the default 1, as llama.cpp does",
+      "warning: tokenizer.ggml.eos_token_id is 70000, outside the vocabulary of 512 tokens (ids 0 to 511): using the default 2, as llama.cpp does",
+    ]);
+    // llama.cpp's defaults are the file's own ids here: the same text
+    expect(r.stdout).toBe(cli("run", "-m", stories, ...args).stdout);
+    // the untouched file (its sep/pad ids are 2^32-1, converters' "none") warns of nothing
+    expect(cli("run", "-m", stories, ...args).stderr).not.toMatch(/^warning:/m);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
   it("tells the user when the context is full instead of producing garbage", () => {
     const r = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "100", "--temp", "0", "-c", "16");
     expect(r.code).toBe(0);

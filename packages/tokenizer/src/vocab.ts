@@ -56,6 +56,8 @@ export interface TokenizerVocab {
   addEos: boolean;
   /** SPM: prefix the text with a space (`tokenizer.ggml.add_space_prefix`). */
   addSpacePrefix: boolean;
+  /** What reading the metadata found wrong but went on past, e.g. a special token id outside the vocabulary. */
+  warnings?: string[];
 }
 
 /** The part of a GGUF file the tokenizer reads: its metadata key/value map. */
@@ -134,7 +136,8 @@ function modelDefaults(model: string): Omit<TokenizerVocab, "model" | "tokens"> 
  * Reads the tokenizer vocabulary from GGUF metadata, applying llama.cpp's defaults where keys are absent:
  * `llama` (SPM): BOS 1, EOS 2, UNK 0, add_bos true, add_space_prefix true; `gpt2` (BPE): BOS = EOS = 11,
  * add_bos false (true for the llama3/tekken/chameleon pre-tokenizers), add_space_prefix false. Special ids
- * outside the vocabulary are ignored (llama.cpp keeps its default, itself dropped when out of range).
+ * outside the vocabulary are ignored with a warning in `warnings` (llama.cpp keeps its default, itself dropped
+ * when out of range).
  *
  * @throws TokenizerError `MISSING_METADATA` without `tokenizer.ggml.model` / `tokenizer.ggml.tokens`;
  *   `INVALID_METADATA` when a key has the wrong type or an array is shorter than the token list.
@@ -185,12 +188,22 @@ export function vocabFromGguf(file: GgufMetadataSource): TokenizerVocab {
     ["sepId", "seperator_token_id"],
     ["padId", "padding_token_id"],
   ];
+  const warnings: string[] = [];
   for (const [field, key] of ids) {
     const def = v[field];
     if (def !== undefined && def >= n) v[field] = undefined;
     const id = optInteger(md, K + key);
-    if (id !== undefined && id >= 0 && id < n) v[field] = id;
+    if (id === undefined) continue;
+    if (id >= 0 && id < n) v[field] = id;
+    else if (id !== -1 && id !== 2 ** 32 - 1) {
+      // llama.cpp warns ("bad special token") and keeps its default; -1 as a u32 or i32 is converters' "none"
+      // (e.g. a llama2.c vocabulary's separator and padding), kept quiet here
+      warnings.push(
+        `${K}${key} is ${id}, outside the vocabulary of ${n} tokens (ids 0 to ${n - 1}): ${v[field] === undefined ? "ignored" : `using the default ${v[field]}`}, as llama.cpp does`,
+      );
+    }
   }
+  if (warnings.length) v.warnings = warnings;
   const addBos = optBool(md, `${K}add_bos_token`);
   if (addBos !== undefined) v.addBos = addBos;
   const addEos = optBool(md, `${K}add_eos_token`);

@@ -148,6 +148,28 @@ describe("vocabFromGguf", () => {
     expect(v.tokens.length).toBe(512);
     expect([v.bosId, v.eosId, v.unkId, v.sepId, v.padId]).toEqual([1, 2, 0, undefined, undefined]);
     expect([v.addBos, v.addEos, v.addSpacePrefix]).toEqual([true, false, true]);
+    // 2^32-1 is converters' "none": no warning for it
+    expect(v.warnings).toBeUndefined();
+  });
+
+  it("warns of a special id outside the vocabulary, naming the key, the id and the size (llama.cpp's bad special token)", () => {
+    const v = vocabFromGguf({
+      metadata: new Map<string, unknown>([
+        ["tokenizer.ggml.model", "llama"],
+        ["tokenizer.ggml.tokens", Array.from({ length: 20 }, (_, i) => `t${i}`)],
+        ["tokenizer.ggml.bos_token_id", 20],
+        ["tokenizer.ggml.eos_token_id", 1000],
+        ["tokenizer.ggml.eot_token_id", 25],
+        ["tokenizer.ggml.padding_token_id", 2 ** 32 - 1],
+      ]),
+    });
+    // the default stays, as in llama.cpp
+    expect([v.bosId, v.eosId, v.eotId, v.padId]).toEqual([1, 2, undefined, undefined]);
+    expect(v.warnings).toEqual([
+      "tokenizer.ggml.bos_token_id is 20, outside the vocabulary of 20 tokens (ids 0 to 19): using the default 1, as llama.cpp does",
+      "tokenizer.ggml.eos_token_id is 1000, outside the vocabulary of 20 tokens (ids 0 to 19): using the default 2, as llama.cpp does",
+      "tokenizer.ggml.eot_token_id is 25, outside the vocabulary of 20 tokens (ids 0 to 19): ignored, as llama.cpp does",
+    ]);
   });
 
   it("applies the BPE defaults and the llama3 add_bos", () => {

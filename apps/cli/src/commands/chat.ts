@@ -62,7 +62,7 @@ export function register(program: Command): void {
           if (template.isFallback)
             process.stderr.write("note: the model has no chat template; using ChatML (llama.cpp's fallback)\n");
           session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
-          for (const w of session.warnings) process.stderr.write(`warning: ${w}\n`);
+          for (const w of [...model.config.warnings, ...session.warnings]) process.stderr.write(`warning: ${w}\n`);
           chat = new Chat(
             session,
             (text) => tok.tokenize(text, { addSpecial: true, parseSpecial: true }),

@@ -22,8 +22,9 @@ export function register(program: Command): void {
         const loaded = await loadModelWithDevice(o, !!o.json);
         const { backend, model } = loaded;
         const session = model.createSession({ nCtx: o.ctxSize, nBatch: o.batchSize, kvType: o.kvType as "f16" });
-        // e.g. a context beyond the trained one (perplexity there says little about the model)
-        for (const w of session.warnings) process.stderr.write(`warning: ${w}\n`);
+        // e.g. a context beyond the trained one (perplexity there says little about the model), or the file's
+        // (a special token id outside the vocabulary)
+        for (const w of [...model.config.warnings, ...session.warnings]) process.stderr.write(`warning: ${w}\n`);
         const tok = model.tokenizer;
         const protocol = o.allTokens ? "all-tokens" : "llama.cpp";
         const ids = tok.tokenize(text, { addSpecial: protocol === "llama.cpp" });

@@ -225,6 +225,8 @@ export class Model {
       );
     }
     const tokenizer = Tokenizer.fromGguf(file);
+    // the tokenizer's (e.g. a special token id outside the vocabulary) are the model's load warnings too
+    config.warnings.push(...(tokenizer.vocab.warnings ?? []));
     // the RAM plan is decided (and a budget that is too small refused) before any weight is mapped
     const sparse0 = opts.sparse ?? (config.has_predictors && config.ffn.activation === "relu" ? "predictor" : "off");
     let ramPlan: RamPlan | undefined;
