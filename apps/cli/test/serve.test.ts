@@ -77,6 +77,18 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     expect(cli("batched", ...args.slice(0, 4), "-n", "4", "-np", "2", "-c", "16").stderr).not.toMatch(/context full/);
   });
 
+  it("batched --help says -c is each sequence's context, not llama.cpp's one context shared by all", () => {
+    const help = cli("batched", "--help");
+    expect(help.code).toBe(0);
+    expect(help.stdout.replace(/\s+/g, " ")).toContain(
+      "-c, --ctx-size <n> context size in tokens of each sequence, so N sequences hold N × this (llama.cpp's batched -c is one context shared by all the sequences) (default: the prompt plus -n tokens, at most the model's trained context and 4096; 0: the trained context)",
+    );
+    // the other commands keep the shared words
+    expect(cli("run", "--help").stdout.replace(/\s+/g, " ")).toContain(
+      "-c, --ctx-size <n> context size in tokens (default: the model's trained context, at most 4096; 0: the trained context)",
+    );
+  });
+
   it("serve: listens, answers, and stops cleanly on SIGTERM", async () => {
     // with llama-server's generation defaults and --no-slots
     const defaults = ["--seed", "42", "--temp", "0.5", "--top-k", "20", "--top-p", "0.9", "--min-p", "0.1"];
