@@ -24,6 +24,7 @@ import type { Backend, NeuronCacheStats } from "@powerinfer/core";
 import {
   defaultGpuIndexPath,
   defaultStatsPath,
+  formatBytes,
   Model,
   resolvePlan,
   type Session,
@@ -454,7 +455,7 @@ async function hybridEngine(
       kvType: "f16",
     });
     if (r.plan.layers.every((L) => L.hot.length === 0 && !L.attention)) {
-      note(`hybrid rows: the ${(budgetBytes / 2 ** 30).toFixed(2)} GiB budget holds nothing of ${basename(path)}`);
+      note(`hybrid rows: the ${formatBytes(budgetBytes, 2)} budget holds nothing of ${basename(path)}`);
       model.dispose();
       device.dispose();
       return undefined;
@@ -655,7 +656,7 @@ export async function runBench(o: BenchOptions): Promise<BenchResult> {
       const kvBytes = kvCacheBytes(file, nCtx);
       if (kvBytes > freemem()) {
         notes.push(
-          `${name}: skipped: its tests need a KV cache for n_ctx ${nCtx} (depth + prompt or generated tokens) of ${(kvBytes / 2 ** 30).toFixed(2)} GiB, ${(freemem() / 2 ** 30).toFixed(2)} GiB is free; use smaller -d/-p/-n`,
+          `${name}: skipped: its tests need a KV cache for n_ctx ${nCtx} (depth + prompt or generated tokens) of ${formatBytes(kvBytes, 2)}, ${formatBytes(freemem(), 2)} is free; use smaller -d/-p/-n`,
         );
         continue;
       }

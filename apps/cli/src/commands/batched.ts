@@ -3,7 +3,7 @@
  * The prompt is evaluated once and its cache copied to every sequence; then each step is one graph over the
  * N new tokens. Sequence i samples with seed S + i, so it equals `powerinfer run --seed S+i`.
  */
-import { Generation, type GenerationStep, type Session, type StopReason } from "@powerinfer/engine";
+import { formatBytes, Generation, type GenerationStep, type Session, type StopReason } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import {
@@ -87,7 +87,7 @@ export function register(program: Command): void {
         const free = backend.devices[0]?.freeMemory;
         if (free !== undefined && free > 0 && kvBytes * (o.parallel - 1) > free) {
           throw new InvalidArgumentError(
-            `${o.parallel} sequences need KV caches of ${((kvBytes * o.parallel) / 2 ** 30).toFixed(2)} GiB (n_ctx ${kv.nCtx} each), ${backend.name} has ${((free + kvBytes) / 2 ** 30).toFixed(2)} GiB free; use a smaller --parallel or -c`,
+            `${o.parallel} sequences need KV caches of ${formatBytes(kvBytes * o.parallel, 2)} (n_ctx ${kv.nCtx} each), ${backend.name} has ${formatBytes(free + kvBytes, 2)} free; use a smaller --parallel or -c`,
           );
         }
         for (let i = 1; i < o.parallel; i++) sessions.push(newSession());

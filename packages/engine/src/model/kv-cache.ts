@@ -1,5 +1,6 @@
 /** The KV cache: per layer one K and one V tensor of [head_dim·n_head_kv, n_ctx], F16 by default. */
 import { type Backend, BackendError, type TensorHandle } from "@powerinfer/core";
+import { formatBytes } from "./ram-budget.js";
 
 export type KvCacheType = "f16" | "f32";
 
@@ -27,7 +28,7 @@ export class KvCache {
     if (free !== undefined && free > 0 && bytes > free) {
       throw new BackendError(
         "OUT_OF_MEMORY",
-        `a KV cache for n_ctx ${nCtx} needs ${(bytes / 2 ** 30).toFixed(2)} GiB, ${backend.name} has ${(free / 2 ** 30).toFixed(2)} GiB free; use a smaller -c`,
+        `a KV cache for n_ctx ${nCtx} needs ${formatBytes(bytes, 2)}, ${backend.name} has ${formatBytes(free, 2)} free; use a smaller -c`,
       );
     }
     try {
