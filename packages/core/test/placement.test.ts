@@ -131,6 +131,37 @@ describe("placement planner", () => {
     );
   });
 
+  it("a plan read from a GPU index without activation statistics says n/a, not NaN", async () => {
+    const counts = [Int32Array.from([5, 50, 1, 40, 0, 30, 2, 20]), Int32Array.from([9, 9, 9, 9, 1, 1, 1, 1])];
+    const { solveMs: _, ...solved } = await planPlacement({
+      counts,
+      tokenCount: 100,
+      bytesPerNeuron: [10, 10],
+      budgetBytes: 60,
+      bucketSize: 2,
+    });
+    // what the CLI holds for a PowerInfer .gpuidx and no statistics: the placement, no shares
+    const plan = {
+      ...solved,
+      method: "index" as const,
+      gap: Number.NaN,
+      bound: Number.NaN,
+      deviceShare: Number.NaN,
+      deviceReadShare: Number.NaN,
+      expectedTokensPerSecond: Number.NaN,
+      layers: solved.layers.map((L) => ({ ...L, deviceShare: Number.NaN })),
+    };
+    const text = explainPlan(plan, 8);
+    expect(text).not.toMatch(/NaN/);
+    expect(text.split("\n")).toEqual([
+      "placement (GPU index): 0.00 MiB of 0.00 MiB budget on the device (hot neurons 0.00 MiB; attention + KV cache of 0 of 2 layers 0.00 MiB); expected share of activations served by the device n/a, of bytes read per token n/a (no activation statistics); read from the GPU index",
+      "expected ? (no statistics) tokens/s for the layers (device 1008.0 GB/s, CPU 76.8 GB/s: defaults; FFN only: no attention sizes given; output layer not counted)",
+      "layer | attention | hot neurons | device bytes | device share | CPU share",
+      "    0 |       cpu |     4 / 8 |     0.00 MiB |          n/a |       n/a",
+      "    1 |       cpu |     2 / 8 |     0.00 MiB |          n/a |       n/a",
+    ]);
+  });
+
   it("GPU index round-trip keeps numeric layer order (≥ 12 layers) and what the plan was solved for", async () => {
     const counts = powerLawCounts(13, 1024, 11);
     const input: PlannerInput = {

@@ -858,11 +858,15 @@ export function explainPlan(plan: PlacementPlan, nFf: number, experts?: PlanExpe
   const t = plan.throughput ?? DEFAULT_THROUGHPUT;
   const tps = plan.expectedTokensPerSecond;
   const gbps = (x: number) => `${(x / 1e9).toFixed(1)} GB/s`;
+  // a plan read from a GPU index without activation statistics has no shares
+  const pct = (x: number | undefined) => (x === undefined || Number.isNaN(x) ? "n/a" : `${(x * 100).toFixed(1)} %`);
+  const fromIndex = plan.method === "index";
+  const noStats = Number.isNaN(plan.deviceShare) ? " (no activation statistics)" : "";
   const lines = [
-    `placement (${plan.solver === "ilp" ? "integer program" : "greedy"}): ${mib(plan.totalBytes)} of ${mib(plan.budgetBytes)} budget on the device ` +
+    `placement (${fromIndex ? "GPU index" : plan.solver === "ilp" ? "integer program" : "greedy"}): ${mib(plan.totalBytes)} of ${mib(plan.budgetBytes)} budget on the device ` +
       `(hot neurons ${mib(neuronBytes)}; attention + KV cache of ${nAtt} of ${plan.layers.length} layers ${mib(plan.attentionBytes ?? 0)}); ` +
-      `expected share of activations served by the device ${(plan.deviceShare * 100).toFixed(1)} %, ` +
-      `of bytes read per token ${((plan.deviceReadShare ?? Number.NaN) * 100).toFixed(1)} %; ` +
+      `expected share of activations served by the device ${pct(plan.deviceShare)}, ` +
+      `of bytes read per token ${pct(plan.deviceReadShare)}${noStats}; ` +
       (Number.isNaN(plan.gap)
         ? "read from the GPU index"
         : plan.gap === 0
@@ -878,7 +882,7 @@ export function explainPlan(plan: PlacementPlan, nFf: number, experts?: PlanExpe
       : []),
     `layer | attention | hot neurons | device bytes | device share | CPU share${experts ? " | experts on device (whole) | routed to them" : ""}`,
     ...plan.layers.map((L, l) => {
-      let row = `${String(l).padStart(5)} | ${(L.attention ? "device" : "cpu").padStart(9)} | ${String(L.hot.length).padStart(5)} / ${nFf} | ${mib(L.bytes + (L.attentionBytes ?? 0)).padStart(12)} | ${(L.deviceShare * 100).toFixed(1).padStart(10)} % | ${((1 - L.deviceShare) * 100).toFixed(1).padStart(7)} %`;
+      let row = `${String(l).padStart(5)} | ${(L.attention ? "device" : "cpu").padStart(9)} | ${String(L.hot.length).padStart(5)} / ${nFf} | ${mib(L.bytes + (L.attentionBytes ?? 0)).padStart(12)} | ${pct(L.deviceShare).padStart(12)} | ${pct(1 - L.deviceShare).padStart(9)}`;
       if (experts) {
         const x = expertLayerPlacement(L.hot, experts.nFfExp, experts.nExpert, experts.selections?.[l]);
         const share = Number.isNaN(x.routedShare) ? "?" : `${(x.routedShare * 100).toFixed(1)} %`;
