@@ -202,9 +202,18 @@ export interface Job {
 
 /**
  * Submits every job; when one is refused (queue full) the ones already submitted are cancelled.
- * @throws ApiError 503 when the queue is full.
+ * @throws ApiError 400 when the request has more jobs (choices × prompts) than the server can ever hold at
+ *   once (its slots plus its queue limit): waiting would not help; 503 when the queue is full.
  */
 export function submitAll(ctx: ServerContext, jobs: Job[], signal: AbortSignal): BatchRequest[] {
+  const cap = ctx.scheduler.nSlots + ctx.scheduler.queueLimit;
+  if (jobs.length > cap) {
+    throw new ApiError(
+      400,
+      "invalid_request_error",
+      `this request makes ${jobs.length} generations (n × prompts); the server holds at most ${cap} at once (${ctx.scheduler.nSlots} slots + a queue of ${ctx.scheduler.queueLimit}): ask for fewer, or start it with more --parallel or --queue`,
+    );
+  }
   const out: BatchRequest[] = [];
   try {
     for (const j of jobs) out.push(ctx.scheduler.submit(j.promptIds, { ...j.options, signal }));

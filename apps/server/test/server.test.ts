@@ -704,6 +704,40 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
     }
   });
 
+  it("a request with more generations than slots + queue can ever hold is a 400 naming the limit, not a 503 'retry later'", async () => {
+    const small = createServer({ model, slots: 1, ctxSize: 256, queueLimit: 1 });
+    const u = await small.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const post = (body: object) =>
+        fetch(`${u}/v1/completions`, {
+          method: "POST",
+          body: JSON.stringify(body),
+          headers: { "content-type": "application/json" },
+        });
+      for (const body of [
+        { prompt: "Once upon a time", max_tokens: 2, n: 3 },
+        { prompt: ["Once", "The dog", "A cat"], max_tokens: 2 },
+      ]) {
+        const r = await post(body);
+        expect(r.status).toBe(400);
+        expect(await r.json()).toEqual({
+          error: {
+            code: 400,
+            type: "invalid_request_error",
+            message:
+              "this request makes 3 generations (n × prompts); the server holds at most 2 at once (1 slots + a queue of 1): ask for fewer, or start it with more --parallel or --queue",
+          },
+        });
+      }
+      // two fit (one decoding, one waiting)
+      const ok = await post({ prompt: "Once upon a time", max_tokens: 2, n: 2, temperature: 0 });
+      expect(ok.status).toBe(200);
+      expect(((await ok.json()) as { choices: unknown[] }).choices).toHaveLength(2);
+    } finally {
+      await small.close();
+    }
+  });
+
   it("answers 503 while the model loads, then serves", async () => {
     let resolve!: (m: Model) => void;
     const loading = createServer({ model: new Promise<Model>((r) => (resolve = r)), slots: 1, ctxSize: 128 });
