@@ -153,12 +153,20 @@ function messageText(content: ChatBody["messages"][number]["content"], i: number
   if (typeof content === "string") return content;
   return content
     .map((part, j) => {
-      if (part.type !== "text" || typeof part.text !== "string") {
+      if (part.type !== "text") {
         throw new ApiError(
           400,
           "invalid_request_error",
           `messages[${i}].content[${j}]: only text parts are supported, got type "${part.type}"`,
           { param: `messages[${i}].content[${j}].type` },
+        );
+      }
+      if (typeof part.text !== "string") {
+        throw new ApiError(
+          400,
+          "invalid_request_error",
+          `messages[${i}].content[${j}]: a text part needs "text" (a string)`,
+          { param: `messages[${i}].content[${j}].text` },
         );
       }
       return part.text;

@@ -134,10 +134,19 @@ function schemaGrammar(schema: unknown, field: string): string {
  * prefix), or a RangeError from nesting deeper than the parser's recursion allows.
  */
 function invalid(e: unknown, field: string): unknown {
-  if (e instanceof GrammarError)
-    return new ApiError(400, "invalid_request_error", `${field}: ${e.message.replace(/^grammar: /, "")}`, {
-      param: field,
-    });
+  if (e instanceof GrammarError) {
+    // the engine's prefix ("grammar: ", "json_schema: ", "json_schema at /x: ") is not repeated after the
+    // field's name
+    const own = e.message.match(/^(grammar|json_schema)( at [^:]*)?: /);
+    const rest = own ? e.message.slice(own[0].length) : e.message;
+    const msg =
+      own?.[1] === "grammar"
+        ? `${field}: ${rest}`
+        : own?.[1] === field
+          ? `${field}${own[2] ?? ""}: ${rest}`
+          : `${field}: ${e.message}`;
+    return new ApiError(400, "invalid_request_error", msg, { param: field });
+  }
   if (e instanceof RangeError)
     return new ApiError(400, "invalid_request_error", `${field}: nested too deeply (${e.message})`, { param: field });
   return e;

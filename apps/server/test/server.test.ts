@@ -630,6 +630,12 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       );
       expect(r.status).toBe(400);
       expect(r.body.error.message).toMatch(/only text parts/);
+      const noText = await post(
+        "/v1/chat/completions",
+        JSON.stringify({ messages: [{ role: "user", content: [{ type: "text" }] }] }),
+      );
+      expect(noText.status).toBe(400);
+      expect(noText.body.error.message).toBe('messages[0].content[0]: a text part needs "text" (a string)');
     });
   });
 

@@ -333,8 +333,9 @@ describe.skipIf(!probe.usable)(`structured output (${probe.reason})`, () => {
     [
       "/v1/completions",
       { prompt: "a", json_schema: { type: "string", pattern: "a+" } },
-      /json_schema: .*"pattern" is not supported/,
+      /^json_schema: (?!json_schema).*"pattern" is not supported/,
     ],
+    ["/v1/completions", { prompt: "a", json_schema: { type: "foo" } }, /^json_schema: unknown type "foo"/],
     [
       "/v1/chat/completions",
       { messages: [{ role: "user", content: "a" }], response_format: { type: "xml" } },
