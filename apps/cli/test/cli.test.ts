@@ -129,6 +129,29 @@ describe.skipIf(!probe.usable)(`powerinfer run (${probe.reason})`, () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
+  it("an error after text was printed starts on its own line (stdout's line is ended first)", () => {
+    const dir = mkdtempSync(join(tmpdir(), "powerinfer-nan-"));
+    const f = openGguf(stories);
+    const bad = join(dir, "nan-norm.gguf");
+    writeGguf(bad, {
+      metadata: metadataEntries(f),
+      tensors: f.tensors.map((t) => ({
+        name: t.name,
+        type: t.type,
+        shape: [...t.shape],
+        data: () =>
+          t.name === "output_norm.weight"
+            ? new Uint8Array(new Float32Array(Number(t.shape[0])).fill(Number.NaN).buffer)
+            : readTensorBytes(f, t),
+      })),
+    });
+    const r = cli("run", "-m", bad, "-p", "Once upon a time", "-n", "4", "--temp", "0", "-t", "1");
+    expect(r.code).toBe(1);
+    expect(r.stdout).toBe("Once upon a time\n");
+    expect(r.stderr).toMatch(/^powerinfer: logit 0 of a token is NaN/m);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
   it("tells the user when the context is full instead of producing garbage", () => {
     const r = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "100", "--temp", "0", "-c", "16");
     expect(r.code).toBe(0);

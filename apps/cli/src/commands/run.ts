@@ -75,6 +75,9 @@ export function register(program: Command): void {
         const cacheStats = () => (model.ramPlan ? backend.neuronCacheStats?.() : undefined);
         let decodeStart: NeuronCacheStats | undefined;
         let decodeTokens = 0;
+        // text on stdout not yet ended by a newline: an error ends the line first, so its message starts on
+        // a line of its own
+        let openLine = o.displayPrompt && prompt !== "" && !prompt.endsWith("\n");
         try {
           for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o, session.nCtx),
@@ -85,7 +88,11 @@ export function register(program: Command): void {
             if (decodeStart === undefined) decodeStart = cacheStats();
             else decodeTokens++;
             process.stdout.write(t.text);
+            if (t.text !== "") openLine = !t.text.endsWith("\n");
           }
+        } catch (e) {
+          if (openLine) process.stdout.write("\n");
+          throw e;
         } finally {
           process.off("SIGINT", onSigint);
         }
