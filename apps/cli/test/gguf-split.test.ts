@@ -70,7 +70,7 @@ describe("powerinfer gguf-split", () => {
       `${join(dir, "dry")}-00004-of-00004.gguf: 2 tensors, 0.04 MB of tensor data`,
     ]);
     expect(cli(["gguf-split", "--split-max-size", "2T", stories, join(dir, "x")]).stderr).toMatch(
-      /--split-max-size must be a positive integer with a unit K, M or G/,
+      /--split-max-size must be a positive integer of bytes, or one with a unit K, M or G/,
     );
   });
 

@@ -27,7 +27,9 @@ export function parseSplitSize(v: string, option = "--split-max-size"): number {
   const m = /^(\d+)([KMG]?)$/i.exec(v.trim());
   const n = m ? Number(m[1]) * { "": 1, K: 1e3, M: 1e6, G: 1e9 }[m[2].toUpperCase() as "" | "K" | "M" | "G"] : NaN;
   if (!m || !Number.isSafeInteger(n) || n < 1) {
-    throw new InvalidArgumentError(`${option} must be a positive integer with a unit K, M or G (e.g. 2G), got "${v}"`);
+    throw new InvalidArgumentError(
+      `${option} must be a positive integer of bytes, or one with a unit K, M or G (e.g. 2G), got "${v}"`,
+    );
   }
   return n;
 }
@@ -80,7 +82,7 @@ export function register(program: Command): void {
     .option("--split-max-tensors <n>", "at most N tensors per shard (default 128)", positive("--split-max-tensors"))
     .option(
       "--split-max-size <size>",
-      "at most this much tensor data per shard: N with K, M or G (decimal, e.g. 2G)",
+      "at most this much tensor data per shard: N bytes, or N with K, M or G (decimal, e.g. 2G)",
       (v) => parseSplitSize(v),
     )
     .option("--dry-run", "print the shards that would be written, write nothing")
