@@ -116,7 +116,9 @@ const sampling = {
 /** llama.cpp's object prompt: `{"prompt_string": …}` (`multimodal_data` needs a multimodal model). */
 const objectPrompt = z.object(
   {
-    prompt_string: z.union([string(), z.array(z.union([string(), tokenId]))]),
+    prompt_string: z.union([string(), z.array(z.union([string(), tokenId]))], {
+      error: "a string or an array of strings and token ids",
+    }),
     multimodal_data: z.unknown().optional(),
   },
   { error: 'an object {"prompt_string": …}' },
@@ -297,6 +299,42 @@ function specific(
 }
 
 /**
+ * What a field must be, for "expected …": the schemas' own words ("a string", "an integer ≥ 0", lower case), or
+ * zod's default messages ("Invalid input", "Too small: expected number to be >=-100") said the same way.
+ */
+function expectation(issue: z.core.$ZodIssue): string {
+  const article = (t: string) => `${/^[aeiou]/.test(t) ? "an" : "a"} ${t}`;
+  if (!/^[A-Z]/.test(issue.message)) return issue.message;
+  const kind = (origin: string) =>
+    origin === "number" || origin === "int"
+      ? "a number"
+      : origin === "array" || origin === "set"
+        ? "a list"
+        : `a ${origin}`;
+  switch (issue.code) {
+    case "too_small":
+      return issue.origin === "number" || issue.origin === "int"
+        ? `${kind(issue.origin)} ${issue.inclusive ? "≥" : ">"} ${issue.minimum}`
+        : `${kind(issue.origin)} of at least ${issue.minimum} ${issue.origin === "string" ? "characters" : "items"}`;
+    case "too_big":
+      return issue.origin === "number" || issue.origin === "int"
+        ? `${kind(issue.origin)} ${issue.inclusive ? "≤" : "<"} ${issue.maximum}`
+        : `${kind(issue.origin)} of at most ${issue.maximum} ${issue.origin === "string" ? "characters" : "items"}`;
+    case "invalid_type":
+      return article(issue.expected);
+    case "invalid_union": {
+      // every alternative wanted another type: name them
+      const types = issue.errors.flatMap((b) => b.map((i) => (i.code === "invalid_type" ? i.expected : undefined)));
+      if (types.length > 0 && types.every((t) => t !== undefined))
+        return [...new Set(types)].map((t) => article(t!)).join(" or ");
+      return "a valid value (see the API reference)";
+    }
+    default:
+      return "a valid value (see the API reference)";
+  }
+}
+
+/**
  * Validates a body against a schema.
  * @throws ApiError 400 whose message names each offending field (at most 3), what it must be and what was
  *   sent, on one line; `param` is the first field.
@@ -316,8 +354,8 @@ export function parseBody<T extends z.ZodType>(schema: T, body: unknown): z.infe
       const what = field ? `"${field}"` : "the body";
       if (issue.code === "unrecognized_keys" || issue.code === "custom") return `${what}: ${issue.message}`;
       return input === undefined
-        ? `${what} is missing: expected ${issue.message}`
-        : `${what}: expected ${issue.message}, got ${shown(input)}`;
+        ? `${what} is missing: expected ${expectation(issue)}`
+        : `${what}: expected ${expectation(issue)}, got ${shown(input)}`;
     })
     .join("; ");
   const more = issues.length > 3 ? ` (and ${issues.length - 3} more)` : "";

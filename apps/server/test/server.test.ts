@@ -508,6 +508,25 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
         ],
         ["/tokenize", { content: 5 }, '"content": expected a string, got 5', "content"],
         ["/detokenize", { tokens: [1, "a"] }, '"tokens[1]": expected an integer ≥ 0, got "a"', "tokens[1]"],
+        // where a schema has no words of its own, zod's defaults are said the same way (not "expected Invalid input")
+        [
+          "/v1/completions",
+          { prompt: { a: 1 } },
+          '"prompt.prompt_string" is missing: expected a string or an array of strings and token ids',
+          "prompt.prompt_string",
+        ],
+        [
+          "/v1/completions",
+          { prompt: { prompt_string: 5 } },
+          '"prompt.prompt_string": expected a string or an array of strings and token ids, got 5',
+          "prompt.prompt_string",
+        ],
+        [
+          "/completion",
+          { prompt: "x", logit_bias: { upon: -1e30 } },
+          '"logit_bias.upon": expected a number ≥ -100, got -1e+30',
+          "logit_bias.upon",
+        ],
       ];
       for (const [path, body, message, param] of cases) {
         const r = await post(path, JSON.stringify(body));
