@@ -225,6 +225,20 @@ export function submitAll(ctx: ServerContext, jobs: Job[], signal: AbortSignal):
   return out;
 }
 
+/**
+ * The error for a request cut off while its client was still there: the scheduler ended it ("aborted")
+ * because the server is shutting down. A client must not take such a partial answer for a finished one.
+ * Undefined when the request finished, or when the client itself went away.
+ */
+export function cutOff(r: BatchRequest, client: AbortSignal): ApiError | undefined {
+  if (r.stopReason !== "aborted" || client.aborted) return undefined;
+  return new ApiError(
+    503,
+    "unavailable_error",
+    `the server is shutting down: the generation was cut off after ${r.timings.generatedTokens} tokens`,
+  );
+}
+
 /** An AbortController that aborts when the client goes away before the response is complete. */
 export function abortOnDisconnect(reply: FastifyReply): AbortController {
   const ac = new AbortController();

@@ -12,6 +12,7 @@ import {
   abortOnDisconnect,
   checkPrompt,
   checkSlot,
+  cutOff,
   type Job,
   probsJson,
   type ServerContext,
@@ -269,6 +270,10 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
     const pick = (res: Record<string, unknown>) => (fields.length > 0 ? pickFields(res, fields) : res);
     if (!stream) {
       const outs = await Promise.all(reqs.map((r) => r.collect()));
+      for (const r of reqs) {
+        const cut = cutOff(r, ac.signal);
+        if (cut) throw cut;
+      }
       const results = outs.map((o, i) =>
         pick(
           completionResult(ctx, i, reqs[i]!, o.text, o.tokens, {
@@ -303,7 +308,10 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
               ...(nProbs > 0 ? { completion_probabilities: probsJson(ctx, [t]) } : {}),
             });
           }
-          out.send(pick(completionResult(ctx, i, r, "", [], { stream, nProbs, hasNewLine: newLine })));
+          const cut = cutOff(r, ac.signal);
+          out.send(
+            cut ? cut.body() : pick(completionResult(ctx, i, r, "", [], { stream, nProbs, hasNewLine: newLine })),
+          );
         } catch (e) {
           out.send(new ApiError(500, "server_error", e instanceof Error ? e.message : String(e)).body());
         }

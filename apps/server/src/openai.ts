@@ -7,6 +7,7 @@ import {
   checkPrompt,
   checkSlot,
   finishReason,
+  cutOff,
   type Job,
   probsJson,
   type ServerContext,
@@ -87,6 +88,10 @@ async function runJobs(
   const reqs = submitAll(ctx, jobs, ac.signal);
   if (!stream) {
     const outputs = await Promise.all(reqs.map((r) => r.collect()));
+    for (const r of reqs) {
+      const cut = cutOff(r, ac.signal);
+      if (cut) throw cut;
+    }
     return { reqs, outputs };
   }
   reply.hijack();
@@ -106,7 +111,9 @@ async function runJobs(
         out.send(new ApiError(500, "server_error", e instanceof Error ? e.message : String(e)).body());
       }
       left--;
-      out.send(chunks.finish(i, r, left === 0 ? usageJson(reqs, promptTokens) : undefined));
+      const cut = cutOff(r, ac.signal);
+      // cut off by a shutdown: an error event instead of a finishing chunk
+      out.send(cut ? cut.body() : chunks.finish(i, r, left === 0 ? usageJson(reqs, promptTokens) : undefined));
     }),
   );
   if (chunks.usageChunk) out.send(chunks.usageChunk(usageJson(reqs, promptTokens), reqs));

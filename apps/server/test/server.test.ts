@@ -763,6 +763,52 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
     }
   });
 
+  it("a generation cut off by the server's shutdown is a 503 (or a streamed error event), not a finished answer", async () => {
+    const s = createServer({ model, slots: 3, ctxSize: 256 });
+    const u = await s.listen({ host: "127.0.0.1", port: 0 });
+    const long = { max_tokens: 250, temperature: 0, ignore_eos: true };
+    const json = (path: string, body: object) =>
+      fetch(`${u}${path}`, {
+        method: "POST",
+        body: JSON.stringify(body),
+        headers: { "content-type": "application/json" },
+      });
+    const plain = json("/v1/completions", { prompt: "Once upon a time", ...long });
+    const native = json("/completion", {
+      prompt: "Once upon a time",
+      n_predict: 250,
+      temperature: 0,
+      ignore_eos: true,
+    });
+    const streamed = await json("/v1/completions", { prompt: "Once upon a time", ...long, stream: true });
+    // once all three decode, shut down
+    const reader = streamed.body!.getReader();
+    let text = new TextDecoder().decode((await reader.read()).value);
+    for (let busy = 0; busy < 3; ) {
+      const slots = (await (await fetch(`${u}/slots`)).json()) as { is_processing: boolean }[];
+      busy = slots.filter((x) => x.is_processing).length;
+    }
+    await s.close();
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) break;
+      text += new TextDecoder().decode(value);
+    }
+    const cut = /^the server is shutting down: the generation was cut off after \d+ tokens$/;
+    for (const r of [await plain, await native]) {
+      expect(r.status).toBe(503);
+      const e = ((await r.json()) as { error: { type: string; message: string } }).error;
+      expect(e.type).toBe("unavailable_error");
+      expect(e.message).toMatch(cut);
+    }
+    const events = text
+      .split("\n")
+      .filter((l) => l.startsWith("data: ") && l !== "data: [DONE]")
+      .map((l) => JSON.parse(l.slice(6)) as { error?: { message: string }; choices?: { finish_reason: unknown }[] });
+    expect(events.at(-1)!.error!.message).toMatch(cut);
+    expect(events.some((e) => e.choices?.some((c) => c.finish_reason !== null))).toBe(false);
+  });
+
   it("answers 503 while the model loads, then serves", async () => {
     let resolve!: (m: Model) => void;
     const loading = createServer({ model: new Promise<Model>((r) => (resolve = r)), slots: 1, ctxSize: 128 });
