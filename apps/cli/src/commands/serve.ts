@@ -216,15 +216,19 @@ export function register(program: Command): void {
         const slotWarning = o.ctxSize !== undefined ? checkSlotContext(o.ctxSize, o.parallel, trained) : undefined;
         if (slotWarning) process.stderr.write(`warning: ${slotWarning}\n`);
         const apiKey = o.apiKey ?? (process.env.POWERINFER_API_KEY || undefined);
-        const loaded = loadModelWithDevice(
-          { ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined },
-          true,
-          {
+        // the load starts once the port is open: its synchronous parts (copying weights into huge-page
+        // memory) would otherwise hold the event loop before listen(), and nobody could connect until then
+        let startLoad!: () => void;
+        const listening = new Promise<void>((resolve) => {
+          startLoad = resolve;
+        });
+        const loaded = listening.then(() =>
+          loadModelWithDevice({ ...o, threads: o.threads ?? availableParallelism(), ctxSize: undefined }, true, {
             // the KV cache over all slots: -c, else slots × the model's context (at most 4096 each)
             kvPositions: (n) => o.ctxSize ?? n * o.parallel,
             // a step holds at most -b tokens over the slots
             batchColumns: o.parallel > 1 ? o.batchSize : undefined,
-          },
+          }),
         );
         const server = createServer({
           model: loaded.then((l) => l.model),
@@ -288,6 +292,8 @@ export function register(program: Command): void {
           process.on("SIGINT", onSignal);
           process.on("SIGTERM", onSignal);
         });
+        // (a turn of the event loop first, so the line above and the signal handlers are in place)
+        setImmediate(startLoad);
         try {
           await server.ready;
         } catch (e) {
