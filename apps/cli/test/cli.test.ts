@@ -317,5 +317,10 @@ describe.skipIf(!probe.usable)("powerinfer perplexity", () => {
     expect(short.stderr).toMatch(
       /^powerinfer: you need at least 8192 tokens to evaluate perplexity with a context of 4096: .* tokenizes to only \d+ tokens/m,
     );
+    // an empty file: its BOS alone, one token
+    const empty = join(dir, "empty.txt");
+    writeFileSync(empty, "");
+    const none = cli("perplexity", "-m", stories, "-f", empty, "-c", "128");
+    expect(none.stderr).toMatch(/tokenizes to only 1 token \(a smaller/);
   });
 });

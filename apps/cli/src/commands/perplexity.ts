@@ -2,7 +2,7 @@
 import { perplexity } from "@powerinfer/engine";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { type ModelCliOptions, modelOptions, readPromptFile } from "./common.js";
+import { type ModelCliOptions, modelOptions, plural, readPromptFile } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 export function register(program: Command): void {
@@ -31,7 +31,7 @@ export function register(program: Command): void {
         if (protocol === "llama.cpp" && ids.length < 2 * session.nCtx) {
           // llama.cpp's perplexity refuses the same text (tools/perplexity: "you need at least …")
           throw new InvalidArgumentError(
-            `you need at least ${2 * session.nCtx} tokens to evaluate perplexity with a context of ${session.nCtx}: ${o.file} tokenizes to only ${ids.length} tokens (a smaller -c, or --all-tokens, scores shorter texts)`,
+            `you need at least ${2 * session.nCtx} tokens to evaluate perplexity with a context of ${session.nCtx}: ${o.file} tokenizes to only ${plural(ids.length, "token")} (a smaller -c, or --all-tokens, scores shorter texts)`,
           );
         }
         const r = perplexity(session, ids, {
