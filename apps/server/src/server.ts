@@ -3,6 +3,8 @@
  * by a {@link BatchScheduler} (continuous batching). It answers as soon as it is created: `/health` (and
  * everything else) says 503 until the model has loaded.
  */
+import { STATUS_CODES } from "node:http";
+import type { Duplex } from "node:stream";
 import { basename } from "node:path";
 import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model } from "@powerinfer/engine";
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
@@ -131,7 +133,12 @@ export function checkDefaults(d: GenerationDefaults): void {
  */
 export function createServer(opts: ServerOptions): PowerinferServer {
   checkOptions(opts);
-  const app = Fastify({ logger: opts.logger ?? false, bodyLimit: 8 * 1024 * 1024, forceCloseConnections: true });
+  const app = Fastify({
+    logger: opts.logger ?? false,
+    bodyLimit: 8 * 1024 * 1024,
+    forceCloseConnections: true,
+    clientErrorHandler: answerClientError,
+  });
   let ctx: ServerContext | undefined;
   let loadError: unknown;
   let closed = false;
@@ -301,4 +308,26 @@ export function createServer(opts: ServerOptions): PowerinferServer {
       await app.close();
     },
   };
+}
+
+/**
+ * A request node's HTTP parser refuses (a malformed request line or header, headers too large, a request that
+ * took too long to arrive) is answered in the OpenAI error shape every other error has, then the connection is
+ * closed (fastify's default answers `{"error":"Bad Request","message":"Client Error"}`).
+ */
+function answerClientError(err: NodeJS.ErrnoException, socket: Duplex): void {
+  if (err.code === "ECONNRESET" || socket.destroyed) return;
+  const [status, message] =
+    err.code === "ERR_HTTP_REQUEST_TIMEOUT"
+      ? [408, "the request took too long to arrive"]
+      : err.code === "HPE_HEADER_OVERFLOW"
+        ? [431, "the request's headers are too large"]
+        : [400, `malformed HTTP request (${err.code ?? "parse error"}${err.message ? `: ${err.message}` : ""})`];
+  const body = JSON.stringify(new ApiError(status, "invalid_request_error", message).body());
+  if (socket.writable) {
+    socket.write(
+      `HTTP/1.1 ${status} ${STATUS_CODES[status]}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n${body}`,
+    );
+  }
+  socket.destroy(err);
 }

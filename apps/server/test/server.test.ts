@@ -3,6 +3,7 @@
  * malformed requests) on stories260K, listening on 127.0.0.1 only.
  */
 import { readFileSync } from "node:fs";
+import { connect } from "node:net";
 import { join } from "node:path";
 import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
@@ -807,6 +808,30 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       .map((l) => JSON.parse(l.slice(6)) as { error?: { message: string }; choices?: { finish_reason: unknown }[] });
     expect(events.at(-1)!.error!.message).toMatch(cut);
     expect(events.some((e) => e.choices?.some((c) => c.finish_reason !== null))).toBe(false);
+  });
+
+  it("a malformed HTTP request gets a 400 in the OpenAI error shape, and the server keeps serving", async () => {
+    const s = createServer({ model, slots: 1, ctxSize: 128 });
+    const u = await s.listen({ host: "127.0.0.1", port: 0 });
+    try {
+      const { port } = new URL(u);
+      const raw = await new Promise<string>((resolve, reject) => {
+        const c = connect(Number(port), "127.0.0.1", () => c.write("THIS IS NOT HTTP\r\n\r\n"));
+        let got = "";
+        c.on("data", (d) => {
+          got += d.toString();
+        });
+        c.on("close", () => resolve(got));
+        c.on("error", reject);
+      });
+      expect(raw).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/);
+      const body = JSON.parse(raw.slice(raw.indexOf("\r\n\r\n") + 4)) as { error: Record<string, unknown> };
+      expect(body.error).toMatchObject({ code: 400, type: "invalid_request_error" });
+      expect(body.error.message).toMatch(/^malformed HTTP request \(HPE_/);
+      expect((await fetch(`${u}/health`)).status).toBe(200);
+    } finally {
+      await s.close();
+    }
   });
 
   it("answers 503 while the model loads, then serves", async () => {
