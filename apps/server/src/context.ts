@@ -239,6 +239,19 @@ export function cutOff(r: BatchRequest, client: AbortSignal): ApiError | undefin
   );
 }
 
+/**
+ * Waits for every request's whole output (a non-streamed response).
+ * @throws ApiError 503 ({@link cutOff}) when the server's shutdown cut one off while its client waited.
+ */
+export async function collectAll(reqs: BatchRequest[], client: AbortSignal) {
+  const outputs = await Promise.all(reqs.map((r) => r.collect()));
+  for (const r of reqs) {
+    const cut = cutOff(r, client);
+    if (cut) throw cut;
+  }
+  return outputs;
+}
+
 /** An AbortController that aborts when the client goes away before the response is complete. */
 export function abortOnDisconnect(reply: FastifyReply): AbortController {
   const ac = new AbortController();

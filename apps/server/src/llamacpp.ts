@@ -12,6 +12,7 @@ import {
   abortOnDisconnect,
   checkPrompt,
   checkSlot,
+  collectAll,
   cutOff,
   type Job,
   probsJson,
@@ -269,11 +270,7 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
     const fields = b.response_fields ?? [];
     const pick = (res: Record<string, unknown>) => (fields.length > 0 ? pickFields(res, fields) : res);
     if (!stream) {
-      const outs = await Promise.all(reqs.map((r) => r.collect()));
-      for (const r of reqs) {
-        const cut = cutOff(r, ac.signal);
-        if (cut) throw cut;
-      }
+      const outs = await collectAll(reqs, ac.signal);
       const results = outs.map((o, i) =>
         pick(
           completionResult(ctx, i, reqs[i]!, o.text, o.tokens, {

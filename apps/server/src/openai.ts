@@ -6,6 +6,7 @@ import {
   abortOnDisconnect,
   checkPrompt,
   checkSlot,
+  collectAll,
   finishReason,
   cutOff,
   type Job,
@@ -87,12 +88,7 @@ async function runJobs(
   }
   const reqs = submitAll(ctx, jobs, ac.signal);
   if (!stream) {
-    const outputs = await Promise.all(reqs.map((r) => r.collect()));
-    for (const r of reqs) {
-      const cut = cutOff(r, ac.signal);
-      if (cut) throw cut;
-    }
-    return { reqs, outputs };
+    return { reqs, outputs: await collectAll(reqs, ac.signal) };
   }
   reply.hijack();
   sse = new SseStream(reply.raw);

@@ -753,8 +753,8 @@ export class Session {
    * {@link Graph.positionParams}) and a fresh logits array are written into it, which gives the graph the
    * builder would make at this position. Building and encoding a decode graph costs ~0.15–0.3 ms of JavaScript
    * per token (measured on a 2-layer 7B-shaped slice: 5–9 % of a sparse Q4_0 token).
+   * @internal (Model.decodeBatch uses it for a batch of one sequence and one token)
    */
-  /** @internal (Model.decodeBatch uses it for a batch of one sequence and one token) */
   graphFor(chunk: Int32Array, allLogits: boolean, capture: boolean) {
     const m = this.model;
     const reusable = chunk.length === 1 && !capture && !this.placement;
