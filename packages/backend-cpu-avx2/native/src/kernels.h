@@ -153,6 +153,13 @@ struct KernelTable {
   /// bit-identical to attn_row's. `acc`: nr · hd floats of scratch.
   void (*attn_rows[2][2])(int64_t hd, int nr, const float* const* q, const uint8_t* k, size_t kstride,
                           const uint8_t* v, size_t vstride, const int64_t* n, float scale, float* const* out, void* acc);
+  /// Up to kFaTileQ (attn_tiled.h) query rows of one head over the same K/V rows, row r over keys
+  /// [first[r], n[r]) (first null: from 0), in llama.cpp's tiled flash-attention arithmetic (F32 scores and accumulators, keys in tiles
+  /// of 64; see attn_tiled.h), for batches of ≥ 64 rows. Index: 0 = F32 K and V, 1 = F16 K and V; q[r] holds
+  /// hd F32 values (not rounded to F16); hd a multiple of 8; `scratch`: attn_tile_floats(hd) floats.
+  void (*attn_tile[2])(int64_t hd, int nr, const float* const* q, const uint8_t* k, size_t kstride, const uint8_t* v,
+                       size_t vstride, const int64_t* first, const int64_t* n, float scale, float* const* out,
+                       float* scratch);
   /// Σ of n floats (memory bandwidth probe); accumulation order is the kernel's own.
   double (*sum_f32)(const float* x, int64_t n);
 };

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "attn_ggml.h"
+#include "attn_tiled.h"
 #include "kernels.h"
 
 namespace pi {
@@ -1947,6 +1948,153 @@ struct GgmlAvx2 {
   }
 };
 
+/// llama.cpp's AVX2 `ggml_v_expf` (ggml-cpu vec.h): the same operations lane by lane as expf_ggml_avx2.
+inline __m256 v_expf_ggml(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b =
+      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f), _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+  const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1))));
+  const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.f), n);
+  const __m256 c = _mm256_cmp_ps(absn, _mm256_set1_ps(126), _CMP_GT_OQ);
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+  if (!_mm256_movemask_ps(c)) return _mm256_fmadd_ps(j, k, k);
+  const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                     _mm256_set1_epi32(static_cast<int>(0x82000000u)));
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+  const __m256 d = _mm256_cmp_ps(absn, _mm256_set1_ps(192), _CMP_GT_OQ);
+  return _mm256_or_ps(_mm256_and_ps(d, _mm256_mul_ps(s1, s1)),
+                      _mm256_andnot_ps(d, _mm256_or_ps(_mm256_and_ps(c, _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1)),
+                                                       _mm256_andnot_ps(c, _mm256_fmadd_ps(k, j, k)))));
+}
+
+/// attn_tiled.h's primitives: register-tiled F32 GEMM (RM rows × RN vectors of 8 columns, each output one FMA
+/// chain in k order, as simd-gemm.h) and ggml_vec_soft_max_f32's AVX2 loop.
+struct TiledAvx2 {
+#if defined(PI_KERNELS_VNNI)
+  static constexpr int RM = 6, RN = 4;  // 24 accumulators of the 32 registers
+#else
+  static constexpr int RM = 6, RN = 2;  // 12 accumulators of the 16 registers
+#endif
+  template <int R, int N>
+  static void ukernel(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K) {
+    __m256 acc[R][N];
+    for (int i = 0; i < R; i++) {
+      for (int c = 0; c < N; c++) acc[i][c] = _mm256_loadu_ps(C + i * ldc + 8 * c);
+    }
+    for (int64_t kk = 0; kk < K; kk++) {
+      __m256 b[N];
+      for (int c = 0; c < N; c++) b[c] = _mm256_loadu_ps(B + kk * ldb + 8 * c);
+      for (int i = 0; i < R; i++) {
+        const __m256 a = _mm256_broadcast_ss(A + i * lda + kk);
+        for (int c = 0; c < N; c++) acc[i][c] = _mm256_fmadd_ps(b[c], a, acc[i][c]);
+      }
+    }
+    for (int i = 0; i < R; i++) {
+      for (int c = 0; c < N; c++) _mm256_storeu_ps(C + i * ldc + 8 * c, acc[i][c]);
+    }
+  }
+  template <int R>
+  static void rows(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t K, int64_t N) {
+    int64_t j = 0;
+    for (; j + 8 * RN <= N; j += 8 * RN) ukernel<R, RN>(C + j, ldc, A, lda, B + j, ldb, K);
+    for (; j < N; j += 8) ukernel<R, 1>(C + j, ldc, A, lda, B + j, ldb, K);
+  }
+  static void gemm(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t M, int64_t K,
+                   int64_t N) {
+    int64_t i = 0;
+    for (; i + RM <= M; i += RM) rows<RM>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K, N);
+    const int64_t rest = M - i;
+    if (rest >= 4) {
+      rows<4>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K, N);
+      i += 4;
+    }
+    if (M - i >= 2) {
+      rows<2>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K, N);
+      i += 2;
+    }
+    if (M - i >= 1) rows<1>(C + i * ldc, ldc, A + i * lda, lda, B, ldb, K, N);
+  }
+  template <int KV>
+  static __m256 load8(const uint8_t* row, int64_t d) {
+    return KV ? _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2 * d)))
+              : _mm256_loadu_ps(reinterpret_cast<const float*>(row) + d);
+  }
+  template <int KV>
+  static void pack(int64_t hd, const uint8_t* k, size_t kstride, const uint8_t* v, size_t vstride, int64_t kv, float* Kt,
+                   int64_t ldkt, float* V32) {
+    for (int64_t j = 0; j < kv; j++) {
+      const uint8_t* vr = v + static_cast<size_t>(j) * vstride;
+      for (int64_t d = 0; d < hd; d += 8) _mm256_storeu_ps(V32 + j * hd + d, load8<KV>(vr, d));
+    }
+    int64_t j = 0;
+    for (; j + 8 <= kv; j += 8) {
+      // 8 keys × 8 dims at a time, transposed in registers (hd is a multiple of 8)
+      for (int64_t d = 0; d < hd; d += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = load8<KV>(k + static_cast<size_t>(j + i) * kstride, d);
+        const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+        const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+        const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+        const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+        const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+        const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+        const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+        const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+        float* o = Kt + d * ldkt + j;
+        _mm256_storeu_ps(o + 0 * ldkt, _mm256_permute2f128_ps(u0, u4, 0x20));
+        _mm256_storeu_ps(o + 1 * ldkt, _mm256_permute2f128_ps(u1, u5, 0x20));
+        _mm256_storeu_ps(o + 2 * ldkt, _mm256_permute2f128_ps(u2, u6, 0x20));
+        _mm256_storeu_ps(o + 3 * ldkt, _mm256_permute2f128_ps(u3, u7, 0x20));
+        _mm256_storeu_ps(o + 4 * ldkt, _mm256_permute2f128_ps(u0, u4, 0x31));
+        _mm256_storeu_ps(o + 5 * ldkt, _mm256_permute2f128_ps(u1, u5, 0x31));
+        _mm256_storeu_ps(o + 6 * ldkt, _mm256_permute2f128_ps(u2, u6, 0x31));
+        _mm256_storeu_ps(o + 7 * ldkt, _mm256_permute2f128_ps(u3, u7, 0x31));
+      }
+    }
+    for (; j < kv; j++) {
+      const uint8_t* kr = k + static_cast<size_t>(j) * kstride;
+      for (int64_t d = 0; d < hd; d++) Kt[d * ldkt + j] = KV ? h2f(load_u16(kr + 2 * d)) : reinterpret_cast<const float*>(kr)[d];
+    }
+  }
+  static float scale_max(int64_t n, float* y, int64_t from, int64_t to, float scale) {
+    // max is exact, so the lanes' order does not matter
+    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 mx = ninf;
+    for (int64_t j = 0; j < n; j += 8) {
+      const __m256i idx = _mm256_add_epi32(lane, _mm256_set1_epi32(static_cast<int>(j)));
+      const __m256i in = _mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(from)), idx),
+                                             _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(to)), idx));
+      const __m256 keep = _mm256_castsi256_ps(in);
+      const __m256 x = _mm256_blendv_ps(ninf, _mm256_mul_ps(_mm256_loadu_ps(y + j), vs), keep);
+      _mm256_storeu_ps(y + j, x);
+      mx = _mm256_max_ps(mx, x);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    return _mm_cvtss_f32(m);
+  }
+  static double soft_max(int64_t n, float* y, float max) {
+    double sum = 0.0;
+    const __m256 vm = _mm256_set1_ps(max);
+    for (int64_t i = 0; i < n; i += 8) {
+      const __m256 val = v_expf_ggml(_mm256_sub_ps(_mm256_loadu_ps(y + i), vm));
+      _mm256_storeu_ps(y + i, val);
+      sum += static_cast<double>(hsum_ps(val));
+    }
+    return sum;
+  }
+};
+
 double sum_f32(const float* x, int64_t n) {
   // Four concurrent streams (the quarters of the array), as matrix × vector reads four rows at once:
   // one stream per core leaves DRAM bandwidth unused, and the probe should measure what is attainable.
@@ -2076,6 +2224,8 @@ KernelTable make_table() {
   t.attn_rows[0][1] = attn_rows_ggml<GgmlAvx2, 0, 1>;
   t.attn_rows[1][0] = attn_rows_ggml<GgmlAvx2, 1, 0>;
   t.attn_rows[1][1] = attn_rows_ggml<GgmlAvx2, 1, 1>;
+  t.attn_tile[0] = attn_tile_ggml<TiledAvx2, 0>;
+  t.attn_tile[1] = attn_tile_ggml<TiledAvx2, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "attn_ggml.h"
+#include "attn_tiled.h"
 #include "kernels.h"
 
 namespace pi {
@@ -596,6 +597,51 @@ struct GgmlScalar {
   }
 };
 
+/// attn_tiled.h's primitives in scalar form: each GEMM output one FMA chain in k order (as simd-gemm.h's
+/// lanes), the softmax's 8-element blocks reduced in the AVX2 build's order (hi + lo halves, then pairs).
+struct TiledScalar {
+  static void gemm(float* C, int64_t ldc, const float* A, int64_t lda, const float* B, int64_t ldb, int64_t M, int64_t K,
+                   int64_t N) {
+    for (int64_t i = 0; i < M; i++) {
+      for (int64_t j = 0; j < N; j++) {
+        float acc = C[i * ldc + j];
+        for (int64_t kk = 0; kk < K; kk++) acc = std::fma(B[kk * ldb + j], A[i * lda + kk], acc);
+        C[i * ldc + j] = acc;
+      }
+    }
+  }
+  template <int KV>
+  static void pack(int64_t hd, const uint8_t* k, size_t kstride, const uint8_t* v, size_t vstride, int64_t kv, float* Kt,
+                   int64_t ldkt, float* V32) {
+    for (int64_t j = 0; j < kv; j++) {
+      const uint8_t* kr = k + static_cast<size_t>(j) * kstride;
+      const uint8_t* vr = v + static_cast<size_t>(j) * vstride;
+      for (int64_t d = 0; d < hd; d++) {
+        Kt[d * ldkt + j] = KV ? f16_to_f32(load_u16(kr + 2 * d)) : reinterpret_cast<const float*>(kr)[d];
+        V32[j * hd + d] = KV ? f16_to_f32(load_u16(vr + 2 * d)) : reinterpret_cast<const float*>(vr)[d];
+      }
+    }
+  }
+  static float scale_max(int64_t n, float* y, int64_t from, int64_t to, float scale) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) {
+      y[j] = j >= from && j < to ? y[j] * scale : -INFINITY;
+      mx = std::fmax(mx, y[j]);
+    }
+    return mx;
+  }
+  static double soft_max(int64_t n, float* y, float max) {
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i += 8) {
+      float v[8];
+      for (int l = 0; l < 8; l++) y[i + l] = v[l] = expf_ggml_avx2(y[i + l] - max);
+      const float h0 = v[4] + v[0], h1 = v[5] + v[1], h2 = v[6] + v[2], h3 = v[7] + v[3];
+      sum += static_cast<double>((h0 + h2) + (h1 + h3));
+    }
+    return sum;
+  }
+};
+
 template <int DT>
 void axpy_rows(int64_t k, int nr, const float* a, const uint8_t* const* w, float* y) {
   for (int r = 0; r < nr; r++) kernels_scalar().axpy[DT](k, a[r], w[r], y);
@@ -696,6 +742,8 @@ KernelTable make_table() {
   t.attn_rows[0][1] = attn_rows_ggml<GgmlScalar, 0, 1>;
   t.attn_rows[1][0] = attn_rows_ggml<GgmlScalar, 1, 0>;
   t.attn_rows[1][1] = attn_rows_ggml<GgmlScalar, 1, 1>;
+  t.attn_tile[0] = attn_tile_ggml<TiledScalar, 0>;
+  t.attn_tile[1] = attn_tile_ggml<TiledScalar, 1>;
   t.sum_f32 = sum_f32;
   return t;
 }

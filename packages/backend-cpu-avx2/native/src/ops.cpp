@@ -1,6 +1,7 @@
 #include "ops.h"
 
 #include "attn_ggml.h"
+#include "attn_tiled.h"
 
 #include <algorithm>
 #include <atomic>
@@ -1544,15 +1545,26 @@ void op_softmax(const NodeExec& n, int ith, int nth) {
 }
 
 struct AttnLayout {
-  float* q16 = nullptr;  // nth × kAttnTileRows × head_dim: q rounded to F16 (F16 keys)
-  void* acc = nullptr;   // nth × kAttnTileRows × head_dim floats: the V accumulators
+  float* q16 = nullptr;   // nth × kAttnTileRows × head_dim: q rounded to F16 (F16 keys)
+  void* acc = nullptr;    // nth × kAttnTileRows × head_dim floats: the V accumulators
+  float* tile = nullptr;  // nth × attn_tile_floats(head_dim): the tiled path's buffers (tiled batches only)
 };
+
+/// Whether a batch takes llama.cpp's tiled arithmetic (attn_tiled.h): as ggml-cpu decides it, a batch of at
+/// least 64 query rows whose K and V have one type (F32 or F16) and whose head size is whole vectors (with a
+/// sliding window too: llama.cpp masks the keys before the window).
+bool attn_tiled(const NodeExec& n) {
+  const int64_t hd = static_cast<int64_t>(n.p[3]);
+  return n.src[0].rows() >= kFaTileQ && n.src[1].dtype == n.src[2].dtype &&
+         (n.src[1].dtype == DT_F16 || n.src[1].dtype == DT_F32) && hd % 8 == 0;
+}
 
 AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
   AttnLayout l;
   const size_t hd = static_cast<size_t>(n.p[3]) * kAttnTileRows;
   l.q16 = static_cast<float*>(b.take(sizeof(float) * hd * nth));
   l.acc = b.take(sizeof(float) * hd * nth);
+  if (attn_tiled(n)) l.tile = static_cast<float*>(b.take(sizeof(float) * attn_tile_floats(static_cast<int64_t>(n.p[3])) * nth));
   return l;
 }
 
@@ -1579,6 +1591,33 @@ void op_attention(const NodeExec& n, int ith, int nth) {
   // attention_swa: keys at positions p with (n_past + t) − p < window only
   const int64_t window = n.op == OP_ATTENTION_SWA ? static_cast<int64_t>(n.p[5]) : 0;
   int64_t u0, u1;
+  if (attn_tiled(n)) {
+    // a prompt-sized batch: units of (up to kFaTileQ consecutive tokens, one head) in llama.cpp's tiled
+    // arithmetic (attn_tiled.h); a row's values do not depend on where its tile starts
+    float* scratch = l.tile + static_cast<size_t>(ith) * attn_tile_floats(hd);
+    const int64_t tiles = (T + kFaTileQ - 1) / kFaTileQ;
+    const int64_t units = tiles * H;
+    const int64_t chunk = chunk_size(units, nth, 1);
+    while (next_chunk(n, units, chunk, &u0, &u1)) for (int64_t u = u0; u < u1; u++) {
+      // the last tiles (most keys) first, so the short ones even out the threads' ends
+      const int64_t t0 = (tiles - 1 - u / H) * kFaTileQ, h = u % H, kvh = h / group;
+      const int nr = static_cast<int>(T - t0 < kFaTileQ ? T - t0 : kFaTileQ);
+      const float* qs[kFaTileQ];
+      float* outs[kFaTileQ];
+      int64_t nk[kFaTileQ], first[kFaTileQ];
+      for (int r = 0; r < nr; r++) {
+        const int64_t t = t0 + r;
+        qs[r] = Q.f32() + t * hd * H + h * hd;
+        outs[r] = n.dst.f32() + t * hd * H + h * hd;
+        nk[r] = n_past + t + 1;
+        first[r] = window > 0 && nk[r] > window ? nk[r] - window : 0;
+      }
+      n.k->attn_tile[ki](hd, nr, qs, Kc.data + static_cast<size_t>(kvh * hd) * kes, static_cast<size_t>(kvrow) * kes,
+                         Vc.data + static_cast<size_t>(kvh * hd) * ves, static_cast<size_t>(kvrow) * ves,
+                         window > 0 ? first : nullptr, nk, scale, outs, scratch);
+    }
+    return;
+  }
   if (window == 0 && T > 1) {
     // a batch: units of (up to kAttnTileRows consecutive tokens, one head), the tile's rows taking each block
     // of keys in turn (attn_rows: each row's arithmetic unchanged, the K/V block read once per tile)

@@ -21,6 +21,7 @@
 #include "executor.h"
 #include "kernels.h"
 #include "ops.h"
+#include "attn_tiled.h"
 #include "tensor_store.h"
 #include "thread_pool.h"
 
@@ -724,6 +725,96 @@ void test_attention_kernels(const KernelTable& kt, const KernelTable* other) {
   }
 }
 
+/// attn_tile (llama.cpp's tiled flash-attention arithmetic) against a float64 softmax(scale·qᵀk)·V, F32 and
+/// F16 K/V, causal rows after 0, 70 and 130 cached keys (partial and whole key tiles), without and with a
+/// 50-key sliding window; each row must also come
+/// out bit-identical when computed alone (a row's values do not depend on its tile) and, with `other`, to
+/// the other table's.
+void test_attention_tile(const KernelTable& kt, const KernelTable* other) {
+  for (int kv = 0; kv < 2; kv++) {
+    for (int64_t hd : {8, 64, 128}) {
+      for (int64_t n_past : {0, 70, 130}) {
+        for (int nr : {1, 5, 64}) {
+          for (int64_t window : {0, 50}) {
+            const int64_t nkeys = n_past + nr;
+            const int64_t stride_el = hd * 2;  // rows of a [2 heads · hd, nkeys] cache; head 1 used
+            const size_t es = kv ? 2 : 4;
+            std::vector<uint8_t> kc(static_cast<size_t>(nkeys * stride_el) * es), vc(kc.size());
+            std::vector<double> kd(static_cast<size_t>(nkeys * hd)), vd(kd.size());
+            for (int64_t i = 0; i < nkeys * stride_el; i++) {
+              for (int which = 0; which < 2; which++) {
+                uint8_t* dst = (which ? vc.data() : kc.data()) + i * es;
+                float f = uni(-1, 1);
+                if (kv) {
+                  const uint16_t h = f32_to_f16(f);
+                  std::memcpy(dst, &h, 2);
+                  f = f16_to_f32(h);
+                } else {
+                  std::memcpy(dst, &f, 4);
+                }
+                const int64_t j = i / stride_el, c = i % stride_el - hd;
+                if (c >= 0) (which ? vd : kd)[static_cast<size_t>(j * hd + c)] = f;
+              }
+            }
+            std::vector<float> q(static_cast<size_t>(nr * hd)), out(q.size()), out1(q.size()), out2(q.size());
+            for (auto& v : q) v = uni(-2, 2);
+            std::vector<float> scratch(attn_tile_floats(hd));
+            const float* qs[kFaTileQ];
+            float* os[kFaTileQ];
+            float* os2[kFaTileQ];
+            int64_t nk[kFaTileQ], first[kFaTileQ];
+            for (int r = 0; r < nr; r++) {
+              qs[r] = q.data() + r * hd;
+              os[r] = out.data() + r * hd;
+              os2[r] = out2.data() + r * hd;
+              nk[r] = n_past + r + 1;
+              first[r] = window > 0 && nk[r] > window ? nk[r] - window : 0;
+            }
+            const int64_t* fp = window > 0 ? first : nullptr;
+            const float scale = 0.3f;
+            const uint8_t* k0 = kc.data() + hd * es;
+            const uint8_t* v0 = vc.data() + hd * es;
+            kt.attn_tile[kv](hd, nr, qs, k0, stride_el * es, v0, stride_el * es, fp, nk, scale, os, scratch.data());
+            for (int r = 0; r < nr; r++) {
+              float* o1 = out1.data() + r * hd;
+              kt.attn_tile[kv](hd, 1, &qs[r], k0, stride_el * es, v0, stride_el * es, fp ? &first[r] : nullptr, &nk[r], scale, &o1,
+                               scratch.data());
+              std::vector<double> sc(static_cast<size_t>(nk[r])), ref(static_cast<size_t>(hd), 0.0);
+              double mx = -INFINITY, sum = 0;
+              const int64_t j_first = first[r];
+              for (int64_t j = j_first; j < nk[r]; j++) {
+                double d = 0;
+                for (int64_t c = 0; c < hd; c++) d += kd[static_cast<size_t>(j * hd + c)] * qs[r][c];
+                sc[static_cast<size_t>(j)] = d * scale;
+                mx = std::fmax(mx, d * scale);
+              }
+              for (int64_t j = j_first; j < nk[r]; j++) {
+                const double e = std::exp(sc[static_cast<size_t>(j)] - mx);
+                sum += e;
+                for (int64_t c = 0; c < hd; c++) ref[static_cast<size_t>(c)] += e * vd[static_cast<size_t>(j * hd + c)];
+              }
+              for (int64_t c = 0; c < hd; c++) {
+                const double e = ref[static_cast<size_t>(c)] / sum;
+                CHECK(std::fabs(os[r][c] - e) <= 2e-5, "%s attn_tile[%d] hd %ld n_past %ld window %ld row %d: %g vs %g", kt.name, kv,
+                      static_cast<long>(hd), static_cast<long>(n_past), static_cast<long>(window), r, static_cast<double>(os[r][c]), e);
+              }
+            }
+            CHECK(std::memcmp(out.data(), out1.data(), out.size() * 4) == 0,
+                  "%s attn_tile[%d] hd %ld n_past %ld nr %d: a row alone differs from the same row in a tile", kt.name, kv,
+                  static_cast<long>(hd), static_cast<long>(n_past), nr);
+            if (other) {
+              other->attn_tile[kv](hd, nr, qs, k0, stride_el * es, v0, stride_el * es, fp, nk, scale, os2, scratch.data());
+              CHECK(std::memcmp(out.data(), out2.data(), out.size() * 4) == 0,
+                    "%s vs %s attn_tile[%d] hd %ld n_past %ld nr %d not bit-identical", kt.name, other->name, kv,
+                    static_cast<long>(hd), static_cast<long>(n_past), nr);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 void test_thread_pool() {
   for (int n : {1, 2, 3, 5}) {
     ThreadPool pool(n);
@@ -1386,12 +1477,15 @@ int main() {
 #if defined(PI_HAVE_VNNI_KERNELS)
   if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_dtype_kernels(kernels_avx2_vnni());
   if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_attention_kernels(kernels_avx2_vnni(), &kernels_scalar());
+  if (f.avx2 && f.fma && f.f16c && f.avx512vnni) test_attention_tile(kernels_avx2_vnni(), &kernels_scalar());
 #endif
   test_gemm_tiles();
   test_repack();
   test_vnni_equals_avx2();
   test_attention_kernels(kernels_scalar(), nullptr);
   if (f.avx2 && f.fma && f.f16c) test_attention_kernels(kernels_avx2(), &kernels_scalar());
+  test_attention_tile(kernels_scalar(), nullptr);
+  if (f.avx2 && f.fma && f.f16c) test_attention_tile(kernels_avx2(), &kernels_scalar());
   test_sum_probe(kernels_scalar());
   if (f.avx2 && f.fma && f.f16c) test_sum_probe(kernels_avx2());
   test_thread_pool();

@@ -668,6 +668,8 @@ const ATTN_SWA_CASES: AttnCase[] = [
   { d: 64, h: 4, hkv: 2, ctx: 20, nPast: 7, t: 3, window: 4 },
   { d: 16, h: 6, hkv: 1, ctx: 12, nPast: 3, t: 4, window: 5 },
   { d: 32, h: 8, hkv: 8, ctx: 14, nPast: 0, t: 5, window: 30 },
+  // a prompt-sized batch (≥ 64 tokens: the CPU backend's tiled arithmetic, as llama.cpp's)
+  { d: 32, h: 2, hkv: 1, ctx: 96, nPast: 11, t: 70, window: 40 },
 ];
 
 const ATTN_CASES: AttnCase[] = [
@@ -676,6 +678,8 @@ const ATTN_CASES: AttnCase[] = [
   { d: 16, h: 6, hkv: 1, ctx: 12, nPast: 3, t: 4 },
   { d: 128, h: 2, hkv: 2, ctx: 9, nPast: 8, t: 1 },
   { d: 32, h: 8, hkv: 8, ctx: 14, nPast: 0, t: 5 },
+  // a prompt-sized batch: two query tiles of 64, key tiles of 64 partly masked
+  { d: 64, h: 4, hkv: 2, ctx: 100, nPast: 20, t: 70 },
 ];
 
 /**
