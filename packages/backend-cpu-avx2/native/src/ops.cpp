@@ -1551,12 +1551,14 @@ struct AttnLayout {
 };
 
 /// Whether a batch takes llama.cpp's tiled arithmetic (attn_tiled.h): as ggml-cpu decides it, a batch of at
-/// least 64 query rows whose K and V have one type (F32 or F16) and whose head size is whole vectors (with a
-/// sliding window too: llama.cpp masks the keys before the window).
+/// least 64 query rows whose K and V have one type (F32 or F16) and whose head size is whole SIMD vectors
+/// (with a sliding window too: llama.cpp masks the keys before the window). ggml's vectors are 8 floats in
+/// its AVX2 build and 16 in its AVX-512 one; a head size of 16·k takes the tiled path in both, so that is
+/// the rule here (a head of 8, 24, … stays on the row path, as in an AVX-512 llama.cpp).
 bool attn_tiled(const NodeExec& n) {
   const int64_t hd = static_cast<int64_t>(n.p[3]);
   return n.src[0].rows() >= kFaTileQ && n.src[1].dtype == n.src[2].dtype &&
-         (n.src[1].dtype == DT_F16 || n.src[1].dtype == DT_F32) && hd % 8 == 0;
+         (n.src[1].dtype == DT_F16 || n.src[1].dtype == DT_F32) && hd % 16 == 0;
 }
 
 AttnLayout attn_layout(const NodeExec& n, int nth, Bump& b) {
