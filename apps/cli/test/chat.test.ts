@@ -263,6 +263,17 @@ describe("chat when the context fills", () => {
     expect(out.text).toBe("xxxx\n");
   });
 
+  it("a message that cannot fit even alone is refused before any older turn is dropped", async () => {
+    const { session, chat, out } = scripted(40, { nPredict: 4 });
+    session.reply(4);
+    await chat.turn("hi");
+    await chat.turn("y".repeat(60));
+    expect(out.notices).toEqual([
+      "message not sent: it takes 65 tokens, the context holds 40 (n_ctx); use a larger -c",
+    ]);
+    expect(chat.messages.map((m) => m.content)).toEqual(["hi", "xxxx"]);
+  });
+
   it("Ctrl+C stops the reply being written and keeps what was written", async () => {
     const { session, chat, out } = scripted(100, { nPredict: -1 });
     session.reply(50);

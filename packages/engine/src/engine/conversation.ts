@@ -84,6 +84,14 @@ export class Chat {
   async turn(content: string): Promise<void> {
     const { session, out, settings } = this;
     const nCtx = session.nCtx;
+    // a message that does not fit even after every older turn is refused before any turn is dropped
+    const alone = this.ids([...this.messages.slice(0, this.first), { role: "user", content }]).length;
+    if (alone >= nCtx) {
+      out.notice(
+        `message not sent: ${this.first ? "with the system prompt " : ""}it takes ${alone} tokens, the context holds ${nCtx} (n_ctx); use a larger -c`,
+      );
+      return;
+    }
     this.messages.push({ role: "user", content });
     let ids = this.ids();
     let dropped = 0;
