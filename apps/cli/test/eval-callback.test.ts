@@ -7,7 +7,7 @@
  * parser, and the CLI command.
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -189,7 +189,17 @@ describe.skipIf(!probe.usable)("powerinfer eval-callback", () => {
     const c = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", ref);
     expect(c.code).toBe(0);
     expect(c.stdout).toMatch(/^ +embd {2}max Δ +0 \(1e-4\)/m);
-    expect(c.stdout).toMatch(/all 89 compared nodes within ±2 in the last printed digit\n$/);
+    expect(c.stdout).toMatch(/all 89 compared nodes within ±2 in the last printed digit \(values and sums\)\n$/);
+    // the same dump with embd's printed sum 1e-5 off: the report says the sum failed, not a value
+    const refText = readFileSync(ref, "utf8");
+    const sumLine = /^( +sum = )(-?\d+\.\d{6})$/m.exec(refText)!;
+    const offSum = join(dirname(out), "ref-sum-off.txt");
+    writeFileSync(offSum, refText.replace(sumLine[0], `${sumLine[1]}${(Number(sumLine[2]) + 1e-5).toFixed(6)}`));
+    const s = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", offSum);
+    expect(s.code).toBe(1);
+    expect(s.stdout).toMatch(
+      /first node beyond ±2 in the last printed digit: embd \(its values within ±2 \(max Δ 0e-4\), its printed sum off by (9|10|11) in the 6th decimal\)\n$/,
+    );
     // another model's trace: the report names the first node beyond ±2 and the exit status is 1 (as diff)
     const other = join(traces, "stories260K-F16.once-upon-a-time.eval-callback.txt");
     const d = cli("eval-callback", "-m", model, "-p", "Once upon a time", "-t", "1", "--compare", other);
