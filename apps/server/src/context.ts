@@ -94,7 +94,7 @@ export function samplingOptions(
   return {
     maxTokens: nPredict < 0 ? -1 : nPredict,
     temperature: b.temperature ?? d.temperature ?? 0.8,
-    topK: b.top_k ?? d.topK ?? 40,
+    topK: Math.max(0, b.top_k ?? d.topK ?? 40), // ≤ 0 = off, as llama.cpp
     topP: b.top_p ?? d.topP ?? 0.95,
     minP: b.min_p ?? d.minP ?? 0.05,
     repeatPenalty: b.repeat_penalty ?? d.repeatPenalty ?? 1,
@@ -327,13 +327,15 @@ export function timingsJson(r: BatchRequest) {
  */
 export function usageJson(reqs: BatchRequest[], promptTokens: number) {
   const completion = reqs.reduce((s, r) => s + r.timings.generatedTokens, 0);
-  const seen = new Set<readonly number[]>();
-  let cached = 0;
+  // per prompt (by its tokens: the `n` choices of one prompt are separate requests), the most any of its
+  // requests found in a slot's cache, so cached_tokens never exceeds prompt_tokens
+  const perPrompt = new Map<string, number>();
   for (const r of reqs) {
-    if (seen.has(r.promptIds)) continue;
-    seen.add(r.promptIds);
-    cached += r.cachedTokens;
+    const key = r.promptIds.join(",");
+    perPrompt.set(key, Math.max(perPrompt.get(key) ?? 0, r.cachedTokens));
   }
+  let cached = 0;
+  for (const c of perPrompt.values()) cached += c;
   return {
     prompt_tokens: promptTokens,
     completion_tokens: completion,

@@ -98,6 +98,10 @@ describe.skipIf(!probe.usable)(`llama.cpp's server behaviour (${probe.reason})`,
       expect(explicit.body.content).toBe(one.body.content);
       // a request's own value wins
       expect((await a.post("/completion", { prompt: "Once", n_predict: 3 })).body.tokens_predicted).toBe(3);
+      // top_k ≤ 0 is off, as in llama.cpp
+      const noTopK = await a.post("/completion", { prompt: "Once", n_predict: 2, top_k: -5 });
+      expect(noTopK.status).toBe(200);
+      expect(noTopK.body.generation_settings).toMatchObject({ top_k: 0 });
     });
 
     it("without --seed the reported seed is llama.cpp's LLAMA_DEFAULT_SEED (a random seed is drawn per request)", async () => {
@@ -245,6 +249,12 @@ describe.skipIf(!probe.usable)(`llama.cpp's server behaviour (${probe.reason})`,
       expect(text).toContain("# TYPE llamacpp:prompt_tokens_cached_total counter");
       expect(text).toMatch(new RegExp(`\\nllamacpp:prompt_tokens_cached_total ${n - 1}\\n`));
       expect(text).toMatch(new RegExp(`\\nllamacpp:prompt_tokens_total ${n + 1}\\n`));
+      // n choices of one prompt: the prompt counts once in prompt_tokens, and so does its cached part
+      const three = { prompt: "The cat sat on the mat", max_tokens: 2, n: 3 };
+      await a.post("/v1/completions", three);
+      const again = await a.post("/v1/completions", three);
+      const pn = again.body.usage.prompt_tokens as number;
+      expect(again.body.usage.prompt_tokens_details).toEqual({ cached_tokens: pn - 1 });
     });
 
     it("generation_settings: logit_bias with the end-of-generation bans of ignore_eos, and the sampler keys", async () => {
