@@ -27,11 +27,18 @@ export class ApiError extends Error {
   }
 }
 
+/** Largest request body the server reads (bytes); a larger one is a 413. */
+export const BODY_LIMIT_BYTES = 8 * 1024 * 1024;
+
 /** Fastify's own error codes we answer in OpenAI's shape. */
 const FASTIFY_CODES: Record<string, [number, ApiErrorType, string]> = {
   FST_ERR_CTP_INVALID_JSON_BODY: [400, "invalid_request_error", "the body is not valid JSON"],
   FST_ERR_CTP_EMPTY_JSON_BODY: [400, "invalid_request_error", "the body is empty; send a JSON object"],
-  FST_ERR_CTP_BODY_TOO_LARGE: [413, "invalid_request_error", "the body is too large"],
+  FST_ERR_CTP_BODY_TOO_LARGE: [
+    413,
+    "invalid_request_error",
+    `the body is too large (the limit is ${BODY_LIMIT_BYTES / 1024 / 1024} MiB)`,
+  ],
   FST_ERR_CTP_INVALID_MEDIA_TYPE: [415, "invalid_request_error", "unsupported content type; send application/json"],
 };
 

@@ -71,7 +71,7 @@ const sampling = {
   model: string().nullish(),
   /** ≤ 0: greedy (llama.cpp's server accepts negative temperatures the same way). */
   temperature: number().nullish(),
-  top_k: integer(0).nullish(),
+  top_k: integer().nullish(), // ≤ 0 = off, as llama.cpp
   top_p: number(0, 1).nullish(),
   min_p: number(0, 1).nullish(),
   seed: integer().nullish(),

@@ -10,7 +10,7 @@ import { BatchScheduler, ChatTemplate, EngineError, type KvCacheType, type Model
 import Fastify, { type FastifyInstance, type FastifyRequest } from "fastify";
 import { buildInfo } from "./build-info.js";
 import type { GenerationDefaults, ServerContext } from "./context.js";
-import { ApiError, toApiError } from "./errors.js";
+import { ApiError, BODY_LIMIT_BYTES, toApiError } from "./errors.js";
 import { registerLlamaCpp } from "./llamacpp.js";
 import { prometheusText } from "./metrics.js";
 import { registerOpenAi } from "./openai.js";
@@ -135,7 +135,7 @@ export function createServer(opts: ServerOptions): PowerinferServer {
   checkOptions(opts);
   const app = Fastify({
     logger: opts.logger ?? false,
-    bodyLimit: 8 * 1024 * 1024,
+    bodyLimit: BODY_LIMIT_BYTES,
     forceCloseConnections: true,
     clientErrorHandler: answerClientError,
   });

@@ -413,6 +413,13 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       }
     });
 
+    it("a body over the limit is a 413 that names the limit", async () => {
+      const r = await post("/v1/completions", JSON.stringify({ prompt: "x".repeat(9 * 1024 * 1024) }));
+      expect(r.status).toBe(413);
+      expect(r.body.error).toMatchObject({ code: 413, type: "invalid_request_error" });
+      expect(r.body.error.message).toBe("the body is too large (the limit is 8 MiB)");
+    });
+
     it("a wrong type names the field; unknown fields are ignored", async () => {
       await expect(
         client.completions.create({
@@ -541,10 +548,10 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       // more than three problems: the first three and a count, still one line
       const many = await post(
         "/v1/completions",
-        JSON.stringify({ prompt: "x", temperature: "hot", top_k: -2, min_p: 2, max_tokens: -3 }),
+        JSON.stringify({ prompt: "x", temperature: "hot", top_k: 2.5, min_p: 2, max_tokens: -3 }),
       );
       expect(many.body.error.message).toBe(
-        '"temperature": expected a number, got "hot"; "top_k": expected an integer ≥ 0, got -2; "min_p": expected a number in [0, 1], got 2 (and 1 more)',
+        '"temperature": expected a number, got "hot"; "top_k": expected an integer, got 2.5; "min_p": expected a number in [0, 1], got 2 (and 1 more)',
       );
       // the official client sees the same message and the field as `param`
       const err = await client.completions

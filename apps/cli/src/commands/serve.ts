@@ -179,7 +179,9 @@ export function register(program: Command): void {
     // generation defaults of requests that leave them out, as llama-server's options
     .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", int("seed", SEED_RULE))
     .option("--temp <t>", `default ${TEMP_HELP} (default 0.8)`, float("temp"))
-    .option("--top-k <k>", "default top-k (0 = off; default 40)", int("top-k", { min: 0 }))
+    .option("--top-k <k>", "default top-k (≤ 0 = off, as llama.cpp; default 40)", (v: string) =>
+      Math.max(0, int("top-k")(v)),
+    )
     .option("--top-p <p>", "default top-p (1 = off; default 0.95)", float("top-p", { above: 0, max: 1 }))
     .option("--min-p <p>", "default min-p (0 = off; default 0.05)", float("min-p", { min: 0, max: 1 }))
     .option(
