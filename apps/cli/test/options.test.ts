@@ -298,6 +298,12 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
     expect(all.code, all.stderr).toBe(0);
     expect(all.stdout).toBe(run("256", "-c", "256").stdout);
     expect(all.stdout).not.toBe(run("64", "-c", "256").stdout); // the default window gives other text here
+    // batched: a prompt longer than a sequence's context is refused with the way out
+    const long = cli("batched", "-m", stories, "-p", "word ".repeat(40), "-c", "16", "-n", "4");
+    expect(long.code).toBe(1);
+    expect(long.stderr).toMatch(
+      /^powerinfer: prompt has \d+ tokens, context has room for 16 \(n_ctx 16\); use a larger -c \(each sequence's context\) or a shorter prompt\n$/,
+    );
     // batched: each sequence's context (-c is per sequence)
     const batched = (n: string) =>
       cli(

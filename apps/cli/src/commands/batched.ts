@@ -94,7 +94,7 @@ export function register(program: Command): void {
         const nCtx = sessions[0]!.nCtx;
         if (ids.length > nCtx) {
           throw new InvalidArgumentError(
-            `prompt has ${ids.length} tokens, context has room for ${nCtx} (n_ctx ${nCtx})`,
+            `prompt has ${ids.length} tokens, context has room for ${nCtx} (n_ctx ${nCtx}); use a larger -c (each sequence's context) or a shorter prompt`,
           );
         }
         if (!o.json)
