@@ -100,6 +100,16 @@ describe("powerinfer gguf-split", () => {
     expect(j.config.n_layer).toBe(5);
   });
 
+  it("a missing input is one line naming it", () => {
+    const missing = join(dir, "missing.gguf");
+    const a = cli(["gguf-split", "--split-max-tensors", "20", missing, join(dir, "x")]);
+    expect(a.code).toBe(1);
+    expect(a.stderr).toBe(`powerinfer: model file ${missing} does not exist\n`);
+    const b = cli(["gguf-split", "--merge", missing, join(dir, "y.gguf")]);
+    expect(b.code).toBe(1);
+    expect(b.stderr).toBe(`powerinfer: first shard ${missing} does not exist\n`);
+  });
+
   it("replaces an existing shard or --merge output only with --force", () => {
     const keep = join(dir, "keep.txt");
     writeFileSync(keep, "precious\n");

@@ -16,7 +16,7 @@ import {
 } from "@powerinfer/gguf";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
-import { checkOutputPath, refuseOverwrite } from "./common.js";
+import { checkInputFile, checkOutputPath, refuseOverwrite } from "./common.js";
 
 /**
  * A size as llama.cpp's `--split-max-size` takes it: an integer with a unit, decimal as llama.cpp
@@ -93,6 +93,7 @@ export function register(program: Command): void {
         if (o.splitMaxTensors !== undefined && o.splitMaxSize !== undefined) {
           throw new InvalidArgumentError("give --split-max-tensors or --split-max-size, not both");
         }
+        checkInputFile(input, o.merge ? "first shard" : "model file");
         if (o.merge) {
           if (o.splitMaxTensors !== undefined || o.splitMaxSize !== undefined) {
             throw new InvalidArgumentError("--merge takes no --split-max-* option");
