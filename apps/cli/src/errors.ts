@@ -15,7 +15,7 @@ export interface DescribeErrorOptions {
 export function describeError(e: unknown, o: DescribeErrorOptions = {}): string {
   if (!(e instanceof Error)) return oneLine(String(e));
   const code = (e as { code?: unknown }).code;
-  if (typeof code === "string" && code.startsWith("commander.")) return oneLine(e.message);
+  if (typeof code === "string" && code.startsWith("commander.") && !o.verbose) return oneLine(e.message);
   let message = e.message || (e.name && e.name !== "Error" ? e.name : "unknown error");
   // a TypeError or ReferenceError is a bug of ours, not the user's input: say so
   if (e instanceof TypeError || e instanceof ReferenceError)

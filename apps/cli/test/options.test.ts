@@ -14,6 +14,7 @@ import { openGguf, parseModelConfig } from "@powerinfer/gguf";
 import { generateSyntheticMoeModel } from "@powerinfer/synthetic";
 import { describe, expect, it } from "vitest";
 import { TINY_MOE_SHAPE } from "./moe-shape.js";
+import { InvalidArgumentError } from "commander";
 import { describeError } from "../src/errors.ts";
 import { createProgram, EXAMPLES } from "../src/program.ts";
 
@@ -229,6 +230,12 @@ describe("error lines: the message and the fix, the class and code only with --v
     );
     expect(describeError(new TypeError("x is not a function"), { verbose: true })).toMatch(/ \[TypeError\]$/);
     expect(describeError("plain")).toBe("plain");
+    // a checked input (commander's InvalidArgumentError, e.g. a missing model file) too
+    const missing = new InvalidArgumentError("model file x.gguf does not exist");
+    expect(describeError(missing)).toBe("model file x.gguf does not exist");
+    expect(describeError(missing, { verbose: true })).toBe(
+      "model file x.gguf does not exist [InvalidArgumentError commander.invalidArgument]",
+    );
   });
 
   it.skipIf(!probe.usable)("a typed engine error from a command, with and without --verbose", () => {
