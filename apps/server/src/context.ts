@@ -190,7 +190,9 @@ export function checkPrompt(ctx: ServerContext, ids: readonly number[]): void {
   const nv = ctx.model.config.n_vocab;
   for (const t of ids) {
     if (t < 0 || t >= nv)
-      throw new ApiError(400, "invalid_request_error", `token id ${t} is outside the vocabulary [0, ${nv})`);
+      throw new ApiError(400, "invalid_request_error", `token id ${t} is outside the vocabulary [0, ${nv})`, {
+        param: "prompt",
+      });
   }
 }
 

@@ -413,6 +413,15 @@ describe.skipIf(!probe.usable)(`the server (${probe.reason})`, () => {
       }
     });
 
+    it("a token id outside the vocabulary names the prompt", async () => {
+      for (const path of ["/v1/completions", "/completion"]) {
+        const r = await post(path, JSON.stringify({ prompt: [1, 999999], max_tokens: 1 }));
+        expect(r.status, path).toBe(400);
+        expect(r.body.error).toMatchObject({ type: "invalid_request_error", param: "prompt" });
+        expect(r.body.error.message).toMatch(/^token id 999999 is outside the vocabulary \[0, \d+\)$/);
+      }
+    });
+
     it("a body over the limit is a 413 that names the limit", async () => {
       const r = await post("/v1/completions", JSON.stringify({ prompt: "x".repeat(9 * 1024 * 1024) }));
       expect(r.status).toBe(413);
