@@ -322,5 +322,11 @@ describe.skipIf(!probe.usable)("powerinfer perplexity", () => {
     writeFileSync(empty, "");
     const none = cli("perplexity", "-m", stories, "-f", empty, "-c", "128");
     expect(none.stderr).toMatch(/tokenizes to only 1 token \(a smaller/);
+    // --all-tokens (no BOS added): chunks of n_ctx − 1, named with the file
+    const allNone = cli("perplexity", "-m", stories, "-f", empty, "-c", "128", "--all-tokens");
+    expect(allNone.code).toBe(1);
+    expect(allNone.stderr).toBe(
+      `powerinfer: --all-tokens scores chunks of n_ctx − 1 = 127 tokens: ${empty} tokenizes to only 0 tokens (a smaller -c scores shorter texts)\n`,
+    );
   });
 });

@@ -34,6 +34,11 @@ export function register(program: Command): void {
             `you need at least ${2 * session.nCtx} tokens to evaluate perplexity with a context of ${session.nCtx}: ${o.file} tokenizes to only ${plural(ids.length, "token")} (a smaller -c, or --all-tokens, scores shorter texts)`,
           );
         }
+        if (protocol === "all-tokens" && ids.length < session.nCtx - 1) {
+          throw new InvalidArgumentError(
+            `--all-tokens scores chunks of n_ctx − 1 = ${session.nCtx - 1} tokens: ${o.file} tokenizes to only ${plural(ids.length, "token")} (a smaller -c scores shorter texts)`,
+          );
+        }
         const r = perplexity(session, ids, {
           protocol,
           bosId: tok.bosId,
