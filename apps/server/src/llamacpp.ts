@@ -257,7 +257,7 @@ export function registerLlamaCpp(app: FastifyInstance, getCtx: () => ServerConte
             content: "",
             tokens: [],
             stop: false,
-            id_slot: -1,
+            id_slot: p.slot,
             tokens_predicted: 0,
             tokens_evaluated: p.total,
             prompt_progress: progressJson(p),

@@ -356,6 +356,8 @@ describe.skipIf(!probe.usable)(`llama.cpp's server behaviour (${probe.reason})`,
       const total = p[0]!.prompt_progress.total as number;
       expect(total).toBeGreaterThan(16);
       expect(p[0]!.prompt_progress).toMatchObject({ cache: 0, processed: 0 });
+      // each event names the slot the request took (a server of one slot: slot 0)
+      for (const e of p) expect(e.id_slot).toBe(0);
       expect(p.map((e) => e.prompt_progress.processed)).toEqual([
         0,
         ...Array.from({ length: Math.ceil(total / 16) }, (_, i) => Math.min(total, 16 * (i + 1))),

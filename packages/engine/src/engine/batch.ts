@@ -62,6 +62,8 @@ export interface PromptProgress {
   processed: number;
   /** Milliseconds since the request took its slot. */
   timeMs: number;
+  /** The slot the request took (llama.cpp's `id_slot`). */
+  slot: number;
 }
 
 /** A token and its log-probability under the model (log-softmax of the raw logits). */
@@ -637,7 +639,13 @@ export class BatchScheduler {
     const cb = r.options.onPromptProgress;
     if (!cb) return;
     try {
-      cb({ total: r.promptIds.length, cache: r.cachedTokens, processed: r.promptPos, timeMs: now - r.startedAt });
+      cb({
+        total: r.promptIds.length,
+        cache: r.cachedTokens,
+        processed: r.promptPos,
+        timeMs: now - r.startedAt,
+        slot: r.slot,
+      });
     } catch {
       // a listener's error is its own
     }
