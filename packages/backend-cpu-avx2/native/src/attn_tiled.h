@@ -70,7 +70,8 @@ void attn_tile_ggml(int64_t hd, int nr, const float* const* q, const uint8_t* k,
   for (int r = 0; r < nr; r++) jmin = first == nullptr ? 0 : (first[r] < jmin ? first[r] : jmin);
   for (int64_t j0 = jmin / TK * TK; j0 < nmax; j0 += TK) {
     const int64_t kv = nmax - j0 < TK ? nmax - j0 : TK;
-    P::template pack<KV>(hd, k + static_cast<size_t>(j0) * kstride, kstride, v + static_cast<size_t>(j0) * vstride, vstride, kv, Kt, TK, V32);
+    P::template pack<KV>(hd, k + static_cast<size_t>(j0) * kstride, kstride, v + static_cast<size_t>(j0) * vstride,
+                         vstride, kv, Kt, TK, V32);
     if (kv < TK) {
       for (int64_t d = 0; d < hd; d++) std::memset(Kt + d * TK + kv, 0, sizeof(float) * static_cast<size_t>(TK - kv));
       std::memset(V32 + kv * hd, 0, sizeof(float) * static_cast<size_t>((TK - kv) * hd));
