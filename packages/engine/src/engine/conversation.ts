@@ -99,14 +99,8 @@ export class Chat {
       dropped += this.dropOldest();
       ids = this.ids();
     }
+    // dropping stops at the message alone (shorter than the context, checked above) at the latest
     if (dropped > 0) out.notice(this.fullNotice(dropped, ""));
-    if (ids.length >= nCtx) {
-      this.messages.pop();
-      out.notice(
-        `message not sent: ${this.first ? "with the system prompt " : ""}it takes ${ids.length} tokens, the context holds ${nCtx} (n_ctx); use a larger -c`,
-      );
-      return;
-    }
     this.abort = new AbortController();
     let reply = "";
     const replyIds: number[] = [];
