@@ -313,6 +313,22 @@ describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the dev
     const beyond = plan("--vram-budget", "1", "--n-gpu-layers", "99", "--reset-gpu-index");
     expect(beyond.code, beyond.stderr).toBe(0);
     expect(beyond.stdout).toMatch(/attention of the last 6 layers forced on the device/);
+    // llama.cpp's other values (common/arg.cpp): all or ≤ -2 every layer; auto or -1 the default
+    for (const v of ["all", "-2"]) {
+      const all = plan("--vram-budget", "1", "--n-gpu-layers", v, "--reset-gpu-index");
+      expect(all.code, all.stderr).toBe(0);
+      expect(all.stdout).toMatch(/attention of the last 6 layers forced on the device/);
+    }
+    for (const v of ["auto", "-1"]) {
+      const auto = plan("--vram-budget", String(2 / 1024), "-c", "256", "--n-gpu-layers", v, "--reset-gpu-index");
+      expect(auto.code, auto.stderr).toBe(0);
+      expect(auto.stdout).not.toMatch(/forced on the device/);
+    }
+    const bad = plan("--vram-budget", "1", "--n-gpu-layers", "most");
+    expect(bad.code).not.toBe(0);
+    expect(bad.stderr).toMatch(
+      /--n-gpu-layers must be an integer, auto \(−1: the default\) or all \(≤ −2: every layer\), got "most"/,
+    );
     const measured = plan("--vram-budget", String(4 / 1024), "-c", "256", "--device-gbps", "500", "--cpu-gbps", "50");
     expect(measured.code, measured.stderr).toBe(0);
     expect(measured.stdout).toMatch(/\(device 500.0 GB\/s, CPU 50.0 GB\/s: measured;/);

@@ -115,6 +115,36 @@ export function threadsArg(name = "threads") {
   };
 }
 
+/** What `--n-gpu-layers all` (or a value ≤ −2) stands for: more layers than any model has (clamped to n_layer). */
+export const ALL_GPU_LAYERS = 2 ** 31 - 1;
+
+/**
+ * Commander argument parser for -ngl/--n-gpu-layers, with llama.cpp's values (common/arg.cpp): an integer
+ * N ≥ 0; `auto` or −1 (llama.cpp's default), the same as leaving the option out (here: the planner
+ * decides which layers' attention goes to the device); `all` or any value ≤ −2, every layer
+ * ({@link ALL_GPU_LAYERS}, clamped to the model's layers where it is used).
+ * @returns undefined for auto, else the layer count.
+ * @throws InvalidArgumentError naming the option and the accepted values.
+ */
+export function gpuLayersArg(name = "n-gpu-layers") {
+  const parse = int(name);
+  return (v: string): number | undefined => {
+    const t = v.trim().toLowerCase();
+    if (t === "auto") return undefined;
+    if (t === "all") return ALL_GPU_LAYERS;
+    let n: number;
+    try {
+      n = parse(v);
+    } catch {
+      throw new InvalidArgumentError(
+        `${dashed(name)} must be an integer, auto (−1: the default) or all (≤ −2: every layer), got "${v}"`,
+      );
+    }
+    if (n === -1) return undefined;
+    return n < -1 ? ALL_GPU_LAYERS : n;
+  };
+}
+
 /** Commander argument parser: a finite number satisfying `rule` (see {@link NumberRule}). */
 export function float(name: string, rule: NumberRule = {}) {
   return (v: string): number => {

@@ -28,6 +28,7 @@ import {
   checkInputFile,
   choice,
   float,
+  gpuLayersArg,
   int,
   loadModelFromCli,
   type ModelCliOptions,
@@ -69,8 +70,8 @@ export function deviceOptions(cmd: Command): Command {
     .option("--disable-gpu-index", "no device: every FFN neuron and layer on the main backend")
     .option(
       "--n-gpu-layers <n>",
-      "(-ngl) attention and KV cache of the last N layers on the device (dense models: the whole layers, as llama.cpp's -ngl; default: none)",
-      int("n-gpu-layers", { min: 0 }),
+      "(-ngl) attention and KV cache of the last N layers on the device (dense models: the whole layers, as llama.cpp's -ngl); all (or ≤ -2) every layer; auto (or -1, the default) lets the planner choose",
+      gpuLayersArg(),
     )
     .option("--solver <name>", "ilp (exact) or greedy", choice("solver", ["ilp", "greedy"]), "ilp")
     .option("--bucket-size <n>", "neurons per bucket of the integer program", int("bucket-size", { min: 1 }), 256);
