@@ -303,5 +303,23 @@ describe.skipIf(!probe.usable)(`continuous batching in the engine (${probe.reaso
         await sched.close();
       }
     });
+
+    it("refuses slots whose KV caches together exceed free memory, before making them", () => {
+      // one stories260K cache of 128 positions is 80 KiB: 10^9 of them exceed any machine's memory; before
+      // the check, serve -np 100000 on a 7B shape filled the memory one cache at a time
+      const slots = 1e9;
+      const t0 = performance.now();
+      let err: unknown;
+      try {
+        new BatchScheduler(model, { slots, nCtx: 128 });
+      } catch (e) {
+        err = e;
+      }
+      expect((err as { code?: string }).code).toBe("OUT_OF_MEMORY");
+      expect(String((err as Error).message)).toMatch(
+        /^1000000000 slots need KV caches of [0-9.]+ GiB \(n_ctx 128 each\), cpu has [0-9.]+ GiB free; use fewer slots \(-np\) or a smaller -c$/,
+      );
+      expect(performance.now() - t0).toBeLessThan(5000);
+    });
   });
 });

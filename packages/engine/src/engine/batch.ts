@@ -9,8 +9,10 @@
  */
 import type { BatchEntry, Model, Session } from "./engine.js";
 import { type GeneratedToken, Generation, type GenerateOptions, type StopReason, type Timings } from "./generation.js";
+import { BackendError } from "@powerinfer/core";
 import { EngineError } from "../errors.js";
 import type { KvCacheType } from "../model/kv-cache.js";
+import { formatBytes } from "../model/ram-budget.js";
 
 /** Options of a {@link BatchScheduler}. */
 export interface BatchSchedulerOptions {
@@ -389,12 +391,34 @@ export class BatchScheduler {
       for (let i = 0; i < this.nSlots; i++) {
         const session = model.createSession({ nCtx: opts.nCtx, kvType: opts.kvType, nBatch: this.nBatch });
         this.slotList.push({ id: i, session, tokens: [] });
+        // each cache alone is checked by KvCache; all of them together are checked here, before the rest
+        // are made (else many slots fill the memory one cache at a time)
+        if (i === 0 && this.nSlots > 1) this.checkSlotsFit(session);
       }
     } catch (e) {
       for (const s of this.slotList) s.session.dispose();
       throw e;
     }
     this.nCtx = this.slotList[0]!.session.nCtx;
+  }
+
+  /**
+   * Throws when nSlots KV caches like the first slot's (its layers on the model's main backend) exceed the
+   * main backend's free memory (its device's `freeMemory`).
+   * @throws BackendError 'OUT_OF_MEMORY' naming the slots, the bytes and the fix.
+   */
+  private checkSlotsFit(first: Session): void {
+    const kv = first.kv;
+    let bytes = 0;
+    for (let l = 0; l < kv.k.length; l++) if (kv.owners[l] === this.model.backend) bytes += 2 * kv.k[l]!.byteLength;
+    // (the backend's free memory as it was when the backend loaded, before any cache was made)
+    const free = this.model.backend.devices[0]?.freeMemory;
+    if (free !== undefined && free > 0 && bytes * this.nSlots > free) {
+      throw new BackendError(
+        "OUT_OF_MEMORY",
+        `${this.nSlots} slots need KV caches of ${formatBytes(bytes * this.nSlots, 2)} (n_ctx ${kv.nCtx} each), ${this.model.backend.name} has ${formatBytes(free, 2)} free; use fewer slots (-np) or a smaller -c`,
+      );
+    }
   }
 
   /** Warnings of the slot sessions (e.g. a context beyond the trained one). */
