@@ -55,6 +55,10 @@ describe("every option is checked before any file is opened", () => {
       /--vram-budget must be a number in \[0, 1048576\], got "0x10"/,
     ],
     [["run", "-m", m, "-p", "x", "--top-k", "x3"], /--top-k must be an integer, got "x3"/],
+    // llama.cpp's LLAMA_MAX_SEQ: at most 256 sequences
+    [["serve", "-m", m, "-np", "257"], /--parallel must be an integer in \[1, 256\], got 257/],
+    [["batched", "-m", m, "-p", "x", "-np", "100000"], /--parallel must be an integer in \[1, 256\], got 100000/],
+    [["run", "-m", m, "-p", "x", "-ngl", "most"], /--n-gpu-layers must be an integer, auto .* or all .*, got "most"/],
     // decimal digits only (Number() would read these as 16, 10, 3 and 2)
     [
       ["run", "-m", m, "-p", "x", "-t", "0x10"],
@@ -111,7 +115,7 @@ describe("every option is checked before any file is opened", () => {
       /--sparse-threshold must be a number in \[-3\.4e\+38, 3\.4e\+38\], got 1e\+40/,
     ],
     [["run", "-m", m, "-p", "x", "-f", f], /give the prompt with -p or -f, not both/],
-    [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer ≥ 1, got 0/],
+    [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer in \[1, 256\], got 0/],
     [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \(0, 1\], got 2/],
     [["chat", "-m", m, "-n", "-7"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -7/],
     [["serve", "-m", m, "--port", "70000"], /--port must be an integer in \[0, 65535\], got 70000/],

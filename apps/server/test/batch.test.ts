@@ -3,7 +3,7 @@
  * dense and sparse, and the continuous-batching scheduler (slots, queue bound, cancellation, metrics).
  */
 import { join } from "node:path";
-import { cpuBackend } from "@powerinfer/backend-cpu-avx2";
+import { type CpuBackend, cpuBackend } from "@powerinfer/backend-cpu-avx2";
 import type { Backend } from "@powerinfer/core";
 import { argmax, BatchScheduler, EngineError, Model, type SparseMode } from "@powerinfer/engine";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -180,6 +180,30 @@ describe.skipIf(!probe.usable)(`continuous batching in the engine (${probe.reaso
       b.dispose();
     } finally {
       model.dispose();
+    }
+  });
+
+  it("Model.load returns once a deferring backend's huge-page copies are made (serve answers meanwhile)", async () => {
+    const b = (await cpuBackend.load({
+      threads: 1,
+      hugePageCopyBytes: 2 ** 40,
+      deferHugePageCopies: true,
+    })) as CpuBackend;
+    try {
+      const relu = join(models, "relu", "tinystories-relu-llama-7m.f32.gguf");
+      const m = await Model.load(relu, { backend: b, sparse: "off" });
+      expect(b.pendingHugePageCopyBytes()).toBe(0);
+      expect(b.hugePageCopyBytes()).toBeGreaterThan(2 ** 21); // its 2 MiB-and-larger tensors were copied
+      const s = m.createSession({ nCtx: 64 });
+      const ref = await Model.load(relu, { backend, sparse: "off" });
+      const r = ref.createSession({ nCtx: 64 });
+      expect(Array.from(s.evaluate(prompts[0]!))).toEqual(Array.from(r.evaluate(prompts[0]!)));
+      s.dispose();
+      r.dispose();
+      ref.dispose();
+      m.dispose();
+    } finally {
+      b.dispose();
     }
   });
 

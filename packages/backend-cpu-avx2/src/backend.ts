@@ -90,6 +90,24 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
     return this.native.hugePageCopyBytes();
   }
 
+  /**
+   * Makes the huge-page copies that `mapTensor` reserved (`deferHugePageCopies` of `cpuBackend.load`) on a
+   * worker thread, one tensor at a time, each swapped in when made; resolves when none is left (at once
+   * when there were none). Computing meanwhile is correct (a tensor is read from its mapping until its copy
+   * is in place) but slower.
+   * @throws BackendError 'DISPOSED'.
+   */
+  async settle(): Promise<void> {
+    this.check();
+    while (this.native.pendingCopyBytes() > 0) await this.native.copyPendingAsync();
+  }
+
+  /** Bytes of huge-page copies reserved by `mapTensor` and not made yet (see {@link settle}). */
+  pendingHugePageCopyBytes(): number {
+    this.check();
+    return this.native.pendingCopyBytes();
+  }
+
   /** Counters of this backend's neuron caches (monotonic since creation). */
   neuronCacheStats(): NeuronCacheStats {
     this.check();

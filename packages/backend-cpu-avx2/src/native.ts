@@ -47,6 +47,10 @@ export interface NativeCpuBackend extends NativeBackendInstance {
   ): number;
   cacheStats(): NeuronCacheStats;
   hugePageCopyBytes(): number;
+  /** Makes the copies deferHugePageCopies reserved, on a worker thread; resolves with the bytes copied. */
+  copyPendingAsync(): Promise<number>;
+  /** Bytes of reserved copies not made yet. */
+  pendingCopyBytes(): number;
 }
 
 export interface NativeAddon {
@@ -59,6 +63,8 @@ export interface NativeAddon {
     repack?: boolean;
     /** Bytes of mapped weights (tensors ≥ 2 MiB) copied into huge-page memory (default 0). */
     hugePageCopyBytes?: number;
+    /** mapTensor reserves the copies; copyPendingAsync makes them (default false). */
+    deferHugePageCopies?: boolean;
   }) => NativeCpuBackend;
   cpuInfo(): NativeCpuInfo;
   /** Best read bandwidth in bytes/second over `iterations` sums of a `bytes`-sized F32 array. */

@@ -10,7 +10,7 @@ import { fileURLToPath } from "node:url";
 import { type Backend, BackendError, type EncodedGraph, Graph, type TensorHandle } from "@powerinfer/core";
 import { dequantize, type GgufFile, openGguf, readTensorF32 } from "@powerinfer/gguf";
 import { afterAll, describe, expect, it } from "vitest";
-import { cpuBackend } from "../src/index.js";
+import { type CpuBackend, cpuBackend } from "../src/index.js";
 import { backend, GGML, usable } from "./helpers.js";
 
 const models = process.env.POWERINFER_TEST_MODELS ?? "/work/shared/models";
@@ -526,6 +526,55 @@ describe.skipIf(!usable)("huge-page copies of mapped weights (hugePageCopyBytes)
     } finally {
       plain.dispose();
       copying.dispose();
+    }
+  });
+
+  it("deferHugePageCopies: mapTensor reserves the copies, settle() makes them off the JS thread, same results", async () => {
+    const plain = await cpuBackend.load({ threads: 2, hugePageCopyBytes: 0 });
+    const deferring = (await cpuBackend.load({
+      threads: 2,
+      hugePageCopyBytes: 2 * tb,
+      deferHugePageCopies: true,
+    })) as CpuBackend;
+    try {
+      const ref = [0, 1, 2].map((i) => outputs(plain, plain.mapTensor("q4_0", [k, rows], src(i))));
+      const hs = [0, 1, 2].map((i) => deferring.mapTensor("q4_0", [k, rows], src(i)));
+      // reserved within the limit (the third stays mapped), none made yet: reads go through the mapping
+      expect(deferring.hugePageCopyBytes()).toBe(2 * tb);
+      expect(deferring.pendingHugePageCopyBytes()).toBe(2 * tb);
+      expect(same(new Uint8Array(deferring.readTensor(hs[1]!).buffer), bytes.subarray(tb, 2 * tb))).toBe(true);
+      await deferring.settle();
+      expect(deferring.pendingHugePageCopyBytes()).toBe(0);
+      expect(deferring.hugePageCopyBytes()).toBe(2 * tb);
+      hs.forEach((h, i) => {
+        expect(
+          same(new Uint8Array(deferring.readTensor(h).buffer), bytes.subarray(i * tb, (i + 1) * tb)),
+          `tensor ${i}`,
+        ).toBe(true);
+      });
+      const o0 = outputs(deferring, hs[0]!);
+      expect(o0.before).toEqual(ref[0]!.before);
+      expect(o0.product).toEqual(ref[0]!.product);
+      expect(o0.after).toEqual(ref[0]!.after);
+      // tensor 0 was repacked by the product (its copy handed back); freeing 1 returns its copy
+      expect(deferring.hugePageCopyBytes()).toBe(tb);
+      deferring.freeTensor(hs[1]!);
+      expect(deferring.hugePageCopyBytes()).toBe(0);
+      // a tensor freed before settle() returns its reservation and is not copied
+      const late = deferring.mapTensor("q4_0", [k, rows], src(2));
+      expect(deferring.pendingHugePageCopyBytes()).toBe(tb);
+      deferring.freeTensor(late);
+      expect(deferring.pendingHugePageCopyBytes()).toBe(0);
+      expect(deferring.hugePageCopyBytes()).toBe(0);
+      const again = deferring.mapTensor("q4_0", [k, rows], src(1));
+      expect(deferring.pendingHugePageCopyBytes()).toBe(tb);
+      await deferring.settle();
+      expect(deferring.pendingHugePageCopyBytes()).toBe(0);
+      expect(deferring.hugePageCopyBytes()).toBe(tb);
+      expect(same(new Uint8Array(deferring.readTensor(again).buffer), bytes.subarray(tb, 2 * tb))).toBe(true);
+    } finally {
+      plain.dispose();
+      deferring.dispose();
     }
   });
 

@@ -10,6 +10,7 @@ import {
   contextFullNote,
   generateOptionsFromCli,
   int,
+  MAX_SEQUENCES,
   type ModelCliOptions,
   modelOptions,
   readPromptFile,
@@ -44,7 +45,12 @@ export function register(program: Command): void {
         "-f, --file <file>",
         "read the prompt from a file (- for standard input; one final newline is dropped, as llama.cpp does)",
       )
-      .option("--np, --parallel <n>", "sequences to generate (also -np)", int("parallel", { min: 1 }), 4)
+      .option(
+        "--np, --parallel <n>",
+        "sequences to generate (also -np), at most 256 as in llama.cpp (LLAMA_MAX_SEQ)",
+        int("parallel", { min: 1, max: MAX_SEQUENCES }),
+        4,
+      )
       .option(
         "-n, --n-predict <n>",
         "tokens to generate per sequence (-1 = until end of text or context full)",

@@ -115,6 +115,12 @@ export function threadsArg(name = "threads") {
   };
 }
 
+/**
+ * Most sequences decoded together (`serve -np`, `batched -np`): llama.cpp's LLAMA_MAX_SEQ (src/llama-cparams.h),
+ * beyond which its context refuses n_seq_max.
+ */
+export const MAX_SEQUENCES = 256;
+
 /** What `--n-gpu-layers all` (or a value ≤ −2) stands for: more layers than any model has (clamped to n_layer). */
 export const ALL_GPU_LAYERS = 2 ** 31 - 1;
 
@@ -320,9 +326,14 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
   const threads = o.threads ?? availableParallelism();
   // under --ram-budget the weights held stay mapped (page cache, reclaimable) as the budget planned them
   const hugePageCopyBytes = o.mmap || o.ramBudget !== undefined ? 0 : undefined;
-  const backend = await loadBackend(o.backend, { threads, repack: o.repack ?? true, hugePageCopyBytes }, (line) => {
-    if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
-  });
+  // the huge-page copies are made off the JS thread (Model.load waits for them): serve answers meanwhile
+  const backend = await loadBackend(
+    o.backend,
+    { threads, repack: o.repack ?? true, hugePageCopyBytes, deferHugePageCopies: true },
+    (line) => {
+      if (!quiet && o.verbose) process.stderr.write(`backend skipped: ${line}\n`);
+    },
+  );
   const bar =
     process.stderr.isTTY && !quiet
       ? new cliProgress.SingleBar(

@@ -16,6 +16,7 @@ import {
   describeRamPlan,
   float,
   int,
+  MAX_SEQUENCES,
   MMAP_HELP,
   REPACK_HELP,
   SEED_RULE,
@@ -143,8 +144,8 @@ export function register(program: Command): void {
     )
     .option(
       "--np, --parallel <n>",
-      "slots: requests decoded together in one batch (also -np)",
-      int("parallel", { min: 1 }),
+      "slots: requests decoded together in one batch (also -np), at most 256 as in llama.cpp (LLAMA_MAX_SEQ)",
+      int("parallel", { min: 1, max: MAX_SEQUENCES }),
       1,
     )
     .option("--api-key <key>", "require this key (Authorization: Bearer KEY); env POWERINFER_API_KEY")

@@ -2,11 +2,12 @@
 //
 // Module exports:
 //   cpuInfo() → { avx2, fma, f16c, avx512f, kernel, reason }  (what select_kernels(false) picks)
-//   Backend class: new Backend({ threads, memoryBudget, forceScalar, repack, hugePageCopyBytes })
+//   Backend class: new Backend({ threads, memoryBudget, forceScalar, repack, hugePageCopyBytes, deferHugePageCopies })
 //     createTensor(dtypeCode, ne[], data?) → id
 //     mapTensor(dtypeCode, ne[], path, fileOffset, byteLength) → id
 //     readTensor(id) → Uint8Array, writeTensor(id, view, offset), freeTensor(id)
 //     allocatedBytes(), hugePageCopyBytes(), threads, kernel, kernelReason
+//     copyPendingAsync() → Promise of the bytes copied (the copies deferHugePageCopies reserved), pendingCopyBytes()
 //     supportsOp(opCode, dtypeCodes[]) → boolean
 //     compute(tensors, nodes, params, inputs[], outputs[]) → { rowsRead: Float64Array, elapsedMs }
 //     computeAsync(...same) → Promise of the same
@@ -220,6 +221,28 @@ class ComputeWorker : public Napi::AsyncWorker {
   std::string code_ = "BAD_GRAPH";
 };
 
+/// Makes the huge-page copies that mapTensor reserved with deferHugePageCopies (TensorStore::copy_pending)
+/// on a worker thread, so that the event loop runs meanwhile.
+class CopyWorker : public Napi::AsyncWorker {
+ public:
+  CopyWorker(Napi::Env env, std::shared_ptr<State> st)
+      : Napi::AsyncWorker(env, "powerinfer.cpu.copy"), deferred_(Napi::Promise::Deferred::New(env)), st_(std::move(st)) {}
+
+  Napi::Promise promise() { return deferred_.Promise(); }
+
+  void Execute() override { bytes_ = st_->store.copy_pending(); }
+
+  void OnOK() override {
+    Napi::HandleScope scope(Env());
+    deferred_.Resolve(Napi::Number::New(Env(), static_cast<double>(bytes_)));
+  }
+
+ private:
+  Napi::Promise::Deferred deferred_;
+  std::shared_ptr<State> st_;
+  size_t bytes_ = 0;
+};
+
 class Backend : public Napi::ObjectWrap<Backend> {
  public:
   static Napi::Function Init(Napi::Env env) {
@@ -234,6 +257,8 @@ class Backend : public Napi::ObjectWrap<Backend> {
                            InstanceMethod<&Backend::FreeTensor>("freeTensor"),
                            InstanceMethod<&Backend::AllocatedBytes>("allocatedBytes"),
                            InstanceMethod<&Backend::HugePageCopyBytes>("hugePageCopyBytes"),
+                           InstanceMethod<&Backend::CopyPendingAsync>("copyPendingAsync"),
+                           InstanceMethod<&Backend::PendingCopyBytes>("pendingCopyBytes"),
                            InstanceMethod<&Backend::SupportsOp>("supportsOp"),
                            InstanceMethod<&Backend::Compute>("compute"),
                            InstanceMethod<&Backend::ComputeAsync>("computeAsync"),
@@ -251,6 +276,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     bool force_scalar = false;
     bool repack = true;
     double copy_limit = 0;  // bytes of mapped weights copied into huge-page memory
+    bool defer_copies = false;  // copies reserved at mapTensor, made by copyPendingAsync
     if (info.Length() > 0 && info[0].IsObject()) {
       Napi::Object o = info[0].As<Napi::Object>();
       if (o.Has("threads") && !o.Get("threads").IsUndefined()) threads = get_int(o.Get("threads"), "threads");
@@ -260,6 +286,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
       if (o.Has("hugePageCopyBytes") && o.Get("hugePageCopyBytes").IsNumber()) {
         copy_limit = o.Get("hugePageCopyBytes").As<Napi::Number>().DoubleValue();
       }
+      if (o.Has("deferHugePageCopies")) defer_copies = o.Get("deferHugePageCopies").ToBoolean().Value();
     }
     if (!(copy_limit >= 0)) throw_error(env, "UNAVAILABLE", "hugePageCopyBytes must be a number >= 0");
     if (threads < 1 || threads > 512) throw_error(env, "UNAVAILABLE", "threads must be in 1..512");
@@ -268,6 +295,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     st_ = std::make_shared<State>(limit, threads, force_scalar);
     st_->exec.set_repack(repack);
     st_->store.set_copy_limit(copy_limit >= 1.8e19 ? SIZE_MAX : static_cast<size_t>(copy_limit));
+    st_->store.set_defer_copies(defer_copies);
   }
 
  private:
@@ -447,6 +475,20 @@ class Backend : public Napi::ObjectWrap<Backend> {
     return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env()).store.copied()));
   }
 
+
+  // copyPendingAsync() → Promise of the bytes copied
+  Napi::Value CopyPendingAsync(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    live(env);
+    auto* w = new CopyWorker(env, st_);
+    Napi::Promise p = w->promise();
+    w->Queue();
+    return p;
+  }
+  // pendingCopyBytes() → bytes of reserved copies not made yet
+  Napi::Value PendingCopyBytes(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(live(info.Env()).store.pending_copy_bytes()));
+  }
 
   Napi::Value SupportsOp(const Napi::CallbackInfo& info) {
     Napi::Env env = info.Env();

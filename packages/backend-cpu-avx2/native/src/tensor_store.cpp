@@ -104,7 +104,9 @@ TensorPtr TensorStore::create(int dtype, const int64_t ne[4]) {
   }
   uint8_t* p = alloc_weights(bytes);
   if (!p) throw BackendErr("OUT_OF_MEMORY", "allocation of " + std::to_string(bytes) + " bytes failed");
-  std::memset(p, 0, bytes);
+  // a fresh anonymous mapping (≥ 2 MiB) is zero already and its pages are faulted in at first use: no
+  // memset, which would touch every page now (a 7B model's 2 GiB KV cache: seconds in one call)
+  if (bytes < kHugePage) std::memset(p, 0, bytes);
   auto t = std::make_shared<Tensor>();
   t->id = next_id_++;
   t->dtype = dtype;
@@ -166,7 +168,11 @@ TensorPtr TensorStore::map(int dtype, const int64_t ne[4], const std::string& pa
   t->data = static_cast<uint8_t*>(fm->base) + offset;
   t->mapped = true;
   t->mapping = fm;
-  if (bytes >= kHugePage && copied_ + bytes <= copy_limit_) {
+  if (bytes >= kHugePage && copied_ + bytes <= copy_limit_ && defer_copies_) {
+    t->copy_pending = true;
+    copied_ += bytes;
+    pending_.push_back(t);
+  } else if (bytes >= kHugePage && copied_ + bytes <= copy_limit_) {
     if (uint8_t* p = alloc_weights(bytes)) {
       std::memcpy(p, t->data, bytes);
       release_mapped(t->data, bytes);
@@ -384,6 +390,11 @@ const uint8_t* TensorStore::packed(const TensorPtr& t) {
     for (int r = 0; r < 8; r++) src[r] = t->data + (static_cast<size_t>(g) * 8 + static_cast<size_t>(r)) * rb;
     pack_rows_x8(t->dtype, k, src, p + static_cast<size_t>(g) * gbytes);
   }
+  if (t->copy_pending) {
+    // a reserved copy is not made: the packed copy replaces it
+    t->copy_pending = false;
+    copied_ -= t->bytes;
+  }
   if (t->copied) {
     // the packed copy replaces the huge-page copy: back to the file mapping for the unpacked readers
     free_weights(t->data, t->bytes);
@@ -415,7 +426,8 @@ void TensorStore::release(int id) {
   auto it = tensors_.find(id);
   if (it == tensors_.end()) throw BackendErr("BAD_TENSOR", "tensor " + std::to_string(id) + " was already freed");
   if (!it->second->mapped) allocated_ -= it->second->bytes;
-  if (it->second->copied) copied_ -= it->second->bytes;
+  if (it->second->copied || it->second->copy_pending) copied_ -= it->second->bytes;
+  it->second->copy_pending = false;  // (copy_pending() may hold it: it skips it)
   if (it->second->packed) allocated_ -= it->second->packed_bytes;
   if (NeuronCache* c = it->second->cache_counts ? it->second->cache.get() : nullptr) {
     // siblings hold plain pointers: unlink before the cache can go
@@ -439,6 +451,61 @@ void TensorStore::clear() {
   files_.clear();
   allocated_ = 0;
   copied_ = 0;
+  for (auto& w : pending_) {
+    if (TensorPtr t = w.lock()) t->copy_pending = false;
+  }
+  pending_.clear();
+}
+
+void TensorStore::set_defer_copies(bool on) {
+  std::lock_guard<std::mutex> lk(mu_);
+  defer_copies_ = on;
+}
+
+size_t TensorStore::copy_pending() {
+  std::lock_guard<std::mutex> one(copy_mu_);
+  size_t done = 0;
+  for (;;) {
+    TensorPtr t;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      while (!pending_.empty() && !t) {
+        t = pending_.front().lock();
+        pending_.erase(pending_.begin());
+        if (t && !t->copy_pending) t.reset();
+      }
+    }
+    if (!t) return done;
+    // the bytes are read from the mapping outside the lock (a mapped tensor's data changes only here or
+    // when it is repacked, which keeps the mapping valid)
+    const uint8_t* src = t->data;
+    uint8_t* p = alloc_weights(t->bytes);
+    if (p) std::memcpy(p, src, t->bytes);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!t->copy_pending) {  // released or repacked meanwhile: its reservation was returned then
+      free_weights(p, t->bytes);
+      continue;
+    }
+    t->copy_pending = false;
+    if (!p) {
+      copied_ -= t->bytes;
+      continue;
+    }
+    release_mapped(t->data, t->bytes);
+    t->map_data = t->data;
+    t->data = p;
+    t->copied = true;
+    done += t->bytes;
+  }
+}
+
+size_t TensorStore::pending_copy_bytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t n = 0;
+  for (const auto& w : pending_) {
+    if (TensorPtr t = w.lock()) n += t->copy_pending ? t->bytes : 0;
+  }
+  return n;
 }
 
 void TensorStore::set_copy_limit(size_t bytes) {

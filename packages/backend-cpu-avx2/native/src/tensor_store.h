@@ -56,6 +56,9 @@ struct Tensor {
   /// `data` is the copy (owned), `map_data` the bytes in the file mapping. Still read-only (`mapped`).
   bool copied = false;
   uint8_t* map_data = nullptr;
+  /// A copy reserved by map() with deferral on (TensorStore::set_defer_copies), not made yet: its bytes count
+  /// in TensorStore::copied(); copy_pending() makes it, a release or a repack first cancels it.
+  bool copy_pending = false;
   /// File-backed rows (data == nullptr): only the sparse ops read such a tensor, through the cache.
   std::shared_ptr<NeuronCache> cache;
   size_t cache_part = 0;      ///< byte offset of this tensor's row within a cache row (bundled layout)
@@ -104,7 +107,21 @@ class TensorStore {
   /// released from this process (the page cache keeps them, reclaimable); the copy does not count against
   /// the memory budget (it is the weights).
   void set_copy_limit(size_t bytes);
-  /// Bytes of mapped tensors held as huge-page copies.
+  /// Deferral of the copies above: map() then only reserves a tensor's copy (within the limit, in map order,
+  /// so the same tensors are copied as without deferral) and copy_pending() makes them later, on any thread:
+  /// a server's load returns to its event loop while the copies are made. Until a tensor's copy is made
+  /// its data is the file mapping (the same bytes).
+  void set_defer_copies(bool on);
+  /// Makes the reserved copies one tensor at a time: the copy is made outside the lock, then swapped in under
+  /// it (data → the copy, the mapping's pages released from this process). A tensor released or repacked
+  /// meanwhile is skipped and its reservation returned; so is one whose allocation fails. One call at a
+  /// time (later calls wait). A compute running meanwhile reads either the mapping or the copy, per tensor
+  /// (the same bytes); callers that want the copies' speed wait for this before computing.
+  /// @return bytes copied.
+  size_t copy_pending();
+  /// Bytes of reserved copies not made yet.
+  size_t pending_copy_bytes() const;
+  /// Bytes of mapped tensors held as huge-page copies (reserved ones not yet made included).
   size_t copied() const;
   /// Drops a packed copy (after the tensor's bytes changed).
   void drop_packed(Tensor& t);
@@ -136,6 +153,9 @@ class TensorStore {
   size_t allocated_ = 0;
   size_t copy_limit_ = 0;
   size_t copied_ = 0;
+  bool defer_copies_ = false;
+  std::vector<std::weak_ptr<Tensor>> pending_;  // reserved copies, in map order
+  std::mutex copy_mu_;                          // one copy_pending() at a time
   int next_id_ = 1;
 };
 

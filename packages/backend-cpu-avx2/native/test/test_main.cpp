@@ -915,6 +915,31 @@ void test_tensor_store() {
     CHECK(cs.copied() == 0, "release: %zu copied", cs.copied());
     const int64_t tiny[4] = {32, 4, 1, 1};
     CHECK(!cs.map(DT_Q4_0, tiny, qpath, 0, row_bytes(DT_Q4_0, 32) * 4)->copied, "under 2 MiB: mapped");
+
+    // deferred copies (set_defer_copies): map() reserves within the limit, copy_pending() makes them;
+    // a tensor released or repacked before its copy is skipped and its reservation returned
+    TensorStore ds(SIZE_MAX);
+    ds.set_copy_limit(3 * tb);
+    ds.set_defer_copies(true);
+    TensorPtr d0 = ds.map(DT_Q4_0, qn, qpath, 0, tb), d1 = ds.map(DT_Q4_0, qn, qpath, tb, tb),
+              d2 = ds.map(DT_Q4_0, qn, qpath, 2 * tb, tb), d3 = ds.map(DT_Q4_0, qn, qpath, 0, tb);
+    CHECK(!d0->copied && d0->copy_pending && d2->copy_pending && !d3->copy_pending && ds.copied() == 3 * tb &&
+              ds.pending_copy_bytes() == 3 * tb,
+          "deferred: reserved within the limit, nothing copied: %zu pending", ds.pending_copy_bytes());
+    CHECK(d0->data == d3->data && std::memcmp(d0->data, q.data(), tb) == 0, "deferred: read through the mapping");
+    ds.release(d1->id);
+    CHECK(ds.copied() == 2 * tb && ds.pending_copy_bytes() == 2 * tb, "deferred release: %zu", ds.copied());
+    CHECK(ds.packed(d2) && !d2->copy_pending && ds.copied() == tb, "deferred repack cancels the copy: %zu", ds.copied());
+    const size_t made = ds.copy_pending();
+    CHECK(made == tb && d0->copied && !d0->copy_pending && !d2->copied && ds.copied() == tb &&
+              ds.pending_copy_bytes() == 0,
+          "copy_pending made the one left: %zu", made);
+    CHECK(d0->data != d0->map_data && reinterpret_cast<uintptr_t>(d0->data) % (size_t{2} << 20) == 0 &&
+              std::memcmp(d0->data, q.data(), tb) == 0 && std::memcmp(d2->data, q.data() + 2 * tb, tb) == 0,
+          "deferred copy: 2 MiB-aligned, the file's bytes");
+    CHECK(ds.copy_pending() == 0, "nothing left to copy");
+    ds.release(d0->id);
+    CHECK(ds.copied() == 0, "deferred: release of a made copy: %zu", ds.copied());
     unlink(qpath);
   }
 }

@@ -117,6 +117,13 @@ export interface BackendLoadOptions {
    * kernel offers transparent huge pages).
    */
   hugePageCopyBytes?: number;
+  /**
+   * CPU backend: `mapTensor` only reserves the huge-page copies (the same tensors as without deferral) and
+   * {@link Backend.settle} makes them on a worker thread, so that a server's event loop keeps answering
+   * while a large model loads; until then the weights are read through the file mapping (the same bytes).
+   * Default false (each copy is made inside `mapTensor`).
+   */
+  deferHugePageCopies?: boolean;
 }
 
 /** What a backend package exports. */
@@ -321,6 +328,12 @@ export interface Backend {
   compute(graph: Graph): ComputeResult;
   /** Computes a graph off the JS thread so that another backend can work at the same time. */
   computeAsync(graph: Graph): Promise<ComputeResult>;
+  /**
+   * Optional: finishes work the backend deferred off the JS thread (the CPU backend's huge-page copies of
+   * mapped weights with {@link BackendLoadOptions.deferHugePageCopies}); resolves at once when there is none.
+   * `Model.load` awaits it before it returns.
+   */
+  settle?(): Promise<void>;
   /** Frees everything. The backend is unusable afterwards. */
   dispose(): void;
 }

@@ -281,6 +281,11 @@ export class Model {
     }
     if (ramPlan) bindNeuronCaches(file, weights, opts.backend, ramPlan);
     checkSparseMode(config, weights, sparse);
+    // copies the backend deferred (the CPU backend's huge-page copies) are made off the JS thread
+    if (opts.backend.settle) {
+      opts.onProgress?.(1, "copying weights");
+      await opts.backend.settle();
+    }
     // yield once so an abort signal raised during mapping is seen
     await new Promise((r) => setImmediate(r));
     checkAbort(opts.signal);
