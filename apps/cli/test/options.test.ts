@@ -75,7 +75,7 @@ describe("every option is checked before any file is opened", () => {
       ["gen-model", "-o", o, "--preset", "smallthinker-4b-a0.6b", "--verify", "16"],
       /--verify is for the dense presets .*; for smallthinker-4b-a0\.6b run `powerinfer profile` on the written model/,
     ],
-    [["run", "-m", m, "-p", "x", "--top-p", "0"], /--top-p must be a number in \(0, 1\], got 0/],
+    [["run", "-m", m, "-p", "x", "--top-p", "-0.5"], /--top-p must be a number in \[0, 1\], got -0.5/],
     [["run", "-m", m, "-p", "x", "--min-p", "1.5"], /--min-p must be a number in \[0, 1\], got 1\.5/],
     [["run", "-m", m, "-p", "x", "--repeat-penalty", "0"], /--repeat-penalty must be a number > 0, got 0/],
     [
@@ -116,7 +116,7 @@ describe("every option is checked before any file is opened", () => {
     ],
     [["run", "-m", m, "-p", "x", "-f", f], /give the prompt with -p or -f, not both/],
     [["batched", "-m", m, "-p", "x", "--np", "0"], /--parallel must be an integer in \[1, 256\], got 0/],
-    [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \(0, 1\], got 2/],
+    [["chat", "-m", m, "--top-p", "2"], /--top-p must be a number in \[0, 1\], got 2/],
     [["chat", "-m", m, "-n", "-7"], /--n-predict must be an integer ≥ 0 \(or -1 = until end of turn\), got -7/],
     [["serve", "-m", m, "--port", "70000"], /--port must be an integer in \[0, 65535\], got 70000/],
     [["serve", "-m", m, "--kv-type", "q4"], /--kv-type must be f16 or f32, got "q4"/],
@@ -357,6 +357,14 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
     expect(a.code, a.stderr).toBe(0);
     expect(a.stdout).toBe(b.stdout);
     expect(a.stdout.length).toBeGreaterThan("Once upon a time".length + 10);
+  });
+
+  it("-n -2 (llama.cpp's until the context is full) runs as -1: the same text, to a full 64-token context", () => {
+    const a = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "-2", "--temp", "0", "-c", "64");
+    const b = cli("run", "-m", stories, "-p", "Once upon a time", "-n", "-1", "--temp", "0", "-c", "64");
+    expect(a.code, a.stderr).toBe(0);
+    expect(a.stdout).toBe(b.stdout);
+    expect(a.stderr).toMatch(/context is full|context full|n_ctx/);
   });
 
   it("-c 0 is the model's trained context (llama.cpp's n_ctx = 0), in the CLI and the engine", async () => {

@@ -72,9 +72,18 @@ export interface SamplingFields extends StructuredBody {
   post_sampling_probs?: boolean | null;
 }
 
+/** llama.cpp's LLAMA_DEFAULT_SEED (0xFFFFFFFF): a seed that asks for a random one. */
+export const LLAMA_DEFAULT_SEED = 0xffffffff;
+
+/** An integer seed as llama.cpp's server reads it: modulo 2^32 (−1 → 0xFFFFFFFF, 2^32 → 0). */
+export function uint32Seed(seed: number): number {
+  const m = 2 ** 32;
+  return ((seed % m) + m) % m;
+}
+
 /**
  * Request fields → scheduler options, with the server's defaults (llama.cpp's where the server has none).
- * A seed < 0 (−1) means random. `maxTokens` undefined: the server's n_predict; −2 (until the context is
+ * The seed is taken modulo 2^32 and 0xFFFFFFFF (−1) means random, as llama.cpp's. `maxTokens` undefined: the server's n_predict; −2 (until the context is
  * full) runs as −1, which also stops there.
  */
 export function samplingOptions(
@@ -84,7 +93,9 @@ export function samplingOptions(
   ctx: ServerContext,
 ): BatchRequestOptions {
   const d = ctx.defaults;
-  const seed = b.seed ?? d.seed ?? -1;
+  // llama.cpp reads the seed as a uint32 (−5 is 4294967291, 2^32 is 0) and 0xFFFFFFFF (−1,
+  // LLAMA_DEFAULT_SEED) draws a random one
+  const seed = uint32Seed(b.seed ?? d.seed ?? -1);
   const nPredict = maxTokens ?? d.nPredict ?? -1;
   const bias = logitBias(ctx, b.logit_bias);
   if (b.ignore_eos) {
@@ -101,7 +112,7 @@ export function samplingOptions(
     penaltyLastN: b.repeat_last_n === -1 ? ctx.scheduler.nCtx : (b.repeat_last_n ?? 64),
     presencePenalty: b.presence_penalty ?? 0,
     frequencyPenalty: b.frequency_penalty ?? 0,
-    seed: seed >= 0 && seed <= 0xffffffff ? seed : undefined,
+    seed: seed === LLAMA_DEFAULT_SEED ? undefined : seed,
     stop: typeof b.stop === "string" ? [b.stop] : (b.stop ?? []),
     ignoreEos: b.ignore_eos ?? false,
     nProbs,

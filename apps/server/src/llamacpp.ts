@@ -22,6 +22,8 @@ import {
   submitAll,
   timingsJson,
   tokenizePrompt,
+  LLAMA_DEFAULT_SEED,
+  uint32Seed,
 } from "./context.js";
 import { ApiError } from "./errors.js";
 import { modelMeta } from "./model-meta.js";
@@ -34,9 +36,6 @@ function stopType(r: StopReason | undefined): "eos" | "limit" | "word" | "none" 
   if (r === "stop") return "word";
   return "none";
 }
-
-/** llama.cpp's LLAMA_DEFAULT_SEED: the seed it reports when none was set (a random one is drawn). */
-const DEFAULT_SEED = 0xffffffff;
 
 /**
  * A request's settings in llama.cpp's `generation_settings` / `/slots` `params` shape (task_params::to_json);
@@ -52,7 +51,7 @@ export function paramsJson(
 ) {
   const d = ctx.defaults;
   const nPredict = o ? (o.maxTokens ?? -1) : (d.nPredict ?? -1);
-  const seed = o ? (o.seed ?? DEFAULT_SEED) : d.seed === undefined || d.seed < 0 ? DEFAULT_SEED : d.seed;
+  const seed = o ? (o.seed ?? LLAMA_DEFAULT_SEED) : d.seed === undefined ? LLAMA_DEFAULT_SEED : uint32Seed(d.seed);
   return {
     seed,
     temperature: o?.temperature ?? d.temperature ?? 0.8,

@@ -120,7 +120,7 @@ export function checkDefaults(d: GenerationDefaults): void {
     bad("seed", "an integer in [0, 4294967295] or -1 (random)", seed);
   if (temperature !== undefined && !Number.isFinite(temperature)) bad("temperature", "a number", temperature);
   if (topK !== undefined && !(Number.isInteger(topK) && topK >= 0)) bad("topK", "an integer ≥ 0", topK);
-  if (topP !== undefined && !(topP > 0 && topP <= 1)) bad("topP", "in (0, 1]", topP);
+  if (topP !== undefined && !(topP >= 0 && topP <= 1)) bad("topP", "in [0, 1]", topP);
   if (minP !== undefined && !(minP >= 0 && minP <= 1)) bad("minP", "in [0, 1]", minP);
   if (nPredict !== undefined && !(Number.isInteger(nPredict) && nPredict >= -2))
     bad("nPredict", "an integer ≥ -2 (-1 = no limit, -2 = until the context is full)", nPredict);

@@ -115,10 +115,30 @@ describe.skipIf(!probe.usable)(`llama.cpp's server behaviour (${probe.reason})`,
       ).toBe(7);
     });
 
+    it("a seed is read as llama.cpp's uint32 (−5 → 4294967291, 2^32 → 0, −1 random); top_p 0 keeps the top token", async () => {
+      const a = await start();
+      const gen = async (body: Record<string, unknown>) => {
+        const r = await a.post("/completion", { prompt: "Once", n_predict: 12, temperature: 1.5, ...body });
+        expect(r.status, JSON.stringify(r.body)).toBe(200);
+        return r.body as { content: string; generation_settings: { seed: number } };
+      };
+      const m5 = await gen({ seed: -5 });
+      expect(m5.generation_settings.seed).toBe(4294967291);
+      expect((await gen({ seed: -5 })).content).toBe(m5.content); // reproducible, not random
+      expect((await gen({ seed: 4294967291 })).content).toBe(m5.content);
+      const wrapped = await gen({ seed: 2 ** 32 });
+      expect(wrapped.generation_settings.seed).toBe(0);
+      expect((await gen({ seed: 0 })).content).toBe(wrapped.content);
+      expect((await gen({ seed: -1 })).generation_settings.seed).toBe(4294967295);
+      const top = await gen({ seed: 3, top_p: 0 });
+      expect(top.content).toBe((await gen({ seed: 3, temperature: 0 })).content);
+      expect(top.generation_settings).toMatchObject({ top_p: 0 });
+    });
+
     it("bad defaults are refused before anything is loaded", () => {
       for (const [defaults, message] of [
         [{ seed: -2 }, "defaults.seed must be an integer in [0, 4294967295] or -1 (random), got -2"],
-        [{ topP: 0 }, "defaults.topP must be in (0, 1], got 0"],
+        [{ topP: -0.5 }, "defaults.topP must be in [0, 1], got -0.5"],
         [{ minP: 1.5 }, "defaults.minP must be in [0, 1], got 1.5"],
         [
           { nPredict: -3 },

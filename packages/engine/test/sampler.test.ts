@@ -14,6 +14,15 @@ describe("logit bias", () => {
     expect(Array.from(logits)).toEqual([0.5, 3, Math.fround(2.9), -1]);
   });
 
+  it("top_p 0 keeps only the most likely token, as llama.cpp's top-p; outside [0, 1] is refused", () => {
+    const s = new Sampler({ temperature: 1.5, topK: 0, topP: 0, minP: 0, seed: 11 });
+    for (let i = 0; i < 100; i++) expect(s.sample(logits)).toBe(1);
+    // (with top_p 1 the same seed draws the others too)
+    const open = new Sampler({ temperature: 1.5, topK: 0, topP: 1, minP: 0, seed: 11 });
+    expect(new Set(Array.from({ length: 100 }, () => open.sample(logits))).size).toBeGreaterThan(1);
+    expect(() => new Sampler({ topP: -0.1 })).toThrow(/top_p must be in \[0, 1\], got -0.1/);
+  });
+
   it("a banned token is never drawn when sampling", () => {
     const s = new Sampler({
       temperature: 1,

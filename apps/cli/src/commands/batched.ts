@@ -54,7 +54,11 @@ export function register(program: Command): void {
       .option(
         "-n, --n-predict <n>",
         "tokens to generate per sequence (-1 = until end of text or context full)",
-        int("n-predict", { min: 0, also: [-1], alsoMeans: "-1 = until end of text or context full" }),
+        int("n-predict", {
+          min: 0,
+          also: [-1, -2],
+          alsoMeans: "-1 = until end of text or context full, -2 = until the context is full (the same here)",
+        }),
         32,
       ),
     "RNG seed S of sequence 0; sequence i uses S+i (default: random)",
@@ -110,7 +114,7 @@ export function register(program: Command): void {
           (_, i) =>
             new Generation(tok, ids, {
               ...generateOptionsFromCli(o, nCtx),
-              maxTokens: o.nPredict,
+              maxTokens: o.nPredict === -2 ? -1 : o.nPredict, // llama.cpp's -2 (fill the context): -1 stops there too
               seed: (seed + i) >>> 0,
             }),
         );

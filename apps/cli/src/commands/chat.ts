@@ -32,7 +32,7 @@ export function register(program: Command): void {
     )
     .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
     .option("--top-k <k>", "top-k sampling (≤ 0 = off)", (v: string) => Math.max(0, int("top-k")(v)), 40)
-    .option("--top-p <p>", "top-p", float("top-p", { above: 0, max: 1 }), 0.95)
+    .option("--top-p <p>", "top-p", float("top-p", { min: 0, max: 1 }), 0.95)
     .option("--min-p <p>", "min-p", float("min-p", { min: 0, max: 1 }), 0.05)
     .option("-s, --seed <n>", "RNG seed; -1 = random", int("seed", SEED_RULE))
     .action(

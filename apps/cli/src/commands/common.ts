@@ -655,7 +655,7 @@ export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: ran
       .option("--temp <t>", TEMP_HELP, float("temp"), 0.8)
       // llama.cpp: k ≤ 0 turns top-k off
       .option("--top-k <k>", "top-k sampling (≤ 0 = off)", (v: string) => Math.max(0, int("top-k")(v)), 40)
-      .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { above: 0, max: 1 }), 0.95)
+      .option("--top-p <p>", "top-p sampling (1 = off)", float("top-p", { min: 0, max: 1 }), 0.95)
       .option("--min-p <p>", "min-p sampling (0 = off)", float("min-p", { min: 0, max: 1 }), 0.05)
       .option("--repeat-penalty <x>", "repetition penalty (1 = off)", float("repeat-penalty", { above: 0 }), 1)
       .option(

@@ -41,8 +41,12 @@ export function register(program: Command): void {
     )
     .option(
       "-n, --n-predict <n>",
-      "tokens to generate (-1 = until end of text or context full)",
-      int("n-predict", { min: 0, also: [-1], alsoMeans: "-1 = until end of text or context full" }),
+      "tokens to generate (-1 = until end of text or context full; -2, llama.cpp's until the context is full, the same)",
+      int("n-predict", {
+        min: 0,
+        also: [-1, -2],
+        alsoMeans: "-1 = until end of text or context full, -2 = until the context is full (the same here)",
+      }),
       -1,
     )
     .option("--no-display-prompt", "do not print the prompt before the generated text")
@@ -81,7 +85,7 @@ export function register(program: Command): void {
         try {
           for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o, session.nCtx),
-            maxTokens: o.nPredict,
+            maxTokens: o.nPredict === -2 ? -1 : o.nPredict, // llama.cpp's -2 (fill the context): -1 stops there too
             signal: ac.signal,
           })) {
             // counters of decode only: from the first token (the prompt is evaluated by then)

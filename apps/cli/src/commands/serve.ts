@@ -183,7 +183,7 @@ export function register(program: Command): void {
     .option("--top-k <k>", "default top-k (≤ 0 = off, as llama.cpp; default 40)", (v: string) =>
       Math.max(0, int("top-k")(v)),
     )
-    .option("--top-p <p>", "default top-p (1 = off; default 0.95)", float("top-p", { above: 0, max: 1 }))
+    .option("--top-p <p>", "default top-p (1 = off; default 0.95)", float("top-p", { min: 0, max: 1 }))
     .option("--min-p <p>", "default min-p (0 = off; default 0.05)", float("min-p", { min: 0, max: 1 }))
     .option(
       "-n, --n-predict <n>",

@@ -178,7 +178,8 @@ export class Sampler {
     };
     if (!Number.isFinite(o.temperature)) bad(`temperature ${o.temperature} is not a number`);
     if (!Number.isInteger(o.topK) || o.topK < 0) bad(`top_k must be an integer ≥ 0, got ${o.topK}`);
-    if (!(o.topP > 0 && o.topP <= 1)) bad(`top_p must be in (0, 1], got ${o.topP}`);
+    // 0 keeps the most likely token only, as llama.cpp's top-p (it keeps tokens until their sum reaches p)
+    if (!(o.topP >= 0 && o.topP <= 1)) bad(`top_p must be in [0, 1], got ${o.topP}`);
     if (!(o.minP >= 0 && o.minP <= 1)) bad(`min_p must be in [0, 1], got ${o.minP}`);
     if (!(o.repeatPenalty > 0)) bad(`repeat penalty must be > 0, got ${o.repeatPenalty}`);
     if (!Number.isFinite(o.presencePenalty) || !Number.isFinite(o.frequencyPenalty)) bad("penalties must be numbers");
