@@ -1,6 +1,6 @@
 /** `powerinfer profile` on the shared ReLU model against the statistics its README publishes. */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync } from "node:fs";
+import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -63,6 +63,20 @@ describe.skipIf(!probe.usable)("powerinfer profile", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(JSON.parse(r.stdout).tokens).toBe(100);
     expect(readActivationStats(join(dir, "short.gguf")).tokenCount).toBe(100);
+  });
+
+  it("warns when too few positions were profiled for a placement plan, naming why there were so few", () => {
+    expect(cli("profile", "-m", relu, "-f", text, "--tokens", "100", "-o", join(dir, "w100.gguf")).stderr).not.toMatch(
+      /warning: only/,
+    );
+    const limited = cli("profile", "-m", relu, "-f", text, "--tokens", "20", "-o", join(dir, "w20.gguf"));
+    expect(limited.code, limited.stderr).toBe(0);
+    expect(limited.stderr).toMatch(/^warning: only 20 positions profiled \(--tokens 20\): .* at least 32/m);
+    const tiny = join(dir, "tiny.txt");
+    writeFileSync(tiny, "Once upon a");
+    const short = cli("profile", "-m", relu, "-f", tiny, "-o", join(dir, "w-tiny.gguf"));
+    expect(short.code, short.stderr).toBe(0);
+    expect(short.stderr).toMatch(/^warning: only \d+ positions profiled \(all that tiny\.txt holds\)/m);
   });
 
   it("tells a user of a dense SiLU model plainly that sparse inference gains nothing", () => {

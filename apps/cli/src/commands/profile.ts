@@ -18,6 +18,9 @@ import {
 } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
+/** Fewer positions than this get a warning: their firing rates are too noisy for a placement plan. */
+const MIN_PROFILE_POSITIONS = 32;
+
 export function register(program: Command): void {
   deviceOptions(
     modelOptions(
@@ -115,6 +118,11 @@ export function register(program: Command): void {
             bytesPerTokenSparse: Math.round(sparse),
             expectedSpeedup: dense / sparse,
           };
+          // a firing rate from a handful of positions is mostly noise: a hot/cold plan from it is not worth making
+          if (prof.tokens < MIN_PROFILE_POSITIONS)
+            process.stderr.write(
+              `warning: only ${prof.tokens} positions profiled (${o.tokens !== undefined && prof.tokens >= o.tokens ? `--tokens ${o.tokens}` : `all that ${basename(o.file)} holds`}): a neuron's firing rate from so few tokens is mostly noise; profile at least ${MIN_PROFILE_POSITIONS}, preferably thousands, of text like what the model will serve before planning placement from these statistics\n`,
+            );
           if (o.json) {
             process.stdout.write(`${JSON.stringify(report, null, 2)}\n`);
           } else {
