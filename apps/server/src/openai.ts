@@ -337,6 +337,11 @@ export function registerOpenAi(app: FastifyInstance, getCtx: () => ServerContext
     const ids = await tokenizePrompt(ctx, prompt, { addSpecial: true, parseSpecial: true });
     checkPrompt(ctx, ids);
     const wantLogprobs = b.logprobs ?? false;
+    // as llama.cpp and OpenAI: top_logprobs alone is an error, not silently ignored
+    if (!wantLogprobs && b.top_logprobs !== undefined && b.top_logprobs !== null)
+      throw new ApiError(400, "invalid_request_error", "top_logprobs requires logprobs to be set to true", {
+        param: "top_logprobs",
+      });
     const stream = b.stream ?? false;
     const options = samplingOptions(
       b,

@@ -249,6 +249,18 @@ describe.skipIf(!probe.usable)(`llama.cpp's server behaviour (${probe.reason})`,
         expect(piece.body.content.replace(/^ /, "")).toBe(t.token.replace(/^ /, ""));
         for (const x of t.top_logprobs) expect(Number.isInteger(x.id)).toBe(true);
       }
+      // top_logprobs without logprobs: llama.cpp's (and OpenAI's) 400, not silently ignored
+      const alone = await a.post("/v1/chat/completions", {
+        messages: [{ role: "user", content: "Hi" }],
+        max_tokens: 2,
+        top_logprobs: 2,
+      });
+      expect(alone.status).toBe(400);
+      expect(alone.body.error).toMatchObject({
+        message: "top_logprobs requires logprobs to be set to true",
+        type: "invalid_request_error",
+        param: "top_logprobs",
+      });
     });
 
     it("cached prompt tokens: timings.cache_n, usage.prompt_tokens_details, /metrics (with Process-Start-Time-Unix)", async () => {
