@@ -196,12 +196,26 @@ describe("powerinfer quantize", () => {
     expect(f.tensorMap.get("blk.0.ffn_up_exps.weight")!.type).toBe(GGMLType.Q4_0);
   });
 
+  it("takes llama-quantize's numeric types: 7 writes the same file as Q8_0, 2 as Q4_0", () => {
+    for (const [num, name] of [
+      ["7", "Q8_0"],
+      ["2", "Q4_0"],
+    ]) {
+      const a = join(dir, `num-${num}.gguf`);
+      const b = join(dir, `name-${name}.gguf`);
+      expect(cli("quantize", relu, a, num).code).toBe(0);
+      expect(cli("quantize", relu, b, name.toLowerCase()).code).toBe(0);
+      expect(Buffer.compare(readFileSync(a), readFileSync(b))).toBe(0);
+    }
+  });
+
   it("an unsupported type or a missing file: one line naming it", () => {
     for (const [args, pattern] of [
       [
         ["quantize", relu, join(dir, "y.gguf"), "Q6_K"],
-        /cannot quantize to "Q6_K" \(supported: F32, F16, BF16, Q8_0, Q4_0\)/,
+        /cannot quantize to "Q6_K" \(supported: F32, F16, BF16, Q8_0, Q4_0, or llama-quantize's numbers 0, 1, 2, 7, 32 /,
       ],
+      [["quantize", relu, join(dir, "y.gguf"), "8"], /cannot quantize to "8" \(supported: /],
       [["quantize", join(dir, "nope.gguf"), join(dir, "y.gguf"), "Q8_0"], /nope\.gguf/],
     ] as const) {
       const r = cli(...args);

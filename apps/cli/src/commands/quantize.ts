@@ -2,12 +2,24 @@
  * `powerinfer quantize IN OUT TYPE`: converts the weight matrices of a model (F32/F16/BF16) to Q8_0, Q4_0,
  * F16, BF16 or F32, keeping its container (GGUF or PowerInfer PWRI), predictors and metadata.
  */
-import { ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
+import { GGMLType, ggmlTypeFromName, ggmlTypeName, openGgufModel } from "@powerinfer/gguf";
 import { isFloatType, isQuantizableMatrix, QUANTIZE_TYPES, rewriteModelFile } from "@powerinfer/predictor";
 import { type Command, InvalidArgumentError } from "commander";
 import { action } from "../errors.js";
 import { checkInputFile, checkOutputPath, refuseOverwrite } from "./common.js";
 import { modelInputs, parseSplitSize, writeModelMaybeSplit } from "./gguf-split.js";
+
+/**
+ * llama-quantize's numeric types (llama_ftype, include/llama.h) for the types this command writes: 0 F32,
+ * 1 F16, 2 Q4_0, 7 Q8_0, 32 BF16.
+ */
+const LLAMA_FTYPES: Readonly<Record<number, GGMLType>> = {
+  0: GGMLType.F32,
+  1: GGMLType.F16,
+  2: GGMLType.Q4_0,
+  7: GGMLType.Q8_0,
+  32: GGMLType.BF16,
+};
 
 export function register(program: Command): void {
   const names = QUANTIZE_TYPES.map((t) => ggmlTypeName(t)).join(", ");
@@ -19,7 +31,7 @@ export function register(program: Command): void {
       "<output>",
       "output file, same container as the input (with --split-max-size: OUT without .gguf is the prefix of the shards)",
     )
-    .argument("<type>", names)
+    .argument("<type>", `${names} (or llama-quantize's number: 0 F32, 1 F16, 2 Q4_0, 7 Q8_0, 32 BF16)`)
     .option(
       "--split-max-size <size>",
       "write shards OUT-0000i-of-0000N.gguf of at most this much tensor data (e.g. 2G)",
@@ -28,9 +40,11 @@ export function register(program: Command): void {
     .option("-f, --force", "replace OUT (or its shards) if it exists")
     .action(
       action(async (input: string, output: string, typeName: string, o: { splitMaxSize?: number; force?: boolean }) => {
-        const type = ggmlTypeFromName(typeName);
+        const type = /^\s*\d+\s*$/.test(typeName) ? LLAMA_FTYPES[Number(typeName)] : ggmlTypeFromName(typeName);
         if (type === undefined || !(QUANTIZE_TYPES as readonly number[]).includes(type)) {
-          throw new InvalidArgumentError(`cannot quantize to "${typeName}" (supported: ${names})`);
+          throw new InvalidArgumentError(
+            `cannot quantize to "${typeName}" (supported: ${names}, or llama-quantize's numbers 0, 1, 2, 7, 32 for F32, F16, Q4_0, Q8_0, BF16)`,
+          );
         }
         checkOutputPath(output, input);
         if (o.splitMaxSize === undefined) refuseOverwrite(output, o.force);
