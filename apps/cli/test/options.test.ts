@@ -16,6 +16,7 @@ import { describe, expect, it } from "vitest";
 import { TINY_MOE_SHAPE } from "./moe-shape.js";
 import { InvalidArgumentError } from "commander";
 import { describeError } from "../src/errors.ts";
+import { seedArg } from "../src/commands/common.ts";
 import { createProgram, EXAMPLES } from "../src/program.ts";
 
 const models = process.env.POWERINFER_TEST_MODELS!;
@@ -121,7 +122,9 @@ describe("every option is checked before any file is opened", () => {
     [["serve", "-m", m, "--port", "70000"], /--port must be an integer in \[0, 65535\], got 70000/],
     [["serve", "-m", m, "--kv-type", "q4"], /--kv-type must be f16 or f32, got "q4"/],
     [["plan", "-m", m, "--bucket-size", "0"], /--bucket-size must be an integer ≥ 1, got 0/],
-    [["profile", "-m", m, "-f", f, "--tokens", "0"], /--tokens must be an integer ≥ 1, got 0/],
+    [["profile", "-m", m, "-f", f, "--tokens", "0"], /--tokens must be an integer ≥ 2, got 0/],
+    // BOS and one text token: --tokens 1 profiled 2 positions
+    [["profile", "-m", m, "-f", f, "--tokens", "1"], /--tokens must be an integer ≥ 2, got 1/],
     [["perplexity", "-m", m, "-f", f, "-b", "0"], /--batch-size must be an integer ≥ 1, got 0/],
     [["train-predictor", "-m", m, "-f", f, "-o", o, "--holdout", "1"], /--holdout must be a number in \[0, 1\), got 1/],
     [["train-predictor", "-m", m, "-f", f, "-o", o, "--epochs", "-1"], /--epochs must be an integer ≥ 0, got -1/],
@@ -357,6 +360,15 @@ describe.skipIf(!probe.usable)("run: --temp below 0 and a prompt too long", () =
     expect(a.code, a.stderr).toBe(0);
     expect(a.stdout).toBe(b.stdout);
     expect(a.stdout.length).toBeGreaterThan("Once upon a time".length + 10);
+  });
+
+  it("--seed 4294967295 is llama.cpp's LLAMA_DEFAULT_SEED: random, read as -1 (as the server reads it)", () => {
+    const parse = seedArg();
+    expect(parse("4294967295")).toBe(-1);
+    expect(parse("-1")).toBe(-1);
+    expect(parse("4294967294")).toBe(4294967294);
+    expect(parse("0")).toBe(0);
+    expect(() => parse("4294967296")).toThrow(/--seed must be an integer in \[0, 4294967295\]/);
   });
 
   it("-n -2 (llama.cpp's until the context is full) runs as -1: the same text, to a full 64-token context", () => {

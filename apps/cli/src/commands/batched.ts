@@ -109,7 +109,8 @@ export function register(program: Command): void {
         }
         if (!o.json)
           for (const w of [...model.config.warnings, ...sessions[0]!.warnings]) process.stderr.write(`warning: ${w}\n`);
-        const seed = o.seed ?? Math.floor(Math.random() * 2 ** 32);
+        // -1 (or 4294967295): random, as run
+        const seed = o.seed === undefined || o.seed === -1 ? Math.floor(Math.random() * 2 ** 32) : o.seed;
         const gens = sessions.map(
           (_, i) =>
             new Generation(tok, ids, {

@@ -8,7 +8,7 @@ import { createInterface } from "node:readline";
 import { Chat, ChatTemplate } from "@powerinfer/engine";
 import type { Command } from "commander";
 import { action } from "../errors.js";
-import { float, int, type ModelCliOptions, modelOptions, SEED_RULE, TEMP_HELP } from "./common.js";
+import { float, int, type ModelCliOptions, modelOptions, seedArg, TEMP_HELP } from "./common.js";
 import { type DeviceCliOptions, deviceOptions, loadModelWithDevice } from "./device.js";
 
 interface ChatOptions extends ModelCliOptions, DeviceCliOptions {
@@ -34,7 +34,7 @@ export function register(program: Command): void {
     .option("--top-k <k>", "top-k sampling (≤ 0 = off)", (v: string) => Math.max(0, int("top-k")(v)), 40)
     .option("--top-p <p>", "top-p", float("top-p", { min: 0, max: 1 }), 0.95)
     .option("--min-p <p>", "min-p", float("min-p", { min: 0, max: 1 }), 0.05)
-    .option("-s, --seed <n>", "RNG seed; -1 = random", int("seed", SEED_RULE))
+    .option("-s, --seed <n>", "RNG seed; -1 = random", seedArg())
     .action(
       action(async (o: ChatOptions) => {
         const loaded = await loadModelWithDevice(o);

@@ -645,6 +645,18 @@ export const TEMP_HELP = "temperature (0 or less = greedy: always the most likel
 /** A seed: an integer in [0, 2^32), or -1 = random (llama.cpp). */
 export const SEED_RULE: NumberRule = { min: 0, max: 2 ** 32 - 1, also: [-1], alsoMeans: "-1 = random" };
 
+/**
+ * Commander argument parser for -s/--seed: {@link SEED_RULE}, with 4294967295 read as −1 (random): it is
+ * llama.cpp's LLAMA_DEFAULT_SEED, which its samplers replace by a random seed, as the server does here.
+ */
+export function seedArg() {
+  const parse = int("seed", SEED_RULE);
+  return (v: string): number => {
+    const n = parse(v);
+    return n === 0xffffffff ? -1 : n;
+  };
+}
+
 /** --repeat-last-n: a window ≥ 0 (0 = off), or -1 = the context size n_ctx (llama.cpp). */
 export const REPEAT_LAST_N_RULE: NumberRule = { min: 0, also: [-1], alsoMeans: "-1 = the context size" };
 
@@ -666,7 +678,7 @@ export function samplingOptions(cmd: Command, seedHelp = "RNG seed (default: ran
       )
       .option("--presence-penalty <x>", "presence penalty", float("presence-penalty"), 0)
       .option("--frequency-penalty <x>", "frequency penalty", float("frequency-penalty"), 0)
-      .option("-s, --seed <n>", `${seedHelp}; -1 = random`, int("seed", SEED_RULE))
+      .option("-s, --seed <n>", `${seedHelp}; -1 (or 4294967295) = random`, seedArg())
       .option("--ignore-eos", "keep generating after end of text")
       .option("--stop <text...>", "stop strings")
   );

@@ -28,7 +28,11 @@ export function register(program: Command): void {
     ),
   )
     .requiredOption("-f, --file <file>", "text file to run the model on")
-    .option("--tokens <n>", "stop after this many positions, BOS included (may be below -c)", int("tokens", { min: 1 }))
+    .option(
+      "--tokens <n>",
+      "stop after this many positions, BOS included (may be below -c; at least 2: a chunk holds one text token after BOS)",
+      int("tokens", { min: 2 }),
+    )
     .option("-o, --output <file>", "statistics file (default: <model>.activations.gguf next to the model)")
     .option("--json", "print the report as JSON")
     .option("--force", "replace the output even when it is not an activation statistics file")

@@ -19,7 +19,7 @@ import {
   MAX_SEQUENCES,
   MMAP_HELP,
   REPACK_HELP,
-  SEED_RULE,
+  seedArg,
   TEMP_HELP,
   plural,
   threadsArg,
@@ -178,7 +178,7 @@ export function register(program: Command): void {
   // the device options: hot neurons and --n-gpu-layers layers on a device, as run has them
   const cmd = deviceOptions(base)
     // generation defaults of requests that leave them out, as llama-server's options
-    .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", int("seed", SEED_RULE))
+    .option("-s, --seed <n>", "default RNG seed (-1 = random per request)", seedArg())
     .option("--temp <t>", `default ${TEMP_HELP} (default 0.8)`, float("temp"))
     .option("--top-k <k>", "default top-k (≤ 0 = off, as llama.cpp; default 40)", (v: string) =>
       Math.max(0, int("top-k")(v)),
