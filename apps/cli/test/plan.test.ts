@@ -327,7 +327,7 @@ describe.skipIf(!probe.usable)("powerinfer plan: attention + KV cache on the dev
     const bad = plan("--vram-budget", "1", "--n-gpu-layers", "most");
     expect(bad.code).not.toBe(0);
     expect(bad.stderr).toMatch(
-      /--n-gpu-layers must be an integer, auto \(−1: the default\) or all \(≤ −2: every layer\), got "most"/,
+      /--n-gpu-layers must be an integer, auto \(-1: the default\) or all \(<= -2: every layer\), got "most"/,
     );
     const measured = plan("--vram-budget", String(4 / 1024), "-c", "256", "--device-gbps", "500", "--cpu-gbps", "50");
     expect(measured.code, measured.stderr).toBe(0);

@@ -143,7 +143,7 @@ export function gpuLayersArg(name = "n-gpu-layers") {
       n = parse(v);
     } catch {
       throw new InvalidArgumentError(
-        `${dashed(name)} must be an integer, auto (−1: the default) or all (≤ −2: every layer), got "${v}"`,
+        `${dashed(name)} must be an integer, auto (-1: the default) or all (<= -2: every layer), got "${v}"`,
       );
     }
     if (n === -1) return undefined;
