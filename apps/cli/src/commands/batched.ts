@@ -10,6 +10,7 @@ import {
   contextFullNote,
   generateOptionsFromCli,
   int,
+  nPredictArg,
   MAX_SEQUENCES,
   type ModelCliOptions,
   modelOptions,
@@ -54,11 +55,7 @@ export function register(program: Command): void {
       .option(
         "-n, --n-predict <n>",
         "tokens to generate per sequence (-1 = until end of text or context full)",
-        int("n-predict", {
-          min: 0,
-          also: [-1, -2],
-          alsoMeans: "-1 = until end of text or context full, -2 = until the context is full (the same here)",
-        }),
+        nPredictArg(),
         32,
       ),
     "RNG seed S of sequence 0; sequence i uses S+i (default: random)",
@@ -115,7 +112,7 @@ export function register(program: Command): void {
           (_, i) =>
             new Generation(tok, ids, {
               ...generateOptionsFromCli(o, nCtx),
-              maxTokens: o.nPredict === -2 ? -1 : o.nPredict, // llama.cpp's -2 (fill the context): -1 stops there too
+              maxTokens: o.nPredict,
               seed: (seed + i) >>> 0,
             }),
         );

@@ -646,6 +646,22 @@ export const TEMP_HELP = "temperature (0 or less = greedy: always the most likel
 export const SEED_RULE: NumberRule = { min: 0, max: 2 ** 32 - 1, also: [-1], alsoMeans: "-1 = random" };
 
 /**
+ * Commander argument parser for run's and batched's -n/--n-predict: an integer ≥ 0, -1 (until end of text
+ * or a full context) or llama.cpp's -2 (until the context is full), read as -1, which stops there too.
+ */
+export function nPredictArg() {
+  const parse = int("n-predict", {
+    min: 0,
+    also: [-1, -2],
+    alsoMeans: "-1 = until end of text or context full, -2 = until the context is full (the same here)",
+  });
+  return (v: string): number => {
+    const n = parse(v);
+    return n === -2 ? -1 : n;
+  };
+}
+
+/**
  * Commander argument parser for -s/--seed: {@link SEED_RULE}, with 4294967295 read as −1 (random): it is
  * llama.cpp's LLAMA_DEFAULT_SEED, which its samplers replace by a random seed, as the server does here.
  */

@@ -9,7 +9,7 @@ import {
   contextFullNote,
   describeCacheStats,
   generateOptionsFromCli,
-  int,
+  nPredictArg,
   type ModelCliOptions,
   modelOptions,
   readPromptFile,
@@ -42,11 +42,7 @@ export function register(program: Command): void {
     .option(
       "-n, --n-predict <n>",
       "tokens to generate (-1 = until end of text or context full; -2, llama.cpp's until the context is full, the same)",
-      int("n-predict", {
-        min: 0,
-        also: [-1, -2],
-        alsoMeans: "-1 = until end of text or context full, -2 = until the context is full (the same here)",
-      }),
+      nPredictArg(),
       -1,
     )
     .option("--no-display-prompt", "do not print the prompt before the generated text")
@@ -85,7 +81,7 @@ export function register(program: Command): void {
         try {
           for await (const t of session.generate(ids, {
             ...generateOptionsFromCli(o, session.nCtx),
-            maxTokens: o.nPredict === -2 ? -1 : o.nPredict, // llama.cpp's -2 (fill the context): -1 stops there too
+            maxTokens: o.nPredict,
             signal: ac.signal,
           })) {
             // counters of decode only: from the first token (the prompt is evaluated by then)
