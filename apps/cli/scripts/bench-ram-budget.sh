@@ -161,7 +161,7 @@ c = r.get("neuron_cache")
 if c:
     mib, reads = c["mib_per_token"], c["reads_per_token"]
     seq = disk["seq_mb_s"] * 1e6 / (mib * 2**20) if mib > 0 else float("inf")
-    line += f"; {mib:.2f} MiB and {reads:.0f} reads per token, hit rate {100*c['hit_rate']:.1f} %, read time hidden {100*c['hidden']:.1f} %; the disk allows"
+    line += f"; {mib:.2f} MiB and {reads:.0f} reads ({c.get('io', '?')}) per token, hit rate {100*c['hit_rate']:.1f} %, read time hidden {100*c['hidden']:.1f} %; the disk allows"
     # the random-read bound only where reads are small (neuron rows); expert reads are 1 MiB pieces
     if reads > 0 and mib * 1024 / reads <= 256:
         line += f" {disk['rand_iops_qd8'] / reads:.2f} tokens/s at this many random reads (QD8, 4 KiB-class),"

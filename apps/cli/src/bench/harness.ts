@@ -163,9 +163,9 @@ export interface BenchRow {
    * With --ram-budget (tg rows): the neuron/expert cache over the measured repetitions — MiB read from the
    * file per token, read calls per token, hit rate (rows or experts asked for that were in memory) and the
    * share of read time hidden behind compute (1 − compute threads' wait per thread ÷ time with a read in
-   * flight); else absent.
+   * flight) and how the reads were issued ("io_uring" or "pread"); else absent.
    */
-  neuron_cache?: { mib_per_token: number; reads_per_token: number; hit_rate: number; hidden: number };
+  neuron_cache?: { mib_per_token: number; reads_per_token: number; hit_rate: number; hidden: number; io: string };
 }
 
 /** Sparse decode vs llama.cpp: the speed-up and what the bytes read predict. */
@@ -410,6 +410,7 @@ function cacheSummary(cs: NeuronCacheStats[], tokens: number, threads: number): 
     reads_per_token: sum("reads") / n,
     hit_rate: asked > 0 ? sum("hits") / asked : 1,
     hidden: hiddenShare({ ...cs[0]!, stallMs: sum("stallMs"), ioBusyMs: sum("ioBusyMs") }, threads),
+    io: cs[0]!.ioDepth ? "io_uring" : "pread",
   };
 }
 

@@ -264,6 +264,10 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
   const io = process.env.POWERINFER_IO_THREADS?.trim();
   if (o.ramBudget !== undefined && io && !(/^\d+$/.test(io) && Number(io) >= 1 && Number(io) <= 256))
     throw new InvalidArgumentError(`POWERINFER_IO_THREADS must be a whole number from 1 to 256, got "${io}"`);
+  // and how they read (the native side reads anything but "pread" as io_uring)
+  const engine = process.env.POWERINFER_IO;
+  if (o.ramBudget !== undefined && engine !== undefined && engine !== "" && engine !== "io_uring" && engine !== "pread")
+    throw new InvalidArgumentError(`POWERINFER_IO must be io_uring (the default) or pread, got "${engine}"`);
 }
 
 /**
@@ -408,11 +412,10 @@ export function describeRamPlan(model: Model): string {
   const size = (b: number) => formatBytes(b);
   const hot = p.tensors.reduce((s, t) => s + t.hot.length * t.rowBytes, 0);
   const st = model.backend.neuronCacheStats?.();
-  const io = st
-    ? st.direct
-      ? `O_DIRECT, ${plural(st.ioThreads, "reader thread")}`
-      : `pread + fadvise(DONTNEED), ${plural(st.ioThreads, "reader thread")}`
-    : "";
+  const engine = st?.ioDepth
+    ? `io_uring (${st.ioDepth} reads in flight)`
+    : `pread, ${plural(st?.ioThreads ?? 0, "reader thread")}`;
+  const io = st ? `${st.direct ? "O_DIRECT" : "page cache dropped after each read (fadvise DONTNEED)"}, ${engine}` : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : size(p.budget);
   if (servesExperts(p)) {
@@ -446,6 +449,7 @@ export function cacheDelta(a: NeuronCacheStats, b: NeuronCacheStats): NeuronCach
     ioErrors: b.ioErrors - a.ioErrors,
     cacheBytes: b.cacheBytes,
     ioThreads: b.ioThreads,
+    ioDepth: b.ioDepth,
     direct: b.direct,
   };
 }

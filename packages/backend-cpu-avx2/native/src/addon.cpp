@@ -419,6 +419,7 @@ class Backend : public Napi::ObjectWrap<Backend> {
     num("ioErrors", static_cast<double>(c.io_errors.load()));
     num("cacheBytes", static_cast<double>(s.store.cache_bytes()));
     num("ioThreads", s.store.io_threads());
+    num("ioDepth", s.store.io_depth());
     o.Set("direct", Napi::Boolean::New(env, s.store.all_direct()));
     return o;
   }

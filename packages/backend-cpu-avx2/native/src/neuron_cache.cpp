@@ -1,8 +1,14 @@
 #include "neuron_cache.h"
 
 #include <fcntl.h>
+#include <linux/io_uring.h>
+#include <poll.h>
 #include <sched.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -49,8 +55,135 @@ size_t bounce_bytes_for(size_t row_bytes, uint64_t stride) {
 
 // ---- reader pool ----------------------------------------------------------------------------
 
-ReaderPool::ReaderPool(int threads, CacheCounters* counters) : counters_(counters) {
+// ---- io_uring (raw system calls; see io_uring(7)) -------------------------------------------------
+
+/// A submission and completion ring, used by one thread.
+class Ring {
+ public:
+  /// A ring of `entries` submissions; null when the kernel refuses one (ENOSYS, EPERM: seccomp,
+  /// kernel.io_uring_disabled) or lacks a feature used here (IORING_OP_READ, single mmap: 5.6+).
+  static std::unique_ptr<Ring> create(unsigned entries) {
+    std::unique_ptr<Ring> r(new Ring());
+    io_uring_params p;
+    std::memset(&p, 0, sizeof p);
+    r->fd_ = static_cast<int>(syscall(__NR_io_uring_setup, entries, &p));
+    if (r->fd_ < 0) return nullptr;
+    if (!(p.features & IORING_FEAT_SINGLE_MMAP) || !(p.features & IORING_FEAT_NODROP)) return nullptr;
+    r->ring_bytes_ = std::max<size_t>(p.sq_off.array + p.sq_entries * sizeof(unsigned),
+                                      p.cq_off.cqes + p.cq_entries * sizeof(io_uring_cqe));
+    r->ring_ = mmap(nullptr, r->ring_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd_, IORING_OFF_SQ_RING);
+    if (r->ring_ == MAP_FAILED) {
+      r->ring_ = nullptr;
+      return nullptr;
+    }
+    r->sqes_bytes_ = p.sq_entries * sizeof(io_uring_sqe);
+    void* q = mmap(nullptr, r->sqes_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, r->fd_, IORING_OFF_SQES);
+    if (q == MAP_FAILED) return nullptr;
+    r->sqes_ = static_cast<io_uring_sqe*>(q);
+    uint8_t* b = static_cast<uint8_t*>(r->ring_);
+    r->sq_head_ = reinterpret_cast<unsigned*>(b + p.sq_off.head);
+    r->sq_tail_ = reinterpret_cast<unsigned*>(b + p.sq_off.tail);
+    r->sq_mask_ = *reinterpret_cast<unsigned*>(b + p.sq_off.ring_mask);
+    r->sq_entries_ = p.sq_entries;
+    r->sq_array_ = reinterpret_cast<unsigned*>(b + p.sq_off.array);
+    r->cq_head_ = reinterpret_cast<unsigned*>(b + p.cq_off.head);
+    r->cq_tail_ = reinterpret_cast<unsigned*>(b + p.cq_off.tail);
+    r->cq_mask_ = *reinterpret_cast<unsigned*>(b + p.cq_off.ring_mask);
+    r->cqes_ = reinterpret_cast<io_uring_cqe*>(b + p.cq_off.cqes);
+    // a read must work here: IORING_OP_READ of an eventfd-free descriptor is refused by pre-5.6 kernels
+    // with EINVAL in its completion; probe with a zero-length read of /dev/null
+    const int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (nul < 0) return nullptr;
+    io_uring_sqe* e = r->next();
+    e->opcode = IORING_OP_READ;
+    e->fd = nul;
+    e->addr = 0;
+    e->len = 0;
+    e->off = 0;
+    e->user_data = 1;
+    int res = -1;
+    if (r->enter(1, 1) >= 0) r->reap([&](const io_uring_cqe& c) { res = c.res; });
+    close(nul);
+    if (res != 0) return nullptr;
+    return r;
+  }
+  ~Ring() {
+    if (sqes_) munmap(sqes_, sqes_bytes_);
+    if (ring_) munmap(ring_, ring_bytes_);
+    if (fd_ >= 0) close(fd_);
+  }
+  /// The next submission entry (zeroed), or null when the ring is full.
+  io_uring_sqe* next() {
+    const unsigned head = __atomic_load_n(sq_head_, __ATOMIC_ACQUIRE);
+    if (local_tail_ - head >= sq_entries_) return nullptr;
+    const unsigned i = local_tail_ & sq_mask_;
+    io_uring_sqe* e = &sqes_[i];
+    std::memset(e, 0, sizeof *e);
+    sq_array_[i] = i;
+    local_tail_++;
+    pending_++;
+    return e;
+  }
+  /// Submits the entries taken since the last call and waits for `min_complete` completions; −errno on
+  /// failure (EINTR is retried).
+  int enter(unsigned to_submit_unused, unsigned min_complete) {
+    (void)to_submit_unused;
+    __atomic_store_n(sq_tail_, local_tail_, __ATOMIC_RELEASE);
+    for (;;) {
+      const long r = syscall(__NR_io_uring_enter, fd_, pending_, min_complete, min_complete ? IORING_ENTER_GETEVENTS : 0,
+                             nullptr, 0);
+      if (r >= 0) {
+        pending_ -= static_cast<unsigned>(r) < pending_ ? static_cast<unsigned>(r) : pending_;
+        return static_cast<int>(r);
+      }
+      if (errno == EINTR) continue;
+      return -errno;
+    }
+  }
+  /// Calls f on every completion that has arrived; returns how many.
+  template <typename F>
+  unsigned reap(F&& f) {
+    unsigned head = *cq_head_, n = 0;
+    const unsigned tail = __atomic_load_n(cq_tail_, __ATOMIC_ACQUIRE);
+    for (; head != tail; head++, n++) f(cqes_[head & cq_mask_]);
+    __atomic_store_n(cq_head_, head, __ATOMIC_RELEASE);
+    return n;
+  }
+
+ private:
+  Ring() = default;
+  int fd_ = -1;
+  void* ring_ = nullptr;
+  size_t ring_bytes_ = 0, sqes_bytes_ = 0;
+  io_uring_sqe* sqes_ = nullptr;
+  unsigned *sq_head_ = nullptr, *sq_tail_ = nullptr, *sq_array_ = nullptr, *cq_head_ = nullptr, *cq_tail_ = nullptr;
+  unsigned sq_mask_ = 0, sq_entries_ = 0, cq_mask_ = 0, local_tail_ = 0, pending_ = 0;
+  io_uring_cqe* cqes_ = nullptr;
+};
+
+// ---- reader pool ----------------------------------------------------------------------------
+
+ReaderPool::ReaderPool(int threads, CacheCounters* counters, IoEngine engine) : counters_(counters) {
   if (threads < 1) threads = 1;
+  if (engine == IoEngine::IO_URING) {
+    // kRingThreads rings (each kRingDepth / kRingThreads reads plus the poll of the wake-up eventfd), a
+    // thread each: the copies (and transposes) of landed reads run on several threads, as the pool's do;
+    // else the pread pool
+    std::vector<std::unique_ptr<Ring>> rings;
+    for (int i = 0; i < kRingThreads; i++) {
+      std::unique_ptr<Ring> r = Ring::create(kRingDepth / kRingThreads + 1);
+      if (!r) break;
+      rings.push_back(std::move(r));
+    }
+    const int efd = rings.size() == static_cast<size_t>(kRingThreads) ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE) : -1;
+    if (efd >= 0) {
+      rings_ = std::move(rings);
+      uring_ = true;
+      wake_fd_ = efd;
+      for (int i = 0; i < kRingThreads; i++) threads_.emplace_back([this, i] { ring_loop(rings_[static_cast<size_t>(i)].get()); });
+      return;
+    }
+  }
   for (int i = 0; i < threads; i++) threads_.emplace_back([this] { loop(); });
 }
 
@@ -60,8 +193,16 @@ ReaderPool::~ReaderPool() {
     stop_ = true;
   }
   cv_.notify_all();
+  if (wake_fd_ >= 0) {
+    // (a semaphore eventfd: every ring thread's poll finds it readable from now on)
+    const uint64_t many = uint64_t{1} << 40;
+    (void)!write(wake_fd_, &many, sizeof many);
+  }
   for (auto& t : threads_) t.join();
+  if (wake_fd_ >= 0) close(wake_fd_);
 }
+
+int ReaderPool::depth() const { return uring_ ? kRingDepth : 0; }
 
 void ReaderPool::submit(const Job* jobs, size_t n) {
   if (n == 0) return;
@@ -69,11 +210,38 @@ void ReaderPool::submit(const Job* jobs, size_t n) {
     std::lock_guard<std::mutex> lk(mu_);
     for (size_t i = 0; i < n; i++) queue_.push_back(jobs[i]);
   }
-  if (n == 1) {
+  if (wake_fd_ >= 0) {
+    // one wake-up per ring thread (a semaphore eventfd: each poll that fires takes one)
+    const uint64_t k = kRingThreads;
+    (void)!write(wake_fd_, &k, sizeof k);
+  } else if (n == 1) {
     cv_.notify_one();
   } else {
     cv_.notify_all();
   }
+}
+
+void ReaderPool::finish(const Job& job, bool ok) {
+  if (!ok) {
+    counters_->io_errors.fetch_add(1);
+    for (int i = 0; i < job.count; i++) {
+      uint8_t* d = const_cast<uint8_t*>(job.cache->slot_data(job.slots[i]));
+      if (job.part_len) {
+        std::memset(d + job.part_off, 0, static_cast<size_t>(job.part_len));  // (transposed: garbage, reported)
+      } else {
+        std::memset(d, 0, job.cache->row_bytes_);
+      }
+    }
+  }
+  int done = 0;
+  for (int i = 0; i < job.count; i++) {
+    const size_t si = static_cast<size_t>(job.slots[i]);
+    // a piece: the row is ready when its last piece has landed
+    if (job.part_len && job.cache->slots_->left_[si].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
+    job.cache->slots_->state_[si].store(NeuronCache::READY, std::memory_order_release);
+    done++;
+  }
+  if (done) job.cache->in_flight_.fetch_sub(done, std::memory_order_acq_rel);
 }
 
 void ReaderPool::loop() {
@@ -97,33 +265,212 @@ void ReaderPool::loop() {
       if (posix_memalign(&p, kBlock, need) == 0) bounce = static_cast<uint8_t*>(p);
       bounce_bytes = bounce ? need : 0;
     }
-    if (!bounce || !job.cache->load(job, bounce, bounce_bytes)) {
-      if (!bounce) counters_->last_errno.store(ENOMEM);
-      counters_->io_errors.fetch_add(1);
-      for (int i = 0; i < job.count; i++) {
-        uint8_t* d = const_cast<uint8_t*>(job.cache->slot_data(job.slots[i]));
-        if (job.part_len) {
-          std::memset(d + job.part_off, 0, static_cast<size_t>(job.part_len));  // (transposed: garbage, reported)
-        } else {
-          std::memset(d, 0, job.cache->row_bytes_);
-        }
-      }
-    }
-    int done = 0;
-    for (int i = 0; i < job.count; i++) {
-      const size_t si = static_cast<size_t>(job.slots[i]);
-      // a piece: the row is ready when its last piece has landed
-      if (job.part_len && job.cache->slots_->left_[si].fetch_sub(1, std::memory_order_acq_rel) != 1) continue;
-      job.cache->slots_->state_[si].store(NeuronCache::READY, std::memory_order_release);
-      done++;
-    }
-    if (done) job.cache->in_flight_.fetch_sub(done, std::memory_order_acq_rel);
+    if (!bounce) counters_->last_errno.store(ENOMEM);
+    finish(job, bounce && job.cache->load(job, bounce, bounce_bytes));
     {
       std::lock_guard<std::mutex> lk(mu_);
       if (--in_flight_ == 0) counters_->io_busy_ns.fetch_add(now_ns() - busy_since_ns_);
     }
   }
   std::free(bounce);
+}
+
+/// The io_uring reader: takes jobs from the queue while fewer than kRingDepth reads (and kRingBytes of
+/// buffers) are in flight, one IORING_OP_READ of whole 4 KiB blocks per job into a buffer of its own, and
+/// copies each completed read into its rows' slots (as NeuronCache::load does). It sleeps in
+/// io_uring_enter; a poll of the eventfd that submit() writes wakes it for new jobs.
+void ReaderPool::ring_loop(Ring* ring) {
+  constexpr int kDepth = kRingDepth / kRingThreads;
+  constexpr size_t kBytes = kRingBytes / kRingThreads;
+  struct Flight {
+    Job job;
+    uint8_t* buf = nullptr;
+    size_t cap = 0;
+    uint64_t a0 = 0, a1 = 0, first = 0, last_end = 0;
+    iovec iov[16];
+    int n_iov = 0;  // > 0: read straight into the rows' slots (NeuronCache::into_slots), buf unused
+  };
+  constexpr uint64_t kWake = ~uint64_t{0};
+  std::vector<Flight> fl(kDepth);
+  std::vector<int> free_list;
+  for (int i = kDepth - 1; i >= 0; i--) free_list.push_back(i);
+  size_t bytes_in_flight = 0, allocated = 0;
+  int n_flight = 0;
+  bool poll_armed = false;
+  auto arm_poll = [&] {
+    io_uring_sqe* e = ring->next();
+    if (!e) return;
+    e->opcode = IORING_OP_POLL_ADD;
+    e->fd = wake_fd_;
+    e->poll32_events = POLLIN;
+    e->user_data = kWake;
+    poll_armed = true;
+  };
+  auto submit_read = [&](int i) -> bool {
+    Flight& f = fl[static_cast<size_t>(i)];
+    io_uring_sqe* e = ring->next();
+    if (!e) return false;
+    e->fd = f.job.cache->fd_;
+    if (f.n_iov > 0) {
+      e->opcode = IORING_OP_READV;
+      e->addr = reinterpret_cast<uint64_t>(f.iov);
+      e->len = static_cast<uint32_t>(f.n_iov);
+    } else {
+      e->opcode = IORING_OP_READ;
+      e->addr = reinterpret_cast<uint64_t>(f.buf);
+      e->len = static_cast<uint32_t>(f.a1 - f.a0);
+    }
+    e->off = f.a0;
+    e->user_data = static_cast<uint64_t>(i);
+    return true;
+  };
+  auto done = [&](int i, bool ok) {
+    Flight& f = fl[static_cast<size_t>(i)];
+    finish(f.job, ok);
+    bytes_in_flight -= f.n_iov > 0 ? 0 : static_cast<size_t>(f.a1 - f.a0);
+    n_flight--;
+    free_list.push_back(i);
+    std::lock_guard<std::mutex> lk(mu_);
+    if (--in_flight_ == 0) counters_->io_busy_ns.fetch_add(now_ns() - busy_since_ns_);
+  };
+  arm_poll();
+  for (;;) {
+    bool stop = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      while (!queue_.empty() && !free_list.empty()) {
+        const Job& job = queue_.front();
+        uint64_t a0, a1, first, last_end;
+        job.cache->job_range(job, &a0, &a1, &first, &last_end);
+        const int i = free_list.back();
+        Flight& f = fl[static_cast<size_t>(i)];
+        f.n_iov = job.cache->into_slots(job, f.iov);
+        const size_t need = f.n_iov > 0 ? 0 : static_cast<size_t>(a1 - a0);  // (bytes of read buffers)
+        if (n_flight > 0 && bytes_in_flight + need > kBytes) break;
+        if (f.cap < need) {
+          if (allocated + need > 2 * kBytes) {
+            // keep the buffers within twice the bytes in flight: free the idle ones first (a freed buffer of a
+            // megabyte goes back to the system, and a new one page-faults: not on every read)
+            for (int k : free_list) {
+              Flight& g = fl[static_cast<size_t>(k)];
+              allocated -= g.cap;
+              std::free(g.buf);
+              g.buf = nullptr;
+              g.cap = 0;
+            }
+          }
+          allocated -= f.cap;
+          std::free(f.buf);
+          f.buf = nullptr;
+          f.cap = 0;
+          void* p = nullptr;
+          const size_t cap = (need + 65535) / 65536 * 65536;
+          if (posix_memalign(&p, kBlock, cap) != 0) {
+            if (n_flight > 0) break;  // no memory now: retry after completions
+            // nothing in flight to wait for: the job fails (its op reports IO, ENOMEM)
+            counters_->last_errno.store(ENOMEM);
+            const Job failed = job;
+            queue_.pop_front();
+            finish(failed, false);
+            continue;
+          }
+          f.buf = static_cast<uint8_t*>(p);
+          f.cap = cap;
+          allocated += cap;
+        }
+        f.job = job;
+        f.a0 = a0, f.a1 = a1, f.first = first, f.last_end = last_end;
+        if (!submit_read(i)) break;  // (the ring has room for kDepth reads and the poll)
+        free_list.pop_back();
+        queue_.pop_front();
+        bytes_in_flight += need;
+        n_flight++;
+        if (in_flight_++ == 0) busy_since_ns_ = now_ns();
+      }
+      stop = stop_ && queue_.empty() && n_flight == 0;
+    }
+    if (stop) break;
+    const int r = ring->enter(0, 1);
+    if (r < 0 && r != -EAGAIN && r != -EBUSY) {
+      // the ring failed: finish what is in flight as errors; the queue goes on with synchronous reads
+      counters_->last_errno.store(-r);
+      for (size_t i = 0; i < fl.size(); i++) {
+        if (std::find(free_list.begin(), free_list.end(), static_cast<int>(i)) == free_list.end()) done(static_cast<int>(i), false);
+      }
+      uint8_t* bounce = nullptr;
+      void* p = nullptr;
+      const size_t bb = kMaxBounce + 2 * kBlock;
+      if (posix_memalign(&p, kBlock, bb) == 0) bounce = static_cast<uint8_t*>(p);
+      for (;;) {
+        Job job;
+        {
+          std::unique_lock<std::mutex> lk(mu_);
+          if (queue_.empty()) {
+            if (stop_) break;
+            lk.unlock();
+            usleep(100);
+            continue;
+          }
+          job = queue_.front();
+          queue_.pop_front();
+        }
+        finish(job, bounce && job.cache->load(job, bounce, bb));
+      }
+      std::free(bounce);
+      break;
+    }
+    ring->reap([&](const io_uring_cqe& c) {
+      if (c.user_data == kWake) {
+        uint64_t v;
+        (void)!read(wake_fd_, &v, sizeof v);
+        poll_armed = false;
+        return;
+      }
+      const int i = static_cast<int>(c.user_data);
+      Flight& f = fl[static_cast<size_t>(i)];
+      if (c.res == -EINTR || c.res == -EAGAIN) {
+        if (!submit_read(i)) done(i, false);
+        return;
+      }
+      counters_->reads.fetch_add(1, std::memory_order_relaxed);
+      if (c.res < 0) {
+        f.job.cache->read_failed(-c.res);
+        done(i, false);
+        return;
+      }
+      uint64_t got = static_cast<uint64_t>(c.res);
+      if (f.n_iov > 0) {
+        // straight into the slots: whole rows of whole blocks (a short read, rare: the job again by pread)
+        if (got == f.a1 - f.a0) {
+          counters_->bytes_read.fetch_add(static_cast<int64_t>(got), std::memory_order_relaxed);
+          done(i, true);
+          return;
+        }
+        void* p = nullptr;
+        const size_t bb = static_cast<size_t>(f.a1 - f.a0);
+        const bool ok = posix_memalign(&p, kBlock, bb) == 0 && f.job.cache->load(f.job, static_cast<uint8_t*>(p), bb);
+        std::free(p);
+        done(i, ok);
+        return;
+      }
+      const uint64_t need = std::min(f.a1, f.last_end) - f.a0;  // the file may end inside the last block
+      if (got < need && got > 0) {
+        // a short read (rare): the rest synchronously
+        const int64_t more = pread_full(f.job.cache->fd_, f.buf + got, static_cast<size_t>(f.a1 - f.a0 - got), f.a0 + got);
+        if (more > 0) got += static_cast<uint64_t>(more);
+      }
+      if (got < need) {
+        f.job.cache->read_failed(EIO);
+        done(i, false);
+        return;
+      }
+      counters_->bytes_read.fetch_add(static_cast<int64_t>(got), std::memory_order_relaxed);
+      f.job.cache->place(f.job, f.buf, f.a0, got, f.first, f.last_end);
+      done(i, true);
+    });
+    if (!poll_armed) arm_poll();
+  }
+  for (Flight& f : fl) std::free(f.buf);
 }
 
 // ---- slot pool ------------------------------------------------------------------------------
@@ -137,7 +484,9 @@ int32_t SlotPool::add(int64_t n, bool pinned) {
   if (n <= 0) return first;
   if (static_cast<int64_t>(ptr_.size()) + n > (int64_t{1} << 31) - 1) throw BackendErr("OUT_OF_MEMORY", "neuron cache: too many slots");
   void* p = nullptr;
-  if (posix_memalign(&p, 64, static_cast<size_t>(n) * slot_bytes_) != 0) {
+  // slots of whole 4 KiB blocks start on a block: the io_uring reader reads such rows straight into them
+  const size_t align = slot_bytes_ % kBlock == 0 ? kBlock : 64;
+  if (posix_memalign(&p, align, static_cast<size_t>(n) * slot_bytes_) != 0) {
     throw BackendErr("OUT_OF_MEMORY", "neuron cache: cannot allocate " + std::to_string(static_cast<size_t>(n) * slot_bytes_) +
                                           " bytes of slots");
   }
@@ -284,14 +633,65 @@ void NeuronCache::release() {
   }
 }
 
+void NeuronCache::job_range(const ReaderPool::Job& job, uint64_t* a0, uint64_t* a1, uint64_t* first,
+                            uint64_t* last_end) const {
+  *first = row_off(job.first_row) + job.part_off;
+  *last_end = job.part_len ? *first + job.part_len : row_off(job.first_row + job.count - 1) + row_bytes_;
+  *a0 = *first / kBlock * kBlock;
+  *a1 = (*last_end + kBlock - 1) / kBlock * kBlock;
+}
+
+int NeuronCache::into_slots(const ReaderPool::Job& job, iovec* iov) const {
+  // O_DIRECT reads of whole rows, each of whole 4 KiB blocks, one after another in the file, into slots
+  // that start on a block (SlotPool::add): no copy
+  if (!direct_ || tr_rows_ || job.part_len || row_bytes_ % kBlock != 0 || job.count > 16) return 0;
+  const uint64_t r0 = row_off(job.first_row);
+  if (r0 % kBlock != 0) return 0;
+  for (int i = 0; i < job.count; i++) {
+    uint8_t* d = slots_->ptr_[static_cast<size_t>(job.slots[i])];
+    if (row_off(job.first_row + i) != r0 + static_cast<uint64_t>(i) * row_bytes_ ||
+        reinterpret_cast<uintptr_t>(d) % kBlock != 0) {
+      return 0;
+    }
+    iov[i].iov_base = d;
+    iov[i].iov_len = row_bytes_;
+  }
+  return job.count;
+}
+
+void NeuronCache::read_failed(int e) {
+  counters_->last_errno.store(e);
+  std::lock_guard<std::mutex> lk(counters_->err_mu);
+  counters_->last_path = path_;
+}
+
+void NeuronCache::place(const ReaderPool::Job& job, const uint8_t* data, uint64_t pos, uint64_t got, uint64_t first,
+                        uint64_t last_end) {
+  if (!direct_) {
+    // keep the page cache from holding the file (the reason this cache exists)
+    (void)posix_fadvise(fd_, static_cast<off_t>(pos), static_cast<off_t>(got), POSIX_FADV_DONTNEED);
+  }
+  const uint64_t p1 = pos + got;
+  for (int i = 0; i < job.count; i++) {
+    const uint64_t r0 = row_off(job.first_row + i), r1 = r0 + row_bytes_;
+    const uint64_t c0 = std::max({r0, pos, first}), c1 = std::min({r1, p1, last_end});
+    if (c0 >= c1) continue;
+    uint8_t* slot = slots_->ptr_[static_cast<size_t>(job.slots[i])];
+    if (tr_rows_) {
+      // pieces start 4 KiB aligned and rows at multiples of the element size: no element straddles
+      scatter_transposed(slot, data + (c0 - pos), c0 - r0, c1 - r0);
+    } else {
+      std::memcpy(slot + (c0 - r0), data + (c0 - pos), static_cast<size_t>(c1 - c0));
+    }
+  }
+}
+
 bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes) {
   // the job's file bytes [first, last_end) — whole rows, or one piece of a row — as whole 4 KiB blocks,
   // read in pieces of at most bounce_bytes (a multiple of 4 KiB); each piece's overlap with each row is
   // copied (or transposed) into the row's slot
-  const uint64_t first = row_off(job.first_row) + job.part_off;
-  const uint64_t last_end = job.part_len ? first + job.part_len : row_off(job.first_row + job.count - 1) + row_bytes_;
-  const uint64_t a0 = first / kBlock * kBlock;
-  const uint64_t a1 = (last_end + kBlock - 1) / kBlock * kBlock;
+  uint64_t a0, a1, first, last_end;
+  job_range(job, &a0, &a1, &first, &last_end);
   const uint64_t piece = bounce_bytes / kBlock * kBlock;
   if (piece == 0) {
     counters_->last_errno.store(EOVERFLOW);
@@ -303,29 +703,11 @@ bool NeuronCache::load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounc
     counters_->reads.fetch_add(1, std::memory_order_relaxed);
     const uint64_t need = std::min(len, last_end - pos);  // the file may end inside the last block
     if (got < 0 || static_cast<uint64_t>(got) < need) {
-      counters_->last_errno.store(got < 0 ? static_cast<int>(-got) : EIO);
-      std::lock_guard<std::mutex> lk(counters_->err_mu);
-      counters_->last_path = path_;
+      read_failed(got < 0 ? static_cast<int>(-got) : EIO);
       return false;
     }
     counters_->bytes_read.fetch_add(got, std::memory_order_relaxed);
-    if (!direct_) {
-      // keep the page cache from holding the file (the reason this cache exists)
-      (void)posix_fadvise(fd_, static_cast<off_t>(pos), static_cast<off_t>(len), POSIX_FADV_DONTNEED);
-    }
-    const uint64_t p1 = pos + static_cast<uint64_t>(got);
-    for (int i = 0; i < job.count; i++) {
-      const uint64_t r0 = row_off(job.first_row + i), r1 = r0 + row_bytes_;
-      const uint64_t c0 = std::max({r0, pos, first}), c1 = std::min({r1, p1, last_end});
-      if (c0 >= c1) continue;
-      uint8_t* slot = slots_->ptr_[static_cast<size_t>(job.slots[i])];
-      if (tr_rows_) {
-        // pieces start 4 KiB aligned and rows at multiples of the element size: no element straddles
-        scatter_transposed(slot, bounce + (c0 - pos), c0 - r0, c1 - r0);
-      } else {
-        std::memcpy(slot + (c0 - r0), bounce + (c0 - pos), static_cast<size_t>(c1 - c0));
-      }
-    }
+    place(job, bounce, pos, static_cast<uint64_t>(got), first, last_end);
   }
   return true;
 }

@@ -13,8 +13,11 @@
 //   than kRowPiece (an expert) is queued as 1 MiB pieces that several readers fetch at once. Where O_DIRECT is refused (tmpfs, some
 //   overlay file systems) the file is read with pread and the range is dropped from the page cache
 //   with posix_fadvise(POSIX_FADV_DONTNEED) after each read; `direct()` says which is in use.
-// - Reader pool: `io_threads` pread threads fed from one queue (io_uring is not used). A request is
-//   queued as soon as a layer's active list is known, so computation of cached rows overlaps the reads.
+// - Reads: io_uring where the kernel allows it (kRingThreads threads, a ring each, keep up to kRingDepth
+//   reads in flight; rings set up with raw system calls: no liburing), else a pool of `io_threads` pread
+//   threads; both fed
+//   from one queue (POWERINFER_IO=pread chooses the pool). A request is queued as soon as a layer's
+//   active list is known, so computation of cached rows overlaps the reads.
 //
 // Thread model: request()/prefetch() run on one thread at a time (thread 0 of the sparse op, under the
 // executor's lock); reader threads only fill slots and flip their state; wait() is called by any
@@ -31,6 +34,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+struct iovec;
 
 namespace pi {
 
@@ -50,10 +55,17 @@ struct CacheCounters {
   std::string last_path;    ///< the file of the last failed read (for the error the compute call reports)
 };
 
-/// The pread thread pool of a backend.
+class Ring;
+
+/// How a backend's reads are issued.
+enum class IoEngine { PREAD, IO_URING };
+
+/// The readers of a backend: one io_uring thread, or a pool of pread threads.
 class ReaderPool {
  public:
-  ReaderPool(int threads, CacheCounters* counters);
+  /// `engine` IO_URING falls back to the pread pool of `threads` threads when the kernel refuses a ring
+  /// (engine() says which runs).
+  ReaderPool(int threads, CacheCounters* counters, IoEngine engine = IoEngine::PREAD);
   ~ReaderPool();
   ReaderPool(const ReaderPool&) = delete;
   ReaderPool& operator=(const ReaderPool&) = delete;
@@ -70,9 +82,18 @@ class ReaderPool {
   };
   void submit(const Job* jobs, size_t n);
   int size() const { return static_cast<int>(threads_.size()); }
+  IoEngine engine() const { return uring_ ? IoEngine::IO_URING : IoEngine::PREAD; }
+  /// Reads a ring keeps in flight (0: the pread pool).
+  int depth() const;
 
  private:
   void loop();
+  void ring_loop(Ring* ring);
+  /// Marks the job's rows READY (a piece: when it is the row's last) and updates the counters.
+  void finish(const Job& job, bool ok);
+  std::vector<std::unique_ptr<Ring>> rings_;  // one per ring thread
+  bool uring_ = false;
+  int wake_fd_ = -1;  // eventfd the ring thread polls: submit() writes it
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -193,6 +214,17 @@ class NeuronCache {
   friend class ReaderPool;
   /// Reads a run of rows into their slots (reader thread). Returns false on an I/O error.
   bool load(const ReaderPool::Job& job, uint8_t* bounce, size_t bounce_bytes);
+  /// The job's file range as whole 4 KiB blocks [*a0, *a1), and its bytes [*first, *last_end).
+  void job_range(const ReaderPool::Job& job, uint64_t* a0, uint64_t* a1, uint64_t* first, uint64_t* last_end) const;
+  /// Copies (or transposes) the overlap of file bytes [pos, pos + got) held at `data` with each row of the
+  /// job into the row's slot.
+  void place(const ReaderPool::Job& job, const uint8_t* data, uint64_t pos, uint64_t got, uint64_t first,
+             uint64_t last_end);
+  /// Where the job's rows can be read straight into their slots (O_DIRECT, whole 4 KiB blocks, rows
+  /// adjacent in the file, slots on a block), fills iov (up to 16) and returns the row count; else 0.
+  int into_slots(const ReaderPool::Job& job, struct iovec* iov) const;
+  /// Records a failed read of this cache's file (errno e).
+  void read_failed(int e);
   /// Transpose on read: scatters source bytes [b0, b1) of a row (element aligned) from `src` into `dst`.
   void scatter_transposed(uint8_t* dst, const uint8_t* src, uint64_t b0, uint64_t b1) const;
   int32_t victim();
@@ -227,5 +259,10 @@ constexpr size_t kMaxBounce = size_t{1} << 20;
 /// A row larger than this (an expert) is queued as pieces of this many bytes, read by several reader
 /// threads at once.
 constexpr uint64_t kRowPiece = uint64_t{1} << 20;
+/// Reads the io_uring readers keep in flight, and the bytes their buffers may hold at most, in all; and
+/// how many rings (and threads) share them.
+constexpr int kRingDepth = 64;
+constexpr int kRingThreads = 4;
+constexpr size_t kRingBytes = size_t{24} << 20;
 
 }  // namespace pi

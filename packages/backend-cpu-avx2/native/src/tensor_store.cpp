@@ -220,7 +220,10 @@ TensorPtr TensorStore::map_cached(int dtype, const int64_t ne[4], const CacheSpe
         const int x = std::atoi(v);
         if (x >= 1 && x <= 256) n = x;
       }
-      readers_ = std::make_shared<ReaderPool>(n, counters_.get());
+      // io_uring unless POWERINFER_IO=pread (the CLI checks the value); the pool where the kernel refuses a ring
+      const char* io = std::getenv("POWERINFER_IO");
+      const bool pread_only = io && std::strcmp(io, "pread") == 0;
+      readers_ = std::make_shared<ReaderPool>(n, counters_.get(), pread_only ? IoEngine::PREAD : IoEngine::IO_URING);
     }
     pool = readers_;
     ctr = counters_.get();
@@ -302,6 +305,11 @@ size_t TensorStore::cache_bytes() const {
 int TensorStore::io_threads() const {
   std::lock_guard<std::mutex> lk(mu_);
   return readers_ ? readers_->size() : 0;
+}
+
+int TensorStore::io_depth() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return readers_ ? readers_->depth() : 0;
 }
 
 bool TensorStore::all_direct() const {

@@ -131,6 +131,8 @@ class TensorStore {
   size_t cache_bytes() const;
   /// Number of reader threads (0 before the first cached tensor).
   int io_threads() const;
+  /// Reads the io_uring reader keeps in flight (0: pread threads, or no cache yet).
+  int io_depth() const;
   /// Whether every cache reads with O_DIRECT (false when one fell back to pread + fadvise).
   bool all_direct() const;
   /// @throws BackendErr BAD_TENSOR when the id is unknown or freed.

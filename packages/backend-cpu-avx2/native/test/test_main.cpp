@@ -1278,8 +1278,20 @@ void test_experts() {
 /// axpy_id_sparse (its stack transposed on read from llama.cpp's down layout) equal the in-memory stacks' bit
 /// for bit, with experts larger than one 1 MiB read (pieces read by several readers), a single LRU slot
 /// (a round per expert) and top_k's prefetch; every thread count.
-void test_expert_cache() {
+/// Whether the kernel lets this process set up an io_uring (/proc/sys/kernel/io_uring_disabled 0 or absent).
+bool io_uring_allowed() {
+  FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "r");
+  if (!f) return true;
+  int v = -1;
+  const bool ok = std::fscanf(f, "%d", &v) == 1;
+  std::fclose(f);
+  return ok && v == 0;
+}
+
+/// Expert stacks read from a file (1.25 MiB experts: 1 MiB pieces), `io` the reader (POWERINFER_IO).
+void test_expert_cache(const char* io) {
   constexpr int K = 1024, M = 640, E = 4, U = 2, T = 3;  // F16: 1.25 MiB per expert
+  setenv("POWERINFER_IO", io, 1);
   TensorStore store{SIZE_MAX};
   const int64_t wne[4] = {K, M, E, 1};
   const std::vector<uint8_t> wb = random_row(DT_F16, int64_t{K} * M * E);  // gate stack [K, M, E]
@@ -1366,6 +1378,8 @@ void test_expert_cache() {
       }
     }
     CHECK(store.counters().io_errors.load() == 0, "expert cache: no read failed");
+    const bool ring = std::strcmp(io, "pread") != 0 && io_uring_allowed();
+    CHECK(store.io_depth() == (ring ? kRingDepth : 0), "expert cache: %s reads (depth %d)", io, store.io_depth());
     store.release(wc->id);
     store.release(dc->id);
   }
@@ -1518,7 +1532,9 @@ int main() {
   test_executor();
   test_executor_late_workers();
   test_experts();
-  test_expert_cache();
+  test_expert_cache("io_uring");
+  test_expert_cache("pread");
+  unsetenv("POWERINFER_IO");
   test_bad_graphs();
   std::printf("%d checks, %d failures\n", g_checks, g_failures);
   return g_failures == 0 ? 0 : 1;

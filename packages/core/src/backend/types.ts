@@ -226,9 +226,14 @@ export interface NeuronCacheStats {
   ioErrors: number;
   /** Bytes held by the caches' slots now (pinned + LRU). */
   cacheBytes: number;
-  /** Reader threads. */
+  /** Reader threads (1 with io_uring). */
   ioThreads: number;
-  /** Whether every cache reads with O_DIRECT (false: pread + posix_fadvise(DONTNEED) after each read). */
+  /**
+   * Reads an io_uring reader keeps in flight; 0 or absent: the reader threads issue one pread each
+   * (`POWERINFER_IO=pread`, or a kernel that refuses io_uring).
+   */
+  ioDepth?: number;
+  /** Whether every cache reads with O_DIRECT (false: reads through the page cache, posix_fadvise(DONTNEED) after each). */
   direct: boolean;
 }
 
