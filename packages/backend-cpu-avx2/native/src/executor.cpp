@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -86,6 +87,7 @@ struct OpProfile {
   double prep_ns = 0;                         // entry to the start of the run (validation, planning, repacking)
   double run_ns = 0;                          // the run: the pool's job, start to join
   long computes = 0;
+  std::vector<float> prep_us;                 // per graph (the first 1<<20), for the median
 };
 OpProfile* g_profile = nullptr;
 std::mutex g_profile_mu;  // backends may compute at once
@@ -106,6 +108,11 @@ void print_profile() {
     std::fprintf(stderr, "    per graph: %.2f us before the run (validation, planning, repacking), %.2f us in the run outside the nodes (pool start and join), %.2f us after it (row counters, outputs)\n",
                  g_profile->prep_ns / per, (g_profile->run_ns - total) / per,
                  (g_profile->compute_ns - g_profile->prep_ns - g_profile->run_ns) / per);
+    std::vector<float> v = g_profile->prep_us;
+    if (!v.empty()) {
+      std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+      std::fprintf(stderr, "    median graph: %.2f us before the run\n", static_cast<double>(v[v.size() / 2]));
+    }
   }
   for (int o = 0; o < OP_COUNT; o++) {
     for (int d = 0; d < kProfDtypes; d++) {
@@ -540,6 +547,8 @@ void Executor::compute(const EncodedGraph& g, std::vector<double>& rows_read) {
     std::lock_guard<std::mutex> plk(g_profile_mu);
     g_profile->compute_ns += ns;
     g_profile->prep_ns += std::chrono::duration<double, std::nano>(t_run - t_start).count();
+    if (g_profile->prep_us.size() < (1u << 20))
+      g_profile->prep_us.push_back(static_cast<float>(std::chrono::duration<double, std::micro>(t_run - t_start).count()));
     g_profile->run_ns += std::chrono::duration<double, std::nano>(t_ran - t_run).count();
     g_profile->computes++;
   }
