@@ -90,8 +90,8 @@ class Ring {
     r->cq_tail_ = reinterpret_cast<unsigned*>(b + p.cq_off.tail);
     r->cq_mask_ = *reinterpret_cast<unsigned*>(b + p.cq_off.ring_mask);
     r->cqes_ = reinterpret_cast<io_uring_cqe*>(b + p.cq_off.cqes);
-    // a read must work here: IORING_OP_READ of an eventfd-free descriptor is refused by pre-5.6 kernels
-    // with EINVAL in its completion; probe with a zero-length read of /dev/null
+    // kernels before 5.6 have no IORING_OP_READ (its completion says EINVAL): probe with a zero-length
+    // read of /dev/null
     const int nul = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (nul < 0) return nullptr;
     io_uring_sqe* e = r->next();
@@ -102,7 +102,7 @@ class Ring {
     e->off = 0;
     e->user_data = 1;
     int res = -1;
-    if (r->enter(1, 1) >= 0) r->reap([&](const io_uring_cqe& c) { res = c.res; });
+    if (r->enter(1) >= 0) r->reap([&](const io_uring_cqe& c) { res = c.res; });
     close(nul);
     if (res != 0) return nullptr;
     return r;
@@ -126,8 +126,7 @@ class Ring {
   }
   /// Submits the entries taken since the last call and waits for `min_complete` completions; −errno on
   /// failure (EINTR is retried).
-  int enter(unsigned to_submit_unused, unsigned min_complete) {
-    (void)to_submit_unused;
+  int enter(unsigned min_complete) {
     __atomic_store_n(sq_tail_, local_tail_, __ATOMIC_RELEASE);
     for (;;) {
       const long r = syscall(__NR_io_uring_enter, fd_, pending_, min_complete, min_complete ? IORING_ENTER_GETEVENTS : 0,
@@ -390,7 +389,7 @@ void ReaderPool::ring_loop(Ring* ring) {
       stop = stop_ && queue_.empty() && n_flight == 0;
     }
     if (stop) break;
-    const int r = ring->enter(0, 1);
+    const int r = ring->enter(1);
     if (r < 0 && r != -EAGAIN && r != -EBUSY) {
       // the ring failed: finish what is in flight as errors; the queue goes on with synchronous reads
       counters_->last_errno.store(-r);
