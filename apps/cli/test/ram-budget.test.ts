@@ -394,13 +394,20 @@ describe.skipIf(!probe.usable)("--ram-budget: FFN rows from the file through the
       expect(e.status, bad).not.toBe(0);
       expect(e.stderr).toMatch(/POWERINFER_IO_THREADS must be a whole number from 1 to 256/);
     }
-    // a read engine the native side would take for io_uring
-    const e = spawnSync(process.execPath, [bin, "run", "-m", gen, "-p", "hi", "-n", "1", "--ram-budget", "1"], {
-      encoding: "utf8",
-      env: { ...process.env, POWERINFER_IO: "uring" },
-    });
-    expect(e.status).not.toBe(0);
-    expect(e.stderr).toMatch(/POWERINFER_IO must be io_uring \(the default\) or pread, got "uring"/);
+    // a read engine the native side would take for io_uring: refused by run with or without a budget (a
+    // bundled file reads through the cache without one) and by bench
+    for (const args of [
+      ["run", "-m", gen, "-p", "hi", "-n", "1", "--ram-budget", "1"],
+      ["run", "-m", gen, "-p", "hi", "-n", "1"],
+      ["bench", "-m", gen, "-p", "0", "-n", "1", "-r", "1", "--no-llama-cpp", "--ram-budget", "1"],
+    ]) {
+      const e = spawnSync(process.execPath, [bin, ...args], {
+        encoding: "utf8",
+        env: { ...process.env, POWERINFER_IO: "uring" },
+      });
+      expect(e.status, args.join(" ")).not.toBe(0);
+      expect(e.stderr).toMatch(/POWERINFER_IO must be io_uring \(the default\) or pread, got "uring"/);
+    }
   });
 
   it("statistics of another model (the default file or --stats) name the file and the fix, with --ram-budget or a device", () => {

@@ -46,7 +46,7 @@ export class CpuBackend extends NativeBackend<NativeCpuBackend> {
    * A file-backed sparse FFN weight (or, `cache.expertRows`, a stacked expert tensor cached one expert per
    * row): its rows are read on demand (O_DIRECT, or pread +
    * posix_fadvise(DONTNEED) where O_DIRECT is refused) into a neuron cache of `cache.hot` pinned rows
-   * and `cache.coldRows` LRU rows, by one io_uring thread (64 reads in flight) where the kernel allows a ring,
+   * and `cache.coldRows` LRU rows, by 4 io_uring threads (64 reads in flight in all) where the kernel allows a ring,
    * else (or with POWERINFER_IO=pread) by a pool of pread threads (POWERINFER_IO_THREADS, default 16). Counts 0
    * toward `allocatedBytes`; its slots are reported by {@link neuronCacheStats}.
    * @throws BackendError 'BAD_TENSOR' (shape, range beyond the file, hot row out of range), 'IO' (open/read),

@@ -220,7 +220,8 @@ const sd = (xs: number[]) => {
 export function gitCommit(cwd = dirname(new URL(import.meta.url).pathname)): string {
   try {
     const head = execFileSync("git", ["rev-parse", "--short", "HEAD"], { cwd, encoding: "utf8" }).trim();
-    const dirty = execFileSync("git", ["status", "--porcelain", "--untracked-files=no"], {
+    // --no-optional-locks: `git status` would otherwise refresh and rewrite the repository's index
+    const dirty = execFileSync("git", ["--no-optional-locks", "status", "--porcelain", "--untracked-files=no"], {
       cwd,
       encoding: "utf8",
     }).trim();

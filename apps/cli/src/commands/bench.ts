@@ -12,7 +12,7 @@ import { formatHeader, formatJson, formatMarkdown } from "../bench/format.js";
 import { type BenchOptions, type LlamaCppPeerChoice, runBench } from "../bench/harness.js";
 import { LLAMA_CPP_DIR_ENV } from "../bench/native-llama-cpp.js";
 import { action } from "../errors.js";
-import { checkInputFile, float, int, MMAP_HELP, REPACK_HELP } from "./common.js";
+import { checkInputFile, checkIoEnv, float, int, MMAP_HELP, REPACK_HELP } from "./common.js";
 
 /**
  * "512,1024" → [512, 1024] (llama-bench's list syntax); with `none`, "" or "0" → [] (no such tests).
@@ -124,6 +124,7 @@ export interface BenchCliOptions {
 export function benchOptions(o: BenchCliOptions, log?: (line: string) => void): BenchOptions {
   if (o.twin && o.twin.length > o.model.length) throw new InvalidArgumentError("more --twin files than models");
   if (o.repetitions < 1) throw new InvalidArgumentError("--repetitions must be ≥ 1");
+  checkIoEnv();
   return {
     models: o.model.map((path, i) => ({ path, twin: o.twin?.[i] || undefined })),
     nPrompt: o.nPrompt,

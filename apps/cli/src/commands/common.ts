@@ -260,13 +260,21 @@ export function checkModelOptions(o: Omit<ModelCliOptions, "model">): void {
     throw new InvalidArgumentError(`--threads must be ≥ 1, got ${o.threads}`);
   if (o.ctxSize !== undefined && o.ctxSize < 0)
     throw new InvalidArgumentError(`--ctx-size must be ≥ 0 (0: the model's trained context), got ${o.ctxSize}`);
-  // the neuron cache's reader threads (the native side would fall back to 16 without a word)
+  checkIoEnv();
+}
+
+/**
+ * The neuron cache's reader settings from the environment, checked wherever a model is loaded (a bundled
+ * file reads through the cache even without --ram-budget): POWERINFER_IO_THREADS (the native side would
+ * fall back to 16 without a word) and POWERINFER_IO (the native side reads anything but "pread" as io_uring).
+ * @throws InvalidArgumentError naming the variable and its value.
+ */
+export function checkIoEnv(): void {
   const io = process.env.POWERINFER_IO_THREADS?.trim();
-  if (o.ramBudget !== undefined && io && !(/^\d+$/.test(io) && Number(io) >= 1 && Number(io) <= 256))
+  if (io && !(/^\d+$/.test(io) && Number(io) >= 1 && Number(io) <= 256))
     throw new InvalidArgumentError(`POWERINFER_IO_THREADS must be a whole number from 1 to 256, got "${io}"`);
-  // and how they read (the native side reads anything but "pread" as io_uring)
   const engine = process.env.POWERINFER_IO;
-  if (o.ramBudget !== undefined && engine !== undefined && engine !== "" && engine !== "io_uring" && engine !== "pread")
+  if (engine !== undefined && engine !== "" && engine !== "io_uring" && engine !== "pread")
     throw new InvalidArgumentError(`POWERINFER_IO must be io_uring (the default) or pread, got "${engine}"`);
 }
 
@@ -413,8 +421,8 @@ export function describeRamPlan(model: Model): string {
   const hot = p.tensors.reduce((s, t) => s + t.hot.length * t.rowBytes, 0);
   const st = model.backend.neuronCacheStats?.();
   const engine = st?.ioDepth
-    ? `io_uring (${st.ioDepth} reads in flight)`
-    : `pread, ${plural(st?.ioThreads ?? 0, "reader thread")}`;
+    ? `io_uring: ${plural(st.ioThreads, "thread")}, ${st.ioDepth} reads in flight`
+    : `pread: ${plural(st?.ioThreads ?? 0, "reader thread")}`;
   const io = st ? `${st.direct ? "O_DIRECT" : "page cache dropped after each read (fadvise DONTNEED)"}, ${engine}` : "";
   const budget =
     p.budget >= Number.MAX_SAFE_INTEGER ? "none (bundled layout: every neuron record pinned)" : size(p.budget);

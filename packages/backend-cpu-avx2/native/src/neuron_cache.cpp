@@ -391,15 +391,22 @@ void ReaderPool::ring_loop(Ring* ring) {
     if (stop) break;
     const int r = ring->enter(1);
     if (r < 0 && r != -EAGAIN && r != -EBUSY) {
-      // the ring failed: finish what is in flight as errors; the queue goes on with synchronous reads
-      counters_->last_errno.store(-r);
-      for (size_t i = 0; i < fl.size(); i++) {
-        if (std::find(free_list.begin(), free_list.end(), static_cast<int>(i)) == free_list.end()) done(static_cast<int>(i), false);
-      }
+      // io_uring_enter failed (not seen outside fault injection): the reads in flight and the rest of the
+      // queue are read again synchronously (pread, as the pool does; a failure there names the file). Reads
+      // the kernel may still complete land in their buffers, which are not freed, or in their slots with the
+      // same bytes.
       uint8_t* bounce = nullptr;
       void* p = nullptr;
       const size_t bb = kMaxBounce + 2 * kBlock;
       if (posix_memalign(&p, kBlock, bb) == 0) bounce = static_cast<uint8_t*>(p);
+      if (!bounce) counters_->last_errno.store(ENOMEM);
+      for (size_t i = 0; i < fl.size(); i++) {
+        if (std::find(free_list.begin(), free_list.end(), static_cast<int>(i)) != free_list.end()) continue;
+        Flight& f = fl[i];
+        const bool ok = bounce && f.job.cache->load(f.job, bounce, bb);
+        f.buf = nullptr;  // (left to the kernel)
+        done(static_cast<int>(i), ok);
+      }
       for (;;) {
         Job job;
         {

@@ -60,7 +60,7 @@ class Ring;
 /// How a backend's reads are issued.
 enum class IoEngine { PREAD, IO_URING };
 
-/// The readers of a backend: one io_uring thread, or a pool of pread threads.
+/// The readers of a backend: kRingThreads io_uring threads, or a pool of pread threads.
 class ReaderPool {
  public:
   /// `engine` IO_URING falls back to the pread pool of `threads` threads when the kernel refuses a ring

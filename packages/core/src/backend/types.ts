@@ -226,7 +226,7 @@ export interface NeuronCacheStats {
   ioErrors: number;
   /** Bytes held by the caches' slots now (pinned + LRU). */
   cacheBytes: number;
-  /** Reader threads (1 with io_uring). */
+  /** Reader threads (the CPU backend: 4 with io_uring, each with a ring of its own). */
   ioThreads: number;
   /**
    * Reads an io_uring reader keeps in flight; 0 or absent: the reader threads issue one pread each
