@@ -1,6 +1,6 @@
 /** `powerinfer profile` on the shared ReLU model against the statistics its README publishes. */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -77,6 +77,33 @@ describe.skipIf(!probe.usable)("powerinfer profile", () => {
     const short = cli("profile", "-m", relu, "-f", tiny, "-o", join(dir, "w-tiny.gguf"));
     expect(short.code, short.stderr).toBe(0);
     expect(short.stderr).toMatch(/^warning: only \d+ positions profiled \(all that tiny\.txt holds\)/m);
+  });
+
+  it("refuses a sparse mode (profile runs the FFN dense) and a bundled model, naming what to do instead", () => {
+    const sparse = cli(
+      "profile",
+      "-m",
+      relu,
+      "-f",
+      text,
+      "--tokens",
+      "8",
+      "-o",
+      join(dir, "s.gguf"),
+      "--sparse",
+      "oracle",
+    );
+    expect(sparse.code).not.toBe(0);
+    expect(sparse.stderr).toMatch(/profile runs the FFN densely .*--sparse oracle does not apply; leave --sparse out/);
+    const bundled = join(dir, "tiny.bundle.gguf");
+    const fixture = join(models, "powerinfer", "tiny-q4_0.powerinfer.gguf");
+    expect(cli("convert", fixture, bundled, "--bundle").code).toBe(0);
+    const b = cli("profile", "-m", bundled, "-f", text, "--tokens", "8", "-o", join(dir, "b.gguf"));
+    expect(b.code).not.toBe(0);
+    expect(b.stderr).toMatch(
+      /is a bundled model .*--to pwri` makes one\) and give its statistics to the bundled model with --stats/,
+    );
+    expect(existsSync(join(dir, "b.gguf"))).toBe(false);
   });
 
   it("tells a user of a dense SiLU model plainly that sparse inference gains nothing", () => {

@@ -402,7 +402,7 @@ export async function loadModelFromCli(o: ModelCliOptions, quiet = false): Promi
       if (noStats && model.ramPlan.cachedShare < 1 && !o.profiling) {
         const experts = servesExperts(model.ramPlan);
         process.stderr.write(
-          `note: no activation statistics (${noStats}): the ${experts ? "expert cache is all LRU, no expert is pinned by how often the router chooses it" : "neuron cache is all LRU, no neuron is pinned"}; run \`powerinfer profile\` first\n`,
+          `note: no activation statistics (${noStats}): the ${experts ? "expert cache is all LRU, no expert is pinned by how often the router chooses it" : "neuron cache is all LRU, no neuron is pinned"}; ${model.file.metadata.has("powerinfer.bundle.version") ? "profile the PowerInfer file this bundled model was made from (`powerinfer convert MODEL OUT --to pwri` makes one) and pass its statistics with --stats" : "run `powerinfer profile` first"}\n`,
         );
       }
       process.stderr.write(`${describeRamPlan(model)}\n`);

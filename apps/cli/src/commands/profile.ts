@@ -56,6 +56,17 @@ export function register(program: Command): void {
               );
             }
           }
+          // profile counts every neuron's firing, so its FFN runs dense whatever --sparse says
+          if (o.sparse !== undefined && o.sparse !== "off") {
+            throw new InvalidArgumentError(
+              `profile runs the FFN densely (it counts every neuron's firing), so --sparse ${o.sparse} does not apply; leave --sparse out`,
+            );
+          }
+          if (openGguf(o.model).metadata.has("powerinfer.bundle.version")) {
+            throw new InvalidArgumentError(
+              `${o.model} is a bundled model (convert --bundle), which runs in predictor mode only, and profile needs the FFN dense: profile the PowerInfer file it was made from (\`powerinfer convert ${o.model} OUT --to pwri\` makes one) and give its statistics to the bundled model with --stats`,
+            );
+          }
           const text = readTextFile(o.file);
           const loaded = await loadModelWithDevice({ ...o, sparse: "off", profiling: true }, !!o.json);
           const { backend, model } = loaded;
