@@ -274,10 +274,12 @@ void ReaderPool::loop() {
   std::free(bounce);
 }
 
-/// The io_uring reader: takes jobs from the queue while fewer than kRingDepth reads (and kRingBytes of
-/// buffers) are in flight, one IORING_OP_READ of whole 4 KiB blocks per job into a buffer of its own, and
-/// copies each completed read into its rows' slots (as NeuronCache::load does). It sleeps in
-/// io_uring_enter; a poll of the eventfd that submit() writes wakes it for new jobs.
+/// One io_uring reader thread (of kRingThreads, each with its own ring): takes jobs from the shared queue
+/// while fewer than kRingDepth / kRingThreads reads (and kRingBytes / kRingThreads of buffers) are in flight —
+/// one read of whole 4 KiB blocks per job: IORING_OP_READV straight into the rows' slots where
+/// NeuronCache::into_slots allows, else IORING_OP_READ into a buffer of its own whose bytes are copied (or
+/// transposed) into the slots as NeuronCache::load does. It sleeps in io_uring_enter; a poll of the eventfd
+/// that submit() writes wakes it for new jobs.
 void ReaderPool::ring_loop(Ring* ring) {
   constexpr int kDepth = kRingDepth / kRingThreads;
   constexpr size_t kBytes = kRingBytes / kRingThreads;
