@@ -260,6 +260,15 @@ describe.skipIf(!probe.usable)(`powerinfer batched and serve (${probe.reason})`,
     expect(n.stderr).not.toMatch(/not an address of this machine/);
   });
 
+  it("serve: a load that fails after it listens ends with the error as the last line, no 'stopping' before it", () => {
+    const r = cli("serve", "-m", join(models, "stories260K.gguf"), "--port", "0", "--ram-budget", "0.00001");
+    expect(r.code).not.toBe(0);
+    const lines = r.stderr.trim().split("\n");
+    expect(lines[0], r.stderr).toMatch(/^powerinfer serve: listening on /);
+    expect(lines.at(-1)).toMatch(/^powerinfer: RAM budget .* is too small for this model/);
+    expect(r.stderr).not.toMatch(/stopping/);
+  });
+
   it("serve: a bad model file is one line on stderr and a non-zero exit", () => {
     const r = cli("serve", "-m", join(models, "nope.gguf"), "--port", "0");
     expect(r.code).not.toBe(0);

@@ -279,9 +279,10 @@ export function register(program: Command): void {
         });
         process.stderr.write(`powerinfer serve: listening on ${url}, loading ${o.model}\n`);
         let stopping: Promise<void> | undefined;
-        const stop = () => {
+        // (announced on a signal; a failed load closes quietly, so its error is the last line)
+        const stop = (announce = true) => {
           stopping ??= (async () => {
-            process.stderr.write("powerinfer serve: stopping\n");
+            if (announce) process.stderr.write("powerinfer serve: stopping\n");
             await server.close();
           })();
           return stopping;
@@ -300,7 +301,7 @@ export function register(program: Command): void {
         try {
           await server.ready;
         } catch (e) {
-          await stop();
+          await stop(false);
           throw e;
         }
         const { backend, model, device } = await loaded;
