@@ -56,10 +56,11 @@ export function register(program: Command): void {
               );
             }
           }
-          // profile counts every neuron's firing, so its FFN runs dense whatever --sparse says
-          if (o.sparse !== undefined && o.sparse !== "off") {
-            throw new InvalidArgumentError(
-              `profile runs the FFN densely (it counts every neuron's firing), so --sparse ${o.sparse} does not apply; leave --sparse out`,
+          // profile counts every neuron's firing, so its FFN runs dense whatever --sparse says (said, not
+          // refused: the same options are often given to every command)
+          if (o.sparse !== undefined && o.sparse !== "off" && !o.json) {
+            process.stderr.write(
+              `note: profile runs the FFN densely (it counts every neuron's firing); --sparse ${o.sparse} is ignored\n`,
             );
           }
           if (openGguf(o.model).metadata.has("powerinfer.bundle.version")) {
