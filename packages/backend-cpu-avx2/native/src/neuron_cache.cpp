@@ -177,7 +177,6 @@ ReaderPool::ReaderPool(int threads, CacheCounters* counters, IoEngine engine) : 
     const int efd = rings.size() == static_cast<size_t>(kRingThreads) ? eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK | EFD_SEMAPHORE) : -1;
     if (efd >= 0) {
       rings_ = std::move(rings);
-      uring_ = true;
       wake_fd_ = efd;
       for (int i = 0; i < kRingThreads; i++) threads_.emplace_back([this, i] { ring_loop(rings_[static_cast<size_t>(i)].get()); });
       return;
@@ -201,7 +200,7 @@ ReaderPool::~ReaderPool() {
   if (wake_fd_ >= 0) close(wake_fd_);
 }
 
-int ReaderPool::depth() const { return uring_ ? kRingDepth : 0; }
+int ReaderPool::depth() const { return rings_.empty() ? 0 : kRingDepth; }
 
 void ReaderPool::submit(const Job* jobs, size_t n) {
   if (n == 0) return;

@@ -15,8 +15,7 @@
 //   with posix_fadvise(POSIX_FADV_DONTNEED) after each read; `direct()` says which is in use.
 // - Reads: io_uring where the kernel allows it (kRingThreads threads, a ring each, keep up to kRingDepth
 //   reads in flight; rings set up with raw system calls: no liburing), else a pool of `io_threads` pread
-//   threads; both fed
-//   from one queue (POWERINFER_IO=pread chooses the pool). A request is queued as soon as a layer's
+//   threads; both fed from one queue (POWERINFER_IO=pread chooses the pool). A request is queued as soon as a layer's
 //   active list is known, so computation of cached rows overlaps the reads.
 //
 // Thread model: request()/prefetch() run on one thread at a time (thread 0 of the sparse op, under the
@@ -64,7 +63,7 @@ enum class IoEngine { PREAD, IO_URING };
 class ReaderPool {
  public:
   /// `engine` IO_URING falls back to the pread pool of `threads` threads when the kernel refuses a ring
-  /// (engine() says which runs).
+  /// (depth() says which runs).
   ReaderPool(int threads, CacheCounters* counters, IoEngine engine = IoEngine::PREAD);
   ~ReaderPool();
   ReaderPool(const ReaderPool&) = delete;
@@ -82,8 +81,7 @@ class ReaderPool {
   };
   void submit(const Job* jobs, size_t n);
   int size() const { return static_cast<int>(threads_.size()); }
-  IoEngine engine() const { return uring_ ? IoEngine::IO_URING : IoEngine::PREAD; }
-  /// Reads a ring keeps in flight (0: the pread pool).
+  /// Reads the rings keep in flight (0: the pread pool).
   int depth() const;
 
  private:
@@ -91,9 +89,8 @@ class ReaderPool {
   void ring_loop(Ring* ring);
   /// Marks the job's rows READY (a piece: when it is the row's last) and updates the counters.
   void finish(const Job& job, bool ok);
-  std::vector<std::unique_ptr<Ring>> rings_;  // one per ring thread
-  bool uring_ = false;
-  int wake_fd_ = -1;  // eventfd the ring thread polls: submit() writes it
+  std::vector<std::unique_ptr<Ring>> rings_;  // one per ring thread (set by the constructor only)
+  int wake_fd_ = -1;  // eventfd the ring threads poll: submit() writes it
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable cv_;

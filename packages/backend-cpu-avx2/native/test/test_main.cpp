@@ -1274,10 +1274,6 @@ void test_experts() {
   for (size_t r = 1; r < runs.size(); r++) CHECK(runs[r] == runs[0], "expert run %zu differs", r);
 }
 
-/// Expert stacks served from a file one expert per row (expert cache): mul_mat_id, mul_mat_id_sparse and
-/// axpy_id_sparse (its stack transposed on read from llama.cpp's down layout) equal the in-memory stacks' bit
-/// for bit, with experts larger than one 1 MiB read (pieces read by several readers), a single LRU slot
-/// (a round per expert) and top_k's prefetch; every thread count.
 /// Whether the kernel lets this process set up an io_uring (/proc/sys/kernel/io_uring_disabled 0 or absent).
 bool io_uring_allowed() {
   FILE* f = std::fopen("/proc/sys/kernel/io_uring_disabled", "r");
@@ -1288,7 +1284,10 @@ bool io_uring_allowed() {
   return ok && v == 0;
 }
 
-/// Expert stacks read from a file (1.25 MiB experts: 1 MiB pieces), `io` the reader (POWERINFER_IO).
+/// Expert stacks served from a file one expert per row (expert cache): mul_mat_id, mul_mat_id_sparse and
+/// axpy_id_sparse (its stack transposed on read from llama.cpp's down layout) equal the in-memory stacks' bit
+/// for bit, with experts larger than one 1 MiB read (pieces read by several readers), a single LRU slot
+/// (a round per expert) and top_k's prefetch; every thread count; `io` the reader (POWERINFER_IO).
 void test_expert_cache(const char* io) {
   constexpr int K = 1024, M = 640, E = 4, U = 2, T = 3;  // F16: 1.25 MiB per expert
   setenv("POWERINFER_IO", io, 1);
